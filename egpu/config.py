@@ -1,0 +1,199 @@
+"""egpu's configuration: one YAML document (the ConfigMap ``egpu-config`` in a cluster).
+
+Read by the webhook, the scheduler extender and the node agent. Every key is optional; absent
+keys take the defaults below. Unknown keys and bad values raise ``ConfigError`` naming the key
+(dotted path), the value and what is allowed.
+
+Keys (YAML, camelCase as Kubernetes configs are)::
+
+    schedulerName: egpu-scheduler          # what the webhook writes into spec.schedulerName
+    resourceAliases:                       # alias -> egpu.io name (default: Volcano vGPU names)
+      volcano.sh/vgpu-number: egpu.io/gpu
+    defaults:
+      priority: high                       # high | low
+      computePolicy: strict                # strict | elastic
+      gpuPolicy: binpack                   # binpack | spread  (card on the chosen node)
+      nodePolicy: binpack                  # binpack | spread  (which node)
+    priorityClasses: {}                    # PriorityClass name -> high | low
+    sharesPerCard: 10                      # device-plugin slots per card (allocatable egpu.io/gpu)
+    memoryOversubscriptionRatio: 1.5       # >= 1; booked MiB may reach capacity x ratio (opt-in pods)
+    coresOversubscriptionRatio: 1.0        # >= 1; booked cores may reach 100 x ratio per card
+    ignoredNamespaces: [kube-system, egpu-system]
+    allowPrivileged: false                 # privileged containers with a share are denied unless true
+    heartbeatTimeoutSeconds: 120           # a node's inventory older than this takes no shares
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import yaml
+
+from egpu.contract import (
+    COMPUTE_POLICIES,
+    DEFAULT_SCHEDULER_NAME,
+    EGPU_RESOURCES,
+    NAMESPACE,
+    PLACEMENT_POLICIES,
+    PRIORITIES,
+    VOLCANO_ALIASES,
+)
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Defaults for pods that do not say: priority, compute policy, card and node policy."""
+
+    priority: str = "high"
+    compute_policy: str = "strict"
+    gpu_policy: str = "binpack"
+    node_policy: str = "binpack"
+
+
+@dataclass(frozen=True)
+class Config:
+    """The parsed configuration; see the module docstring for the keys and their meaning."""
+
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
+    resource_aliases: dict[str, str] = field(default_factory=lambda: dict(VOLCANO_ALIASES))
+    defaults: Defaults = field(default_factory=Defaults)
+    priority_classes: dict[str, str] = field(default_factory=dict)
+    shares_per_card: int = 10
+    memory_oversubscription_ratio: float = 1.5
+    cores_oversubscription_ratio: float = 1.0
+    ignored_namespaces: tuple[str, ...] = ("kube-system", NAMESPACE)
+    allow_privileged: bool = False
+    heartbeat_timeout_seconds: int = 120
+
+
+def _choice(value: Any, key: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{key}: {value!r} is not allowed; allowed: {', '.join(allowed)}")
+    return str(value)
+
+
+def _mapping(value: Any, key: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+    return value
+
+
+def _int(value: Any, key: str, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: {value!r} is not an integer")
+    if value < low or (high is not None and value > high):
+        allowed = f"{low}..{high}" if high is not None else f">= {low}"
+        raise ConfigError(f"{key}: {value} is out of range; allowed: {allowed}")
+    return value
+
+
+def _ratio(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}: {value!r} is not a number")
+    if not 1.0 <= float(value) <= 100.0:
+        raise ConfigError(f"{key}: {value} is out of range; allowed: 1.0..100.0")
+    return float(value)
+
+
+def _check_unknown(data: dict[str, Any], known: set[str], prefix: str) -> None:
+    for key in data:
+        if key not in known:
+            path = f"{prefix}{key}"
+            raise ConfigError(f"{path}: unknown key; allowed: {', '.join(sorted(known))}")
+
+
+def _defaults(data: Any) -> Defaults:
+    data = _mapping(data, "defaults")
+    names = {
+        "priority": ("priority", PRIORITIES),
+        "computePolicy": ("compute_policy", COMPUTE_POLICIES),
+        "gpuPolicy": ("gpu_policy", PLACEMENT_POLICIES),
+        "nodePolicy": ("node_policy", PLACEMENT_POLICIES),
+    }
+    _check_unknown(data, set(names), "defaults.")
+    values = {attr: _choice(data[k], f"defaults.{k}", allowed)
+              for k, (attr, allowed) in names.items() if k in data}
+    return Defaults(**values)
+
+
+def _aliases(data: Any) -> dict[str, str]:
+    data = _mapping(data, "resourceAliases")
+    for alias, target in data.items():
+        if not isinstance(alias, str) or "/" not in alias:
+            raise ConfigError(f"resourceAliases: key {alias!r} is not a resource name (domain/name)")
+        if alias in EGPU_RESOURCES:
+            raise ConfigError(f"resourceAliases.{alias}: an egpu.io name cannot be an alias")
+        _choice(target, f"resourceAliases.{alias}", EGPU_RESOURCES)
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def parse_config(data: Any) -> Config:
+    """Build a Config from parsed YAML (a mapping, or None for all defaults).
+
+    Raises ConfigError for unknown keys and bad values, naming the key.
+    """
+    if data is None:
+        return Config()
+    data = _mapping(data, "config")
+    parsers: dict[str, tuple[str, Any]] = {
+        "schedulerName": ("scheduler_name", lambda v, k: _name(v, k)),
+        "resourceAliases": ("resource_aliases", lambda v, k: _aliases(v)),
+        "defaults": ("defaults", lambda v, k: _defaults(v)),
+        "priorityClasses": ("priority_classes", lambda v, k: _priority_classes(v)),
+        "sharesPerCard": ("shares_per_card", lambda v, k: _int(v, k, 1, 100)),
+        "memoryOversubscriptionRatio": ("memory_oversubscription_ratio", _ratio),
+        "coresOversubscriptionRatio": ("cores_oversubscription_ratio", _ratio),
+        "ignoredNamespaces": ("ignored_namespaces", lambda v, k: _names(v, k)),
+        "allowPrivileged": ("allow_privileged", lambda v, k: _bool(v, k)),
+        "heartbeatTimeoutSeconds": ("heartbeat_timeout_seconds", lambda v, k: _int(v, k, 1)),
+    }
+    _check_unknown(data, set(parsers), "")
+    values = {attr: parse(data[key], key) for key, (attr, parse) in parsers.items() if key in data}
+    return replace(Config(), **values)
+
+
+def _name(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{key}: {value!r} must be a non-empty string")
+    return value
+
+
+def _names(value: Any, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{key}: {value!r} must be a list of non-empty strings")
+    return tuple(value)
+
+
+def _bool(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: {value!r} is not allowed; allowed: true, false")
+    return value
+
+
+def _priority_classes(value: Any) -> dict[str, str]:
+    data = _mapping(value, "priorityClasses")
+    return {str(k): _choice(v, f"priorityClasses.{k}", PRIORITIES) for k, v in data.items()}
+
+
+def load_config(text: str | None) -> Config:
+    """Parse YAML text (None or empty: defaults). Raises ConfigError, also for bad YAML."""
+    if not text:
+        return Config()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config: not valid YAML ({exc})") from None
+    return parse_config(data)
+
+
+def load_config_file(path: str | None) -> Config:
+    """Read and parse the YAML file at ``path`` (None: defaults). Raises ConfigError, OSError."""
+    if path is None:
+        return Config()
+    with open(path, encoding="utf-8") as handle:
+        return load_config(handle.read())

@@ -1,0 +1,107 @@
+"""The names every part of egpu shares (../shared/CONTRACT.md, as implemented).
+
+Every part (webhook, scheduler extender, node agent, device plugin, runtime hook, CLI) and the
+C interposer read and write exactly these names. Change a name here and in docs/design.md
+together; the C side mirrors the file paths and config keys in libinterpose/include/egpu_config.h.
+
+Terms: a *card* is one physical GPU, known by its NVML UUID. A *share* is what one container
+gets of one card: MiB of device memory and % of compute.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+DOMAIN: Final = "egpu.io"
+
+# --- Extended resources a pod author writes (container limits; requests == limits) ---------
+RES_GPU: Final = "egpu.io/gpu"  # cards, integer 1..16
+RES_MEMORY: Final = "egpu.io/gpu-memory"  # MiB per card, integer >= 1
+RES_MEMORY_PERCENTAGE: Final = "egpu.io/gpu-memory-percentage"  # % of card memory, 1..100
+RES_CORES: Final = "egpu.io/gpu-cores"  # % of card compute, 1..100
+
+EGPU_RESOURCES: Final = (RES_GPU, RES_MEMORY, RES_MEMORY_PERCENTAGE, RES_CORES)
+
+# Default alias set (Volcano vGPU names); configurable through Config.aliases.
+VOLCANO_ALIASES: Final = {
+    "volcano.sh/vgpu-number": RES_GPU,
+    "volcano.sh/vgpu-memory": RES_MEMORY,
+    "volcano.sh/vgpu-memory-percentage": RES_MEMORY_PERCENTAGE,
+    "volcano.sh/vgpu-cores": RES_CORES,
+}
+
+NATIVE_NVIDIA_GPU: Final = "nvidia.com/gpu"  # not ours: left to the native device plugin
+
+MAX_GPUS_PER_CONTAINER: Final = 16
+
+# --- Pod annotations a pod author writes ---------------------------------------------------
+ANN_PRIORITY: Final = "egpu.io/priority"  # high | low
+ANN_COMPUTE_POLICY: Final = "egpu.io/compute-policy"  # strict | elastic
+ANN_MEMORY_OVERSUBSCRIPTION: Final = "egpu.io/memory-oversubscription"  # true | false
+ANN_USE_GPU_TYPE: Final = "egpu.io/use-gpu-type"
+ANN_NOUSE_GPU_TYPE: Final = "egpu.io/nouse-gpu-type"
+ANN_USE_GPU_UUID: Final = "egpu.io/use-gpu-uuid"
+ANN_NOUSE_GPU_UUID: Final = "egpu.io/nouse-gpu-uuid"
+ANN_GPU_POLICY: Final = "egpu.io/gpu-policy"  # binpack | spread (card on the chosen node)
+ANN_NODE_POLICY: Final = "egpu.io/node-policy"  # binpack | spread (which node)
+
+PRIORITIES: Final = ("high", "low")
+COMPUTE_POLICIES: Final = ("strict", "elastic")
+PLACEMENT_POLICIES: Final = ("binpack", "spread")
+BOOLEANS: Final = ("true", "false")
+
+# --- What egpu writes ------------------------------------------------------------------
+LABEL_PRIORITY: Final = "egpu.io/priority"  # resolved priority, set by the webhook
+ANN_ALLOCATION: Final = "egpu.io/allocation"  # set by the extender before the Binding
+ANN_INVENTORY: Final = "egpu.io/inventory"  # node: JSON list of cards (node agent)
+ANN_INVENTORY_HEARTBEAT: Final = "egpu.io/inventory-heartbeat"  # node: RFC 3339
+DEFAULT_SCHEDULER_NAME: Final = "egpu-scheduler"
+KUBE_DEFAULT_SCHEDULER: Final = "default-scheduler"
+
+ENV_PRIORITY: Final = "EGPU_PRIORITY"
+ENV_COMPUTE_POLICY: Final = "EGPU_COMPUTE_POLICY"
+ENV_MEMORY_OVERSUBSCRIPTION: Final = "EGPU_MEMORY_OVERSUBSCRIPTION"
+# Raw-node / `egpu run` only (read by the interposer where no config file exists):
+ENV_MEMORY_LIMIT_MIB: Final = "EGPU_MEMORY_LIMIT_MIB"  # MiB per visible card
+ENV_MEMORY_PERCENTAGE: Final = "EGPU_MEMORY_PERCENTAGE"  # % of each visible card
+ENV_CORES: Final = "EGPU_CORES"  # % per visible card
+ENV_CONTAINER_REGION: Final = "EGPU_CONTAINER_REGION"  # accounting region file path
+ENV_RUNTIME_DIR: Final = "EGPU_RUNTIME_DIR"  # overrides RUNTIME_DIR (tests, egpu run)
+ENV_CONFIG_PATH: Final = "EGPU_CONFIG_PATH"  # tests only: where the interposer looks for config
+
+NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+
+# --- Files -------------------------------------------------------------------------------
+RUNTIME_DIR: Final = "/var/run/egpu"  # on the node; hostPath-mounted at the same path
+RUNTIME_VOLUME_NAME: Final = "egpu-runtime"
+CONTAINERS_SUBDIR: Final = "containers"  # <RUNTIME_DIR>/containers/<pod-uid>_<container>/
+CARDS_SUBDIR: Final = "cards"  # <RUNTIME_DIR>/cards/<uuid>
+CONTAINER_REGION_FILE: Final = "region"  # the accounting region inside the container folder
+CONTAINER_CONFIG_PATH: Final = "/run/egpu/config.json"  # in the container, read-only
+LD_SO_PRELOAD: Final = "/etc/ld.so.preload"
+INTERPOSER_LIBRARY: Final = "libegpu_interpose.so"
+INTERPOSER_PATH_IN_CONTAINER: Final = "/usr/lib/egpu/libegpu_interpose.so"
+
+# --- Configuration -----------------------------------------------------------------------
+CONFIG_MAP_NAME: Final = "egpu-config"
+CONFIG_FILE_ENV: Final = "EGPU_CLUSTER_CONFIG"  # path of the YAML config for the parts
+NAMESPACE: Final = "egpu-system"
+
+# --- Metrics (node agent) ----------------------------------------------------------------
+METRIC_CONTAINER_MEMORY_LIMIT: Final = "egpu_container_memory_limit_bytes"
+METRIC_CONTAINER_MEMORY_USED: Final = "egpu_container_memory_used_bytes"
+METRIC_CONTAINER_CORES_LIMIT: Final = "egpu_container_cores_limit_percent"
+METRIC_CONTAINER_COMPUTE_USED: Final = "egpu_container_compute_used_percent"
+METRIC_CARD_MEMORY_TOTAL: Final = "egpu_card_memory_total_bytes"
+METRIC_CARD_MEMORY_USED: Final = "egpu_card_memory_used_bytes"
+METRIC_CARD_MEMORY_BOOKED: Final = "egpu_card_memory_booked_bytes"
+METRIC_CARD_CORES_BOOKED: Final = "egpu_card_cores_booked_percent"
+METRIC_CARD_COMPUTE_USED: Final = "egpu_card_compute_used_percent"
+# dcgm-exporter label names where they overlap, then ours.
+LABELS_CARD: Final = ("gpu", "UUID", "modelName", "Hostname")
+LABELS_CONTAINER: Final = (*LABELS_CARD, "namespace", "pod", "container")
+
+
+def container_dir_name(pod_uid: str, container: str) -> str:
+    """Folder name of a container's accounting region: ``<pod-uid>_<container>``."""
+    return f"{pod_uid}_{container}"

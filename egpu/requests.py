@@ -1,0 +1,385 @@
+"""Read a pod's egpu requests: which containers get a share, of what, under which policies.
+
+``read_pod(pod, config)`` takes a pod (or pod template) as the Kubernetes JSON object (a dict
+with ``metadata`` and ``spec``) and returns a ``PodReading``: either a normalized
+``PodRequest`` or a list of ``RequestError``, each naming the container (or the pod), the
+resource or annotation, the value given and what is allowed. A pod without any egpu resource
+is not an egpu pod (``reading.request is None`` and no errors): egpu never blocks such pods,
+whatever annotations they carry.
+
+Rules (../shared/CONTRACT.md section 1):
+- resources go in ``limits``; ``requests``, if given, must equal ``limits``;
+- gpu-memory, gpu-memory-percentage or gpu-cores without ``egpu.io/gpu`` means 1 card;
+- no memory given: 100% of the card; no cores given: 0 (nothing booked, idle compute only);
+- aliases (config) mean the same as the egpu.io names; one container cannot mix name sets;
+- init containers and sidecars (init containers with restartPolicy Always) count, with
+  Kubernetes' effective-request rule applied card by card at placement (see ``ContainerKind``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from egpu.config import Config
+from egpu.contract import (
+    ANN_COMPUTE_POLICY,
+    ANN_GPU_POLICY,
+    ANN_MEMORY_OVERSUBSCRIPTION,
+    ANN_NODE_POLICY,
+    ANN_NOUSE_GPU_TYPE,
+    ANN_NOUSE_GPU_UUID,
+    ANN_PRIORITY,
+    ANN_USE_GPU_TYPE,
+    ANN_USE_GPU_UUID,
+    BOOLEANS,
+    COMPUTE_POLICIES,
+    EGPU_RESOURCES,
+    MAX_GPUS_PER_CONTAINER,
+    NATIVE_NVIDIA_GPU,
+    PLACEMENT_POLICIES,
+    PRIORITIES,
+    RES_CORES,
+    RES_GPU,
+    RES_MEMORY,
+    RES_MEMORY_PERCENTAGE,
+)
+
+
+class ContainerKind(str, Enum):
+    """Where a container sits in the pod; decides how its share adds up with the others.
+
+    APP and SIDECAR shares run together and are summed per card; each INIT share runs alone
+    (with the sidecars declared before it), so a card books max(init, sum of app + sidecars).
+    """
+
+    APP = "container"
+    INIT = "init"
+    SIDECAR = "sidecar"
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """One mistake in a pod's egpu requests. ``container`` is "" for pod-level annotations."""
+
+    container: str
+    field: str
+    value: str
+    allowed: str
+    reason: str = ""
+
+    @property
+    def message(self) -> str:
+        """A sentence a pod author can act on."""
+        where = f"container {self.container!r}: " if self.container else "pod annotation "
+        reason = f" ({self.reason})" if self.reason else ""
+        return f"{where}{self.field}={self.value!r} is not allowed{reason}; allowed: {self.allowed}"
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one container asks of each of its cards.
+
+    gpus: cards (1..16). memory_mib: MiB per card, or None when given as a percentage.
+    memory_percentage: % of each card's memory (100 when no memory was given), or None when
+    given in MiB. cores: % of each card's compute, 0 = nothing booked.
+    """
+
+    gpus: int
+    memory_mib: int | None
+    memory_percentage: int | None
+    cores: int
+
+    def memory_on(self, card_memory_mib: int) -> int:
+        """MiB this share books on a card of ``card_memory_mib`` MiB (percentages round down)."""
+        if self.memory_mib is not None:
+            return self.memory_mib
+        assert self.memory_percentage is not None
+        return max(1, card_memory_mib * self.memory_percentage // 100)
+
+    def describe(self) -> str:
+        """Short human text, e.g. ``1 card x (24000 MiB, 50% cores)``."""
+        memory = (f"{self.memory_mib} MiB" if self.memory_mib is not None
+                  else f"{self.memory_percentage}% memory")
+        cores = f"{self.cores}% cores" if self.cores else "no cores booked"
+        cards = "card" if self.gpus == 1 else "cards"
+        return f"{self.gpus} {cards} x ({memory}, {cores})"
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """A container with a share: its name, kind, share, and whether it is privileged."""
+
+    name: str
+    kind: ContainerKind
+    share: Share
+    privileged: bool = False
+    uses_aliases: bool = False
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """A valid egpu pod: its shares and its resolved policies and card filters."""
+
+    containers: tuple[ContainerRequest, ...]
+    priority: str
+    compute_policy: str
+    memory_oversubscription: bool
+    gpu_policy: str
+    node_policy: str
+    use_gpu_types: tuple[str, ...] = ()
+    nouse_gpu_types: tuple[str, ...] = ()
+    use_gpu_uuids: tuple[str, ...] = ()
+    nouse_gpu_uuids: tuple[str, ...] = ()
+
+    def container(self, name: str) -> ContainerRequest | None:
+        """The request of container ``name``, or None when it has no share."""
+        return next((c for c in self.containers if c.name == name), None)
+
+
+@dataclass(frozen=True)
+class PodReading:
+    """What egpu makes of a pod: ``request`` (None: not an egpu pod, or invalid) and errors."""
+
+    request: PodRequest | None
+    errors: tuple[RequestError, ...] = field(default_factory=tuple)
+
+    @property
+    def is_egpu_pod(self) -> bool:
+        """True when any container asks for an egpu resource (valid or not)."""
+        return self.request is not None or bool(self.errors)
+
+
+_RANGES: dict[str, tuple[int, int | None]] = {
+    RES_GPU: (1, MAX_GPUS_PER_CONTAINER),
+    RES_MEMORY: (1, None),
+    RES_MEMORY_PERCENTAGE: (1, 100),
+    RES_CORES: (1, 100),
+}
+_PLAIN_INTEGER = re.compile(r"^[+]?[0-9]+$")
+
+
+def _allowed_text(resource: str) -> str:
+    low, high = _RANGES[resource]
+    unit = {RES_MEMORY: " (MiB)", RES_MEMORY_PERCENTAGE: " (%)", RES_CORES: " (%)"}.get(resource, "")
+    return f"an integer {low}..{high}{unit}" if high is not None else f"an integer >= {low}{unit}"
+
+
+def _parse_quantity(raw: Any) -> int | None:
+    """A plain integer quantity ("24000", 24000), or None for anything else (1.5, "24Gi")."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, float) and raw.is_integer():
+        return int(raw)
+    if isinstance(raw, str) and _PLAIN_INTEGER.match(raw.strip()):
+        return int(raw.strip())
+    return None
+
+
+def _as_mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _container_resources(
+    container: Mapping[str, Any], aliases: Mapping[str, str]
+) -> tuple[dict[str, tuple[str, Any]], list[RequestError]]:
+    """Map egpu resource -> (name as written, value) from limits; check requests and name sets."""
+    name = str(container.get("name", ""))
+    resources = _as_mapping(container.get("resources"))
+    limits = _as_mapping(resources.get("limits"))
+    requests = _as_mapping(resources.get("requests"))
+    errors: list[RequestError] = []
+    found: dict[str, tuple[str, Any]] = {}
+    name_sets: set[str] = set()
+    for written in sorted(set(limits) | set(requests)):
+        canonical = written if written in EGPU_RESOURCES else aliases.get(written)
+        if canonical is None:
+            continue
+        name_sets.add("egpu" if written in EGPU_RESOURCES else "alias")
+        if written not in limits:
+            errors.append(RequestError(
+                name, written, str(requests[written]), "the same value in resources.limits",
+                "extended resources are set in limits; requests alone are not enough"))
+            continue
+        if written in requests and str(requests[written]) != str(limits[written]):
+            errors.append(RequestError(
+                name, f"{written} (requests)", str(requests[written]),
+                f"the limits value {limits[written]!s}", "requests must equal limits"))
+            continue
+        if canonical in found:
+            errors.append(RequestError(
+                name, written, str(limits[written]), f"one of {found[canonical][0]} or {written}",
+                "two names for one resource"))
+            continue
+        found[canonical] = (written, limits[written])
+    if len(name_sets) > 1:
+        written_names = ", ".join(sorted(w for w, _ in found.values()))
+        errors.append(RequestError(
+            name, "resources", written_names, "one name set: all egpu.io/ or all aliases",
+            "the container mixes egpu.io names with alias names"))
+    if found and (NATIVE_NVIDIA_GPU in limits or NATIVE_NVIDIA_GPU in requests):
+        errors.append(RequestError(
+            name, NATIVE_NVIDIA_GPU, str(limits.get(NATIVE_NVIDIA_GPU, requests.get(NATIVE_NVIDIA_GPU))),
+            "either nvidia.com/gpu (whole cards) or egpu.io resources (shares), not both"))
+    return found, errors
+
+
+def _share(name: str, found: dict[str, tuple[str, Any]]) -> tuple[Share | None, list[RequestError]]:
+    errors: list[RequestError] = []
+    values: dict[str, int] = {}
+    for resource, (written, raw) in found.items():
+        value = _parse_quantity(raw)
+        low, high = _RANGES[resource]
+        if value is None:
+            hint = " (a plain number of MiB: 24Gi is 24576)" if resource == RES_MEMORY else ""
+            errors.append(RequestError(name, written, str(raw), _allowed_text(resource),
+                                       f"not a whole number{hint}"))
+        elif value < low or (high is not None and value > high):
+            errors.append(RequestError(name, written, str(raw), _allowed_text(resource),
+                                       "out of range"))
+        else:
+            values[resource] = value
+    if RES_MEMORY in found and RES_MEMORY_PERCENTAGE in found:
+        errors.append(RequestError(
+            name, f"{found[RES_MEMORY][0]} and {found[RES_MEMORY_PERCENTAGE][0]}",
+            f"{found[RES_MEMORY][1]} and {found[RES_MEMORY_PERCENTAGE][1]}",
+            "one of the two: memory in MiB or memory as % of the card",
+            "both given"))
+    if errors:
+        return None, errors
+    memory_mib = values.get(RES_MEMORY)
+    percentage = values.get(RES_MEMORY_PERCENTAGE)
+    if memory_mib is None and percentage is None:
+        percentage = 100
+    return Share(
+        gpus=values.get(RES_GPU, 1),
+        memory_mib=memory_mib,
+        memory_percentage=percentage,
+        cores=values.get(RES_CORES, 0),
+    ), []
+
+
+def _is_privileged(container: Mapping[str, Any]) -> bool:
+    context = _as_mapping(container.get("securityContext"))
+    return bool(context.get("privileged")) is True
+
+
+def _containers(spec: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], ContainerKind]]:
+    out: list[tuple[Mapping[str, Any], ContainerKind]] = []
+    for c in spec.get("initContainers") or []:
+        if isinstance(c, Mapping):
+            sidecar = c.get("restartPolicy") == "Always"
+            out.append((c, ContainerKind.SIDECAR if sidecar else ContainerKind.INIT))
+    for c in spec.get("containers") or []:
+        if isinstance(c, Mapping):
+            out.append((c, ContainerKind.APP))
+    return out
+
+
+def _annotation_choice(
+    annotations: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str,
+    errors: list[RequestError],
+) -> str:
+    if key not in annotations:
+        return default
+    value = annotations[key]
+    if value not in allowed:
+        errors.append(RequestError("", key, str(value), ", ".join(allowed)))
+        return default
+    return str(value)
+
+
+def _annotation_list(
+    annotations: Mapping[str, Any], key: str, errors: list[RequestError]
+) -> tuple[str, ...]:
+    if key not in annotations:
+        return ()
+    raw = annotations[key]
+    items = tuple(part.strip() for part in str(raw).split(",")) if isinstance(raw, str) else ()
+    if not items or not all(items):
+        errors.append(RequestError("", key, str(raw), "a comma-separated list of non-empty names",
+                                   "an empty entry"))
+        return ()
+    return items
+
+
+def read_pod(pod: Mapping[str, Any], config: Config | None = None) -> PodReading:
+    """Read the egpu requests of ``pod`` (a Pod or pod template as a JSON-like dict).
+
+    Returns PodReading(request=None) for pods without egpu resources; never raises on
+    malformed input (anything unexpected is treated as absent or reported as an error).
+    """
+    config = config or Config()
+    if not isinstance(pod, Mapping):
+        return PodReading(None)
+    metadata = _as_mapping(pod.get("metadata"))
+    spec = _as_mapping(pod.get("spec"))
+    annotations = _as_mapping(metadata.get("annotations"))
+    errors: list[RequestError] = []
+    containers: list[ContainerRequest] = []
+    seen_any = False
+    for container, kind in _containers(spec):
+        name = str(container.get("name", ""))
+        found, resource_errors = _container_resources(container, config.resource_aliases)
+        if not found and not resource_errors:
+            continue
+        seen_any = True
+        errors.extend(resource_errors)
+        if resource_errors:
+            continue
+        share, share_errors = _share(name, found)
+        errors.extend(share_errors)
+        if share is not None:
+            uses_aliases = any(w not in EGPU_RESOURCES for w, _ in found.values())
+            containers.append(ContainerRequest(name, kind, share, _is_privileged(container),
+                                               uses_aliases))
+    if not seen_any:
+        return PodReading(None)
+
+    default_priority = config.priority_classes.get(
+        str(spec.get("priorityClassName", "")), config.defaults.priority)
+    priority = _annotation_choice(annotations, ANN_PRIORITY, PRIORITIES, default_priority, errors)
+    policy = _annotation_choice(annotations, ANN_COMPUTE_POLICY, COMPUTE_POLICIES,
+                                config.defaults.compute_policy, errors)
+    oversub = _annotation_choice(annotations, ANN_MEMORY_OVERSUBSCRIPTION, BOOLEANS, "false",
+                                 errors)
+    gpu_policy = _annotation_choice(annotations, ANN_GPU_POLICY, PLACEMENT_POLICIES,
+                                    config.defaults.gpu_policy, errors)
+    node_policy = _annotation_choice(annotations, ANN_NODE_POLICY, PLACEMENT_POLICIES,
+                                     config.defaults.node_policy, errors)
+    filters = {key: _annotation_list(annotations, key, errors) for key in (
+        ANN_USE_GPU_TYPE, ANN_NOUSE_GPU_TYPE, ANN_USE_GPU_UUID, ANN_NOUSE_GPU_UUID)}
+    if errors:
+        return PodReading(None, tuple(errors))
+    return PodReading(PodRequest(
+        containers=tuple(containers),
+        priority=priority,
+        compute_policy=policy,
+        memory_oversubscription=oversub == "true",
+        gpu_policy=gpu_policy,
+        node_policy=node_policy,
+        use_gpu_types=filters[ANN_USE_GPU_TYPE],
+        nouse_gpu_types=filters[ANN_NOUSE_GPU_TYPE],
+        use_gpu_uuids=filters[ANN_USE_GPU_UUID],
+        nouse_gpu_uuids=filters[ANN_NOUSE_GPU_UUID],
+    ))
+
+
+def model_tokens(model: str) -> set[str]:
+    """Lower-case tokens of a card model: the whole name and its parts split on ' ', '-', '_'."""
+    lowered = model.lower()
+    return {lowered, *(t for t in re.split(r"[ \-_]+", lowered) if t)}
+
+
+def model_matches(model: str, names: tuple[str, ...]) -> bool:
+    """True when any of ``names`` equals the model or one of its tokens, case-insensitive.
+
+    ``A10`` matches ``NVIDIA A10`` and never ``NVIDIA A100-SXM4-80GB``.
+    """
+    tokens = model_tokens(model)
+    return any(name.lower() in tokens for name in names)
