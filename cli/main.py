@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
-
 def _command_modules() -> list[str]:
     """Every ``cli/*_cmd.py``: each defines COMMAND, HELP, add_arguments(parser), run(args)."""
     package = Path(__file__).parent

@@ -16,10 +16,10 @@ Keys (YAML, camelCase as Kubernetes configs are)::
       nodePolicy: binpack                  # binpack | spread  (which node)
     priorityClasses: {}                    # PriorityClass name -> high | low
     sharesPerCard: 10                      # device-plugin slots per card (allocatable egpu.io/gpu)
-    memoryOversubscriptionRatio: 1.5       # >= 1; booked MiB may reach capacity x ratio (opt-in pods)
+    memoryOversubscriptionRatio: 1.5       # >= 1; opt-in pods may book capacity x ratio MiB
     coresOversubscriptionRatio: 1.0        # >= 1; booked cores may reach 100 x ratio per card
     ignoredNamespaces: [kube-system, egpu-system]
-    allowPrivileged: false                 # privileged containers with a share are denied unless true
+    allowPrivileged: false                 # deny privileged containers with a share unless true
     heartbeatTimeoutSeconds: 120           # a node's inventory older than this takes no shares
 """
 
@@ -125,7 +125,8 @@ def _aliases(data: Any) -> dict[str, str]:
     data = _mapping(data, "resourceAliases")
     for alias, target in data.items():
         if not isinstance(alias, str) or "/" not in alias:
-            raise ConfigError(f"resourceAliases: key {alias!r} is not a resource name (domain/name)")
+            raise ConfigError(
+                f"resourceAliases: key {alias!r} is not a resource name (domain/name)")
         if alias in EGPU_RESOURCES:
             raise ConfigError(f"resourceAliases.{alias}: an egpu.io name cannot be an alias")
         _choice(target, f"resourceAliases.{alias}", EGPU_RESOURCES)

@@ -33,7 +33,8 @@ def _load_object(text: str | bytes, what: str) -> dict[str, Any]:
         raise RecordError(f"{what}: expected a JSON object, got {type(data).__name__}")
     version = data.get("version")
     if version != RECORD_VERSION:
-        raise RecordError(f"{what}.version: {version!r} is not supported; allowed: {RECORD_VERSION}")
+        raise RecordError(
+            f"{what}.version: {version!r} is not supported; allowed: {RECORD_VERSION}")
     return data
 
 

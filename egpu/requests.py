@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from egpu.config import Config
@@ -49,7 +49,7 @@ from egpu.contract import (
 )
 
 
-class ContainerKind(str, Enum):
+class ContainerKind(StrEnum):
     """Where a container sits in the pod; decides how its share adds up with the others.
 
     APP and SIDECAR shares run together and are summed per card; each INIT share runs alone
@@ -164,7 +164,8 @@ _PLAIN_INTEGER = re.compile(r"^[+]?[0-9]+$")
 
 def _allowed_text(resource: str) -> str:
     low, high = _RANGES[resource]
-    unit = {RES_MEMORY: " (MiB)", RES_MEMORY_PERCENTAGE: " (%)", RES_CORES: " (%)"}.get(resource, "")
+    units = {RES_MEMORY: " (MiB)", RES_MEMORY_PERCENTAGE: " (%)", RES_CORES: " (%)"}
+    unit = units.get(resource, "")
     return f"an integer {low}..{high}{unit}" if high is not None else f"an integer >= {low}{unit}"
 
 
@@ -224,7 +225,8 @@ def _container_resources(
             "the container mixes egpu.io names with alias names"))
     if found and (NATIVE_NVIDIA_GPU in limits or NATIVE_NVIDIA_GPU in requests):
         errors.append(RequestError(
-            name, NATIVE_NVIDIA_GPU, str(limits.get(NATIVE_NVIDIA_GPU, requests.get(NATIVE_NVIDIA_GPU))),
+            name, NATIVE_NVIDIA_GPU,
+            str(limits.get(NATIVE_NVIDIA_GPU, requests.get(NATIVE_NVIDIA_GPU))),
             "either nvidia.com/gpu (whole cards) or egpu.io resources (shares), not both"))
     return found, errors
 

@@ -1,0 +1,24 @@
+"""Shared fixtures: where ../shared lives (inputs, cases, data)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# The machines are small and shared with builds: judge properties, not timings.
+settings.register_profile("egpu", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("egpu")
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("EGPU_SHARED_DIR", REPO.parent / "shared"))
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The shared folder beside the checkout (inputs/, cases/, data/)."""
+    if not SHARED.is_dir():
+        pytest.skip(f"shared folder not found at {SHARED} (set EGPU_SHARED_DIR)")
+    return SHARED

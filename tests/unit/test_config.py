@@ -1,0 +1,49 @@
+"""The YAML configuration: defaults, and errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from egpu.config import Config, ConfigError, load_config
+
+
+def test_empty_is_defaults() -> None:
+    assert load_config(None) == Config() == load_config("")
+    assert Config().scheduler_name == "egpu-scheduler"
+
+
+def test_full_config() -> None:
+    config = load_config("""
+schedulerName: my-egpu
+defaults: {priority: low, computePolicy: elastic, gpuPolicy: spread, nodePolicy: spread}
+priorityClasses: {online: high, batch: low}
+sharesPerCard: 4
+memoryOversubscriptionRatio: 2
+coresOversubscriptionRatio: 1.5
+ignoredNamespaces: [kube-system]
+allowPrivileged: true
+heartbeatTimeoutSeconds: 30
+""")
+    assert config.scheduler_name == "my-egpu" and config.defaults.gpu_policy == "spread"
+    assert config.shares_per_card == 4 and config.memory_oversubscription_ratio == 2.0
+    assert config.priority_classes == {"online": "high", "batch": "low"}
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("schedulerNam: x", "schedulerNam: unknown key"),
+    ("defaults: {priority: urgent}", "defaults.priority: 'urgent'"),
+    ("defaults: {colour: red}", "defaults.colour: unknown key"),
+    ("sharesPerCard: 0", "sharesPerCard: 0 is out of range"),
+    ("sharesPerCard: true", "sharesPerCard: True is not an integer"),
+    ("memoryOversubscriptionRatio: 0.5", "memoryOversubscriptionRatio: 0.5 is out of range"),
+    ("priorityClasses: {batch: medium}", "priorityClasses.batch: 'medium'"),
+    ("resourceAliases: {x.io/a: egpu.io/nope}", "resourceAliases.x.io/a"),
+    ("ignoredNamespaces: kube-system", "ignoredNamespaces"),
+    ("allowPrivileged: 'yes'", "allowPrivileged"),
+    ("[1, 2]", "config: expected a mapping"),
+    ("a: [", "not valid YAML"),
+])
+def test_errors_name_the_key(text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(text)
+    assert fragment in str(info.value)
