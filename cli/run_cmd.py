@@ -1,0 +1,126 @@
+"""Run a command under the interposer with a share, on a raw node (no Kubernetes).
+
+Examples:
+  egpu run --gpu-memory 4096 --gpu-cores 30 -- python train.py
+  egpu run --gpu-memory-percentage 25 --priority low --name batch -- ./job
+
+The share applies to every card the command sees (CUDA_VISIBLE_DEVICES as usual). Processes
+started with the same --name share one accounting region, so their memory adds up to one cap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from egpu.contract import (
+    ENV_COMPUTE_POLICY,
+    ENV_CONTAINER_REGION,
+    ENV_CORES,
+    ENV_MEMORY_LIMIT_MIB,
+    ENV_MEMORY_OVERSUBSCRIPTION,
+    ENV_MEMORY_PERCENTAGE,
+    ENV_PRIORITY,
+    ENV_RUNTIME_DIR,
+    INTERPOSER_LIBRARY,
+    INTERPOSER_PATH_IN_CONTAINER,
+    RUNTIME_DIR,
+)
+
+COMMAND = "run"
+HELP = "run a command under the interposer with a GPU share (raw nodes)"
+REPO = Path(__file__).resolve().parent.parent
+REPO_LIBRARY = REPO / "libinterpose" / "build" / INTERPOSER_LIBRARY
+
+
+def _percent(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: 1..100")
+    return value
+
+
+def _mib(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: >= 1 (MiB)")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the share options and the command."""
+    memory = parser.add_mutually_exclusive_group()
+    memory.add_argument("--gpu-memory", type=_mib, metavar="MiB", help="MiB per card")
+    memory.add_argument("--gpu-memory-percentage", type=_percent, metavar="P",
+                        help="% of each card's memory")
+    parser.add_argument("--gpu-cores", type=_percent, metavar="P", help="% of each card's compute")
+    parser.add_argument("--priority", choices=("high", "low"), default="high")
+    parser.add_argument("--compute-policy", choices=("strict", "elastic"), default="strict")
+    parser.add_argument("--memory-oversubscription", action="store_true")
+    parser.add_argument("--name", default=None,
+                        help="accounting group: runs with one name share one cap (default: pid)")
+    parser.add_argument("--library", type=Path, default=None,
+                        help="the interposer (default: $EGPU_INTERPOSER, the build, /usr/lib/egpu)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
+
+
+def find_library(explicit: Path | None) -> Path | None:
+    """The interposer to preload: explicit, $EGPU_INTERPOSER, this checkout's build, installed."""
+    candidates = [explicit, os.environ.get("EGPU_INTERPOSER"), REPO_LIBRARY,
+                  INTERPOSER_PATH_IN_CONTAINER]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return Path(candidate).resolve()
+    return None
+
+
+def share_environment(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
+    """The environment for the command: ``base`` plus LD_PRELOAD and the EGPU_* share."""
+    env = dict(base)
+    runtime = env.get(ENV_RUNTIME_DIR, RUNTIME_DIR)
+    name = args.name or f"run-{os.getpid()}"
+    env[ENV_CONTAINER_REGION] = str(Path(runtime) / "containers" / f"raw_{name}" / "region")
+    memory = args.gpu_memory_percentage or 100
+    if args.gpu_memory is not None:
+        env[ENV_MEMORY_LIMIT_MIB] = str(args.gpu_memory)
+        env.pop(ENV_MEMORY_PERCENTAGE, None)
+    else:
+        env[ENV_MEMORY_PERCENTAGE] = str(memory)
+        env.pop(ENV_MEMORY_LIMIT_MIB, None)
+    env[ENV_CORES] = str(args.gpu_cores or 0)
+    env[ENV_PRIORITY] = args.priority
+    env[ENV_COMPUTE_POLICY] = args.compute_policy
+    env[ENV_MEMORY_OVERSUBSCRIPTION] = "true" if args.memory_oversubscription else "false"
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exec the command with the interposer preloaded; 2 when it cannot."""
+    command = [c for c in args.command if c != "--"] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("egpu run: no command given; usage: egpu run [share options] -- CMD...",
+              file=sys.stderr)
+        return 2
+    library = find_library(args.library)
+    if library is None:
+        print(f"egpu run: the interposer {INTERPOSER_LIBRARY} was not found; build it with "
+              f"`make native` or pass --library", file=sys.stderr)
+        return 2
+    env = share_environment(args, dict(os.environ))
+    region_dir = Path(env[ENV_CONTAINER_REGION]).parent
+    try:
+        region_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"egpu run: cannot create the accounting folder {region_dir}: {exc}; "
+              f"set {ENV_RUNTIME_DIR} to a writable folder", file=sys.stderr)
+        return 2
+    preload = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = f"{library} {preload}".strip()
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        print(f"egpu run: cannot run {command[0]}: {exc}", file=sys.stderr)
+        return 127
+    return 0  # not reached
