@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     memory = parser.add_mutually_exclusive_group()
     memory.add_argument("--gpu-memory", type=_mib, metavar="MiB", help="MiB per card")
     memory.add_argument("--gpu-memory-percentage", type=_percent, metavar="P",
-                        help="% of each card's memory")
-    parser.add_argument("--gpu-cores", type=_percent, metavar="P", help="% of each card's compute")
+                        help="%% of each card's memory")
+    parser.add_argument("--gpu-cores", type=_percent, metavar="P", help="%% of each card's compute")
     parser.add_argument("--priority", choices=("high", "low"), default="high")
     parser.add_argument("--compute-policy", choices=("strict", "elastic"), default="strict")
     parser.add_argument("--memory-oversubscription", action="store_true")
