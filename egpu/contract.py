@@ -55,6 +55,7 @@ LABEL_PRIORITY: Final = "egpu.io/priority"  # resolved priority, set by the webh
 ANN_ALLOCATION: Final = "egpu.io/allocation"  # set by the extender before the Binding
 ANN_INVENTORY: Final = "egpu.io/inventory"  # node: JSON list of cards (node agent)
 ANN_INVENTORY_HEARTBEAT: Final = "egpu.io/inventory-heartbeat"  # node: RFC 3339
+ANN_USAGE: Final = "egpu.io/usage"  # node: measured use per card and share (records.NodeUsage)
 DEFAULT_SCHEDULER_NAME: Final = "egpu-scheduler"
 KUBE_DEFAULT_SCHEDULER: Final = "default-scheduler"
 
@@ -82,6 +83,35 @@ LD_SO_PRELOAD: Final = "/etc/ld.so.preload"
 INTERPOSER_LIBRARY: Final = "libegpu_interpose.so"
 INTERPOSER_PATH_IN_CONTAINER: Final = "/usr/lib/egpu/libegpu_interpose.so"
 
+# --- Node side: device plugin -> runtime hook, node agent -> runtime hook -----------------
+# Set by the device plugin's Allocate in the container's environment (see docs/node.md).
+ENV_POD_UID: Final = "EGPU_POD_UID"  # the pod the device plugin matched (unique match only)
+ENV_CONTAINER: Final = "EGPU_CONTAINER"  # the container the device plugin matched
+ENV_DEVICES: Final = "EGPU_DEVICES"  # always: the device-plugin slot ids the kubelet gave
+ENV_ALLOCATION_ERROR: Final = "EGPU_ALLOCATION_ERROR"  # why no share could be matched: the
+# runtime hook refuses to create such a container and prints this message.
+# Root-only folder on the node, NOT mounted into containers (RUNTIME_DIR is, writable, so a
+# container could rewrite what lies there): the node agent's per-pod allocation files and the
+# runtime hook's per-container files (config.json and ld.so.preload, bind-mounted read-only).
+NODE_PRIVATE_DIR: Final = "/var/run/egpu-node"
+ENV_NODE_PRIVATE_DIR: Final = "EGPU_NODE_PRIVATE_DIR"  # overrides NODE_PRIVATE_DIR (tests)
+ALLOCATIONS_SUBDIR: Final = "allocations"  # <NODE_PRIVATE_DIR>/allocations/<pod-uid>.json
+HOOK_SUBDIR: Final = "hook"  # <NODE_PRIVATE_DIR>/hook/<pod-uid>_<container>/
+# OCI annotations that name the Kubernetes container (containerd CRI, then CRI-O).
+OCI_ANN_POD_UID: Final = ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid")
+OCI_ANN_CONTAINER_NAME: Final = ("io.kubernetes.cri.container-name", "io.kubernetes.container.name")
+OCI_ANN_POD_NAME: Final = ("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name")
+OCI_ANN_POD_NAMESPACE: Final = (
+    "io.kubernetes.cri.sandbox-namespace",
+    "io.kubernetes.pod.namespace",
+)
+OCI_ANN_CONTAINER_TYPE: Final = "io.kubernetes.cri.container-type"  # "sandbox" | "container"
+# Where the node DaemonSet installs the hook and the interposer on the host.
+HOST_INSTALL_DIR: Final = "/usr/local/egpu"
+HOST_HOOK_PATH: Final = "/usr/local/egpu/bin/egpu-hook"
+HOST_INTERPOSER_PATH: Final = "/usr/local/egpu/lib/libegpu_interpose.so"
+CDI_KIND: Final = "egpu.io/gpu"  # CDI device kind of the cards (egpu cdi generate)
+
 # --- Configuration -----------------------------------------------------------------------
 CONFIG_MAP_NAME: Final = "egpu-config"
 CONFIG_FILE_ENV: Final = "EGPU_CLUSTER_CONFIG"  # path of the YAML config for the parts
@@ -105,3 +135,8 @@ LABELS_CONTAINER: Final = (*LABELS_CARD, "namespace", "pod", "container")
 def container_dir_name(pod_uid: str, container: str) -> str:
     """Folder name of a container's accounting region: ``<pod-uid>_<container>``."""
     return f"{pod_uid}_{container}"
+
+
+def allocation_file_name(pod_uid: str) -> str:
+    """File name of a pod's allocation file in ``<NODE_PRIVATE_DIR>/allocations/``."""
+    return f"{pod_uid}.json"

@@ -281,3 +281,128 @@ class ContainerConfig:
             container_region=_field(data, "container_region", str, "config"),
             cards=tuple(cards),
         )
+
+
+@dataclass(frozen=True)
+class PodShares:
+    """A pod's allocation file on its node, ``<NODE_PRIVATE_DIR>/allocations/<pod-uid>.json``.
+
+    Written by the node agent when it sees a pod bound to its node with an ``egpu.io/allocation``
+    annotation; read by the runtime hook, which builds each container's ``ContainerConfig``
+    from it. The policies are the pod's resolved values (egpu.requests.read_pod).
+    """
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    priority: str
+    compute_policy: str
+    memory_oversubscription: bool
+    allocation: Allocation
+
+    def encode(self) -> str:
+        """JSON text: ``{"version": 1, "namespace", "pod", "pod_uid", "priority",
+        "compute_policy", "memory_oversubscription", "allocation": <Allocation JSON>}``."""
+        body = {
+            "version": RECORD_VERSION,
+            "namespace": self.namespace,
+            "pod": self.pod,
+            "pod_uid": self.pod_uid,
+            "priority": self.priority,
+            "compute_policy": self.compute_policy,
+            "memory_oversubscription": self.memory_oversubscription,
+            "allocation": json.loads(self.allocation.encode()),
+        }
+        return json.dumps(body, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> PodShares:
+        """Parse the file. Raises RecordError naming the bad field."""
+        data = _load_object(text, "pod-shares")
+        priority = _field(data, "priority", str, "pod-shares")
+        if priority not in PRIORITIES:
+            raise RecordError(
+                f"pod-shares.priority: {priority!r}; allowed: {', '.join(PRIORITIES)}"
+            )
+        policy = _field(data, "compute_policy", str, "pod-shares")
+        if policy not in COMPUTE_POLICIES:
+            raise RecordError(
+                f"pod-shares.compute_policy: {policy!r}; allowed: {', '.join(COMPUTE_POLICIES)}"
+            )
+        allocation = _field(data, "allocation", dict, "pod-shares")
+        return cls(
+            namespace=_field(data, "namespace", str, "pod-shares"),
+            pod=_field(data, "pod", str, "pod-shares"),
+            pod_uid=_field(data, "pod_uid", str, "pod-shares"),
+            priority=priority,
+            compute_policy=policy,
+            memory_oversubscription=_field(data, "memory_oversubscription", bool, "pod-shares"),
+            allocation=Allocation.decode(json.dumps(allocation)),
+        )
+
+
+@dataclass(frozen=True)
+class ShareUsage:
+    """Measured use of one container's share of one card: memory_used_mib (MiB), compute (%)."""
+
+    pod_uid: str
+    container: str
+    uuid: str
+    memory_used_mib: int
+    compute_used_percent: float
+
+
+@dataclass(frozen=True)
+class CardUsage:
+    """Measured use of one card: memory_used_mib (MiB, all processes), compute (% of the card)."""
+
+    uuid: str
+    memory_used_mib: int
+    compute_used_percent: float
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    """The node annotation ``egpu.io/usage``, refreshed by the node agent with the heartbeat.
+
+    Read by ``egpu top`` / ``kubectl egpu`` so that usage shows through the API alone.
+    """
+
+    cards: tuple[CardUsage, ...]
+    shares: tuple[ShareUsage, ...] = ()
+
+    def encode(self) -> str:
+        """JSON text: ``{"version": 1, "cards": [...], "shares": [...]}``."""
+        return json.dumps({"version": RECORD_VERSION, "cards": [asdict(c) for c in self.cards],
+                           "shares": [asdict(s) for s in self.shares]}, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> NodeUsage:
+        """Parse the annotation text. Raises RecordError naming the bad field."""
+        data = _load_object(text, "usage")
+
+        def number(obj: dict[str, Any], key: str, where: str) -> float:
+            value = obj.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise RecordError(f"{where}.{key}: {value!r} is not a number")
+            return float(value)
+
+        cards = []
+        for i, c in enumerate(_list(data, "cards", "usage")):
+            where = f"usage.cards[{i}]"
+            if not isinstance(c, dict):
+                raise RecordError(f"{where}: expected an object, got {c!r}")
+            cards.append(CardUsage(_field(c, "uuid", str, where),
+                                   _field(c, "memory_used_mib", int, where),
+                                   number(c, "compute_used_percent", where)))
+        shares = []
+        for i, s in enumerate(data.get("shares") or []):
+            where = f"usage.shares[{i}]"
+            if not isinstance(s, dict):
+                raise RecordError(f"{where}: expected an object, got {s!r}")
+            shares.append(ShareUsage(_field(s, "pod_uid", str, where),
+                                     _field(s, "container", str, where),
+                                     _field(s, "uuid", str, where),
+                                     _field(s, "memory_used_mib", int, where),
+                                     number(s, "compute_used_percent", where)))
+        return cls(tuple(cards), tuple(shares))

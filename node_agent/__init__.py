@@ -1,0 +1,9 @@
+"""egpu's node agent (``egpu-node-agent``): one process per GPU node.
+
+- ``discovery`` / ``health``: the cards through NVML (pynvml), XID events mark a card unhealthy;
+- ``inventory``: the node annotations ``egpu.io/inventory`` and ``egpu.io/inventory-heartbeat``;
+- ``pods``: the pods bound to this node, their allocation files for the runtime hook;
+- ``deviceplugin``: the kubelet device plugin (v1beta1) for ``egpu.io/gpu`` slots;
+- ``metrics``: the Prometheus exporter over the accounting regions and NVML;
+- ``main``: wiring and the command line.
+"""

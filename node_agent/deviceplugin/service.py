@@ -1,0 +1,196 @@
+"""The device plugin's gRPC edge (kubelet device plugin API v1beta1).
+
+``EgpuDevicePlugin`` serves DevicePlugin on ``<plugin_dir>/egpu.sock``: ListAndWatch streams the
+slots (``slots``) and sends a new list whenever a card's health changes; GetPreferredAllocation
+and Allocate delegate to ``matching``. ``PluginServer`` starts the server, registers with the
+kubelet (Registration.Register on ``<plugin_dir>/kubelet.sock``) and serves again and
+re-registers when the kubelet restarts (it removes every socket of the folder when it starts:
+a missing socket of ours, or a new kubelet.sock inode, is the signal).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+
+import grpc
+
+from egpu.contract import RES_GPU
+from egpu.records import Card
+from node_agent.deviceplugin import api_pb2, api_pb2_grpc, matching
+from node_agent.deviceplugin.matching import Matched, Pending
+from node_agent.deviceplugin.slots import HEALTHY, UNHEALTHY, slots
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+PLUGIN_SOCKET = "egpu.sock"
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+
+
+class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
+    """The DevicePlugin service. ``cards()``: the current cards (with health);
+    ``pending()``: the pending containers; ``consume(uid, container)``: called after a
+    unique match; ``node``: this node's name (messages)."""
+
+    def __init__(self, cards: Callable[[], tuple[Card, ...]], shares_per_card: int,
+                 pending: Callable[[], list[Pending]], consume: Callable[[str, str], None],
+                 node: str = "") -> None:
+        self._cards = cards
+        self._shares_per_card = shares_per_card
+        self._pending = pending
+        self._consume = consume
+        self._node = node
+        self._changed = threading.Condition()
+        self._generation = 0
+        self._stopped = False
+
+    def notify(self) -> None:
+        """Card health changed: every ListAndWatch stream sends a new list."""
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+
+    def stop(self) -> None:
+        """End every ListAndWatch stream."""
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+
+    def device_list(self) -> api_pb2.ListAndWatchResponse:
+        """The current slots as a ListAndWatchResponse."""
+        devices = []
+        for slot in slots(self._cards(), self._shares_per_card):
+            topology = (api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=slot.numa_node)])
+                        if slot.numa_node >= 0 else None)
+            devices.append(api_pb2.Device(ID=slot.id, health=HEALTHY if slot.healthy
+                                          else UNHEALTHY, topology=topology))
+        return api_pb2.ListAndWatchResponse(devices=devices)
+
+    # --- DevicePlugin RPCs (names as the v1beta1 service defines them) ---------------------
+    def GetDevicePluginOptions(self, request, context):
+        return api_pb2.DevicePluginOptions(pre_start_required=False,
+                                           get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request, context) -> Iterator[api_pb2.ListAndWatchResponse]:
+        generation = -1
+        while context.is_active():
+            with self._changed:
+                if self._stopped:
+                    return
+                if generation == self._generation:
+                    self._changed.wait(timeout=1.0)
+                    continue
+                generation = self._generation
+            yield self.device_list()
+
+    def GetPreferredAllocation(self, request, context):
+        pending = self._pending()
+        responses = [
+            api_pb2.ContainerPreferredAllocationResponse(deviceIDs=matching.preferred(
+                list(r.available_deviceIDs), list(r.must_include_deviceIDs),
+                r.allocation_size, pending))
+            for r in request.container_requests
+        ]
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    def Allocate(self, request, context):
+        responses = []
+        for container_request in request.container_requests:
+            ids = list(container_request.devices_ids)
+            result = matching.match(ids, self._pending(), self._node)
+            if isinstance(result, Matched):
+                self._consume(result.pending.pod_uid, result.pending.container)
+                log.info("Allocate %s -> pod %s/%s container %s", ids, result.pending.namespace,
+                         result.pending.pod, result.pending.container)
+            else:
+                log.warning("Allocate %s -> %s", ids, result)
+            responses.append(api_pb2.ContainerAllocateResponse(
+                envs=matching.allocate_envs(result, ids)))
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    def PreStartContainer(self, request, context):
+        return api_pb2.PreStartContainerResponse()
+
+
+def register(plugin_dir: str, resource: str = RES_GPU, timeout: float = 5.0) -> None:
+    """Registration.Register with the kubelet at ``<plugin_dir>/kubelet.sock``.
+    Raises grpc.RpcError when the kubelet refuses or cannot be reached."""
+    target = f"unix://{os.path.join(plugin_dir, KUBELET_SOCKET)}"
+    with grpc.insecure_channel(target) as channel:
+        api_pb2_grpc.RegistrationStub(channel).Register(
+            api_pb2.RegisterRequest(
+                version=API_VERSION, endpoint=PLUGIN_SOCKET, resource_name=resource,
+                options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)),
+            timeout=timeout)
+
+
+class PluginServer:
+    """Serves ``plugin`` on ``<plugin_dir>/egpu.sock`` and keeps it registered."""
+
+    def __init__(self, plugin: EgpuDevicePlugin, plugin_dir: str = DEFAULT_PLUGIN_DIR,
+                 resource: str = RES_GPU) -> None:
+        self.plugin = plugin
+        self.plugin_dir = plugin_dir
+        self.resource = resource
+        self.socket = os.path.join(plugin_dir, PLUGIN_SOCKET)
+        self._server: grpc.Server | None = None
+        self._kubelet_inode: int | None = None
+        self.registrations = 0
+
+    def start(self) -> None:
+        """Serve on a fresh socket (an old one is removed first)."""
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.plugin, server)
+        server.add_insecure_port(f"unix://{self.socket}")
+        server.start()
+        self._server = server
+
+    def stop(self) -> None:
+        """Stop serving (ListAndWatch streams end)."""
+        if self._server is not None:
+            self._server.stop(grace=0.5).wait()
+            self._server = None
+
+    def _kubelet_socket_inode(self) -> int | None:
+        try:
+            return os.stat(os.path.join(self.plugin_dir, KUBELET_SOCKET)).st_ino
+        except FileNotFoundError:
+            return None
+
+    def ensure(self) -> bool:
+        """One step of the keep-alive loop: (re)start and (re)register when the kubelet is
+        there and either our socket vanished or kubelet.sock is new. Returns True when it
+        registered now."""
+        inode = self._kubelet_socket_inode()
+        if inode is None:
+            return False
+        if self._server is not None and os.path.exists(self.socket) \
+                and inode == self._kubelet_inode:
+            return False
+        self.stop()
+        self.start()
+        try:
+            register(self.plugin_dir, self.resource)
+        except grpc.RpcError as exc:
+            log.warning("registration with the kubelet failed: %s", exc)
+            self.stop()
+            return False
+        self._kubelet_inode = inode
+        self.registrations += 1
+        log.info("registered %s with the kubelet (%s)", self.resource, self.plugin_dir)
+        return True
+
+    def run(self, stop: threading.Event, interval: float = 1.0) -> None:
+        """Keep serving and registered until ``stop`` is set (watches the kubelet socket)."""
+        while not stop.is_set():
+            self.ensure()
+            stop.wait(interval)
+        self.plugin.stop()
+        self.stop()

@@ -1,0 +1,156 @@
+"""``egpu-node-agent``: wiring of discovery, inventory, pods, device plugin and metrics.
+
+Threads: the pod watch (``pods.watch_pods``), the XID health watcher, the device plugin's
+keep-registered loop, the inventory heartbeat (main thread) and the metrics HTTP server.
+Options come from the command line, with environment defaults for the DaemonSet:
+``NODE_NAME`` (downward API), ``EGPU_CLUSTER_CONFIG`` (the config YAML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+
+from egpu.config import ConfigError, load_config_file
+from egpu.contract import (
+    CONFIG_FILE_ENV,
+    ENV_NODE_PRIVATE_DIR,
+    ENV_RUNTIME_DIR,
+    NODE_PRIVATE_DIR,
+    RUNTIME_DIR,
+)
+from egpu.records import Card
+from node_agent import discovery, inventory
+from node_agent.deviceplugin.service import DEFAULT_PLUGIN_DIR, EgpuDevicePlugin, PluginServer
+from node_agent.health import HealthWatcher
+from node_agent.metrics.collector import EgpuCollector, Sources, regions_under
+from node_agent.pods import PodRegistry, watch_pods
+
+log = logging.getLogger("egpu-node-agent")
+
+
+class CardState:
+    """The node's cards with their current health (thread-safe)."""
+
+    def __init__(self, cards: tuple[Card, ...]) -> None:
+        self._cards = cards
+        self._lock = threading.Lock()
+
+    def get(self) -> tuple[Card, ...]:
+        with self._lock:
+            return self._cards
+
+    def mark_unhealthy(self, uuid: str) -> bool:
+        """Returns True when the card was healthy until now."""
+        with self._lock:
+            changed = any(c.uuid == uuid and c.healthy for c in self._cards)
+            self._cards = tuple(replace(c, healthy=False) if c.uuid == uuid else c
+                                for c in self._cards)
+            return changed
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (see ``egpu-node-agent --help``)."""
+    p = argparse.ArgumentParser(prog="egpu-node-agent", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
+                   help="this node's name (default: $NODE_NAME)")
+    p.add_argument("--config", default=os.environ.get(CONFIG_FILE_ENV),
+                   help="egpu config YAML (default: $EGPU_CLUSTER_CONFIG, else built-in)")
+    p.add_argument("--nvml-library", help="path of libnvidia-ml.so.1 (default: loader search)")
+    p.add_argument("--plugin-dir", default=DEFAULT_PLUGIN_DIR, help="kubelet device-plugin dir")
+    p.add_argument("--runtime-dir", default=os.environ.get(ENV_RUNTIME_DIR, RUNTIME_DIR))
+    p.add_argument("--private-dir",
+                   default=os.environ.get(ENV_NODE_PRIVATE_DIR, NODE_PRIVATE_DIR))
+    p.add_argument("--metrics-port", type=int, default=9400, help="0 disables the exporter")
+    p.add_argument("--heartbeat-seconds", type=float, default=30.0)
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster)")
+    p.add_argument("--no-kubernetes", action="store_true",
+                   help="no API server: device plugin and metrics only (tests)")
+    return p
+
+
+def _core_v1(kubeconfig: str | None):
+    from kubernetes import client, config
+
+    if kubeconfig:
+        config.load_kube_config(kubeconfig)
+    else:
+        config.load_incluster_config()
+    return client.CoreV1Api()
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the agent until SIGTERM/SIGINT; returns the exit status (2: bad options or
+    no NVML)."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if not args.node_name:
+        print("egpu-node-agent: --node-name or NODE_NAME is required", file=sys.stderr)
+        return 2
+    try:
+        config = load_config_file(args.config)
+        if args.nvml_library:
+            discovery.use_library(args.nvml_library)
+        cards = CardState(discovery.discover())
+    except (ConfigError, OSError, discovery.DiscoveryError) as exc:
+        print(f"egpu-node-agent: {exc}", file=sys.stderr)
+        return 2
+    log.info("found %d cards: %s", len(cards.get()), ", ".join(c.uuid for c in cards.get()))
+    stop = threading.Event()
+    heartbeat_now = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+        heartbeat_now.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+    registry = PodRegistry(args.node_name, config, args.private_dir, args.runtime_dir)
+    plugin = EgpuDevicePlugin(cards.get, config.shares_per_card, registry.pending,
+                              registry.consume, args.node_name)
+    core_v1 = None if args.no_kubernetes else _core_v1(args.kubeconfig)
+
+    def unhealthy(uuid: str, xid: int) -> None:
+        if cards.mark_unhealthy(uuid):
+            plugin.notify()
+            heartbeat_now.set()
+
+    HealthWatcher([c.uuid for c in cards.get()], unhealthy).start(stop)
+    server = PluginServer(plugin, args.plugin_dir)
+    threading.Thread(target=server.run, args=(stop,), daemon=True, name="egpu-dp").start()
+    if core_v1 is not None:
+        threading.Thread(target=watch_pods, args=(core_v1, registry, stop), daemon=True,
+                         name="egpu-pods").start()
+    if args.metrics_port:
+        from prometheus_client import REGISTRY, start_http_server
+
+        REGISTRY.register(EgpuCollector(Sources(
+            args.node_name, cards.get, registry.shares, regions_under(args.runtime_dir),
+            discovery.memory_used_bytes, discovery.utilization_percent)))
+        start_http_server(args.metrics_port)
+    while not stop.is_set():
+        if core_v1 is not None:
+            try:
+                inventory.publish(core_v1, args.node_name, cards.get())
+            except Exception as exc:  # the API server may be away; retry at the next beat
+                log.warning("inventory heartbeat: %s", exc)
+        heartbeat_now.wait(args.heartbeat_seconds)
+        heartbeat_now.clear()
+    return 0
+
+
+def main() -> None:
+    """Console entry point ``egpu-node-agent``."""
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The Prometheus collector (prometheus-client custom collector) of the node agent.
+
+Metric names are egpu.contract.METRIC_*; labels follow dcgm-exporter where they overlap:
+card metrics carry ``gpu`` (index), ``UUID``, ``modelName``, ``Hostname``; container metrics
+add ``namespace``, ``pod``, ``container``. Units: bytes and percent.
+
+- Per container share (from its accounting region, and its allocation for the cores):
+  memory limit and used bytes, cores limit %. Compute used % per container is exported once
+  the interposer records it (region v1 does not): the family is declared without samples.
+- Per card (inventory, NVML, allocations of the node's active pods): memory total / used /
+  booked bytes, cores booked %, compute used %.
+
+The collector's inputs are callables, so that it is tested without NVML or the API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from egpu.contract import (
+    LABELS_CARD,
+    LABELS_CONTAINER,
+    METRIC_CARD_COMPUTE_USED,
+    METRIC_CARD_CORES_BOOKED,
+    METRIC_CARD_MEMORY_BOOKED,
+    METRIC_CARD_MEMORY_TOTAL,
+    METRIC_CARD_MEMORY_USED,
+    METRIC_CONTAINER_COMPUTE_USED,
+    METRIC_CONTAINER_CORES_LIMIT,
+    METRIC_CONTAINER_MEMORY_LIMIT,
+    METRIC_CONTAINER_MEMORY_USED,
+)
+from egpu.records import Card, PodShares
+from node_agent.metrics.region import RegionUsage, scan, split_dir_name
+
+MIB = 1 << 20
+
+
+@dataclass
+class Sources:
+    """Where the collector reads. cards: the node's cards; shares: pod uid -> PodShares of
+    the node's active pods; regions: folder name -> usage; memory_used / compute_used:
+    NVML per card UUID (None: unknown)."""
+
+    hostname: str
+    cards: Callable[[], tuple[Card, ...]]
+    shares: Callable[[], dict[str, PodShares]]
+    regions: Callable[[], dict[str, RegionUsage]]
+    memory_used: Callable[[str], int | None]
+    compute_used: Callable[[str], int | None]
+
+
+def regions_under(runtime_dir: str) -> Callable[[], dict[str, RegionUsage]]:
+    """A ``Sources.regions`` that scans ``runtime_dir``."""
+    return lambda: scan(runtime_dir)
+
+
+class EgpuCollector(Collector):
+    """Collects the metrics of the module docstring at each scrape."""
+
+    def __init__(self, sources: Sources) -> None:
+        self.sources = sources
+
+    def describe(self) -> list[Metric]:
+        """No eager collection at registration (NVML may be slow)."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        src = self.sources
+        cards = {c.uuid: c for c in src.cards()}
+        shares = src.shares()
+
+        def card_labels(uuid: str) -> list[str]:
+            card = cards.get(uuid)
+            return [str(card.index) if card else "", uuid, card.model if card else "",
+                    src.hostname]
+
+        c_limit = GaugeMetricFamily(METRIC_CONTAINER_MEMORY_LIMIT,
+                                    "Device memory cap of a container's share, bytes",
+                                    labels=LABELS_CONTAINER)
+        c_used = GaugeMetricFamily(METRIC_CONTAINER_MEMORY_USED,
+                                   "Device memory in use by a container's share, bytes",
+                                   labels=LABELS_CONTAINER)
+        c_cores = GaugeMetricFamily(METRIC_CONTAINER_CORES_LIMIT,
+                                    "Compute booked by a container's share, % of the card",
+                                    labels=LABELS_CONTAINER)
+        c_compute = GaugeMetricFamily(METRIC_CONTAINER_COMPUTE_USED,
+                                      "Compute used by a container's share, % of the card",
+                                      labels=LABELS_CONTAINER)
+        for name, usage in sorted(src.regions().items()):
+            uid, container = split_dir_name(name)
+            pod = shares.get(uid)
+            entry = pod.allocation.for_container(container) if pod else None
+            cores = {s.uuid: s.cores for s in entry.cards} if entry else {}
+            for card in usage.cards:
+                labels = [*card_labels(card.uuid), pod.namespace if pod else "",
+                          pod.pod if pod else "", container]
+                c_limit.add_metric(labels, card.limit_bytes)
+                c_used.add_metric(labels, card.used_bytes)
+                if card.uuid in cores:
+                    c_cores.add_metric(labels, cores[card.uuid])
+        yield from (c_limit, c_used, c_cores, c_compute)
+
+        booked_mib: dict[str, int] = {}
+        booked_cores: dict[str, int] = {}
+        for pod in shares.values():
+            for entry in pod.allocation.containers:
+                for s in entry.cards:
+                    booked_mib[s.uuid] = booked_mib.get(s.uuid, 0) + s.memory_mib
+                    booked_cores[s.uuid] = booked_cores.get(s.uuid, 0) + s.cores
+        total = GaugeMetricFamily(METRIC_CARD_MEMORY_TOTAL, "Card device memory, bytes",
+                                  labels=LABELS_CARD)
+        used = GaugeMetricFamily(METRIC_CARD_MEMORY_USED,
+                                 "Card device memory in use (NVML), bytes", labels=LABELS_CARD)
+        booked = GaugeMetricFamily(METRIC_CARD_MEMORY_BOOKED,
+                                   "Device memory booked by shares on the card, bytes",
+                                   labels=LABELS_CARD)
+        cores_booked = GaugeMetricFamily(METRIC_CARD_CORES_BOOKED,
+                                         "Compute booked by shares on the card, %",
+                                         labels=LABELS_CARD)
+        compute = GaugeMetricFamily(METRIC_CARD_COMPUTE_USED,
+                                    "Card compute utilisation (NVML), %", labels=LABELS_CARD)
+        for uuid, card in sorted(cards.items(), key=lambda kv: kv[1].index):
+            labels = card_labels(uuid)
+            total.add_metric(labels, card.memory_mib * MIB)
+            booked.add_metric(labels, booked_mib.get(uuid, 0) * MIB)
+            cores_booked.add_metric(labels, booked_cores.get(uuid, 0))
+            mem = src.memory_used(uuid)
+            if mem is not None:
+                used.add_metric(labels, mem)
+            util = src.compute_used(uuid)
+            if util is not None:
+                compute.add_metric(labels, util)
+        yield from (total, used, booked, cores_booked, compute)

@@ -1,0 +1,106 @@
+"""Read a container's accounting region (libinterpose/include/egpu_region.h, version 1).
+
+The interposer keeps ``<RUNTIME_DIR>/containers/<pod-uid>_<container>/region``, a shared
+mapping updated under a robust process-shared mutex by every process of the container. The
+node agent only reads the header and the card table (the first 1680 bytes) with one pread;
+it takes no lock (aligned 64-bit fields do not tear on the platforms egpu supports, and a
+metric a moment stale is fine). Layout, little-endian (sizes in bytes)::
+
+    header (144): u64 magic "EEGPREG1" (0x3147455250474545) | u32 version (1) | u32 size
+                  | 64 lock | u32 ncards | u32 pad | u64 repairs | u64 reaped | 40 reserved
+    cards[16] (96 each): char uuid[48] ("" = free) | u64 limit_bytes | u64 used_bytes
+                  | 32 reserved
+    procs[1024] (144 each): not read here.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from egpu.contract import CONTAINER_REGION_FILE, CONTAINERS_SUBDIR
+
+REGION_MAGIC = 0x3147455250474545
+REGION_VERSION = 1
+MAX_CARDS = 16
+MAX_PROCS = 1024
+HEADER = struct.Struct("<QII64sIIQQ40s")
+CARD = struct.Struct("<48sQQ32s")
+PROC_SIZE = 144
+REGION_SIZE = HEADER.size + CARD.size * MAX_CARDS + PROC_SIZE * MAX_PROCS
+READ_SIZE = HEADER.size + CARD.size * MAX_CARDS
+
+assert HEADER.size == 144 and CARD.size == 96 and REGION_SIZE == 149136
+
+
+class RegionError(ValueError):
+    """The file is not a version-1 region (short, wrong magic, version or size)."""
+
+
+@dataclass(frozen=True)
+class CardUsage:
+    """One card of a container's share: limit and use, bytes."""
+
+    uuid: str
+    limit_bytes: int
+    used_bytes: int
+
+
+@dataclass(frozen=True)
+class RegionUsage:
+    """The cards in use by one container (free slots left out)."""
+
+    cards: tuple[CardUsage, ...]
+
+
+def parse_region(data: bytes) -> RegionUsage:
+    """Parse the first ``READ_SIZE`` bytes of a region. Raises RegionError."""
+    if len(data) < READ_SIZE:
+        raise RegionError(f"region too short: {len(data)} bytes, need {READ_SIZE}")
+    magic, version, size, _lock, ncards, _pad, _repairs, _reaped, _res = HEADER.unpack_from(data)
+    if magic != REGION_MAGIC:
+        raise RegionError(f"bad magic {magic:#x}")
+    if version != REGION_VERSION or size != REGION_SIZE:
+        raise RegionError(f"region version {version} size {size}; this agent reads "
+                          f"version {REGION_VERSION} size {REGION_SIZE}")
+    cards = []
+    for i in range(min(ncards, MAX_CARDS)):
+        raw_uuid, limit, used, _ = CARD.unpack_from(data, HEADER.size + i * CARD.size)
+        uuid = raw_uuid.split(b"\0", 1)[0].decode(errors="replace")
+        if uuid:
+            cards.append(CardUsage(uuid, limit, used))
+    return RegionUsage(tuple(cards))
+
+
+def read_region(path: str) -> RegionUsage:
+    """Read and parse the region file at ``path``. Raises OSError or RegionError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        return parse_region(os.pread(fd, READ_SIZE, 0))
+    finally:
+        os.close(fd)
+
+
+def split_dir_name(name: str) -> tuple[str, str]:
+    """``<pod-uid>_<container>`` -> (pod uid, container); container names (DNS labels) hold no
+    '_', so the split is at the last one. ``("", name)`` when there is none."""
+    uid, sep, container = name.rpartition("_")
+    return (uid, container) if sep else ("", name)
+
+
+def scan(runtime_dir: str) -> dict[str, RegionUsage]:
+    """Every readable region under ``<runtime_dir>/containers``: folder name -> usage.
+    Unreadable or malformed regions are left out."""
+    folder = os.path.join(runtime_dir, CONTAINERS_SUBDIR)
+    out: dict[str, RegionUsage] = {}
+    try:
+        entries = os.listdir(folder)
+    except FileNotFoundError:
+        return out
+    for name in entries:
+        try:
+            out[name] = read_region(os.path.join(folder, name, CONTAINER_REGION_FILE))
+        except (OSError, RegionError):
+            continue
+    return out

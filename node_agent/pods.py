@@ -1,0 +1,211 @@
+"""The pods bound to this node: their shares, the pending ones, and their allocation files.
+
+- ``pod_shares(pod, config)`` (pure): the ``PodShares`` record of a pod (Kubernetes JSON
+  object) from its ``egpu.io/allocation`` annotation and its resolved policies, or None.
+- ``PodRegistry``: the node's pods as the agent's watch reports them (thread-safe). It writes
+  each pod's allocation file ``<NODE_PRIVATE_DIR>/allocations/<pod-uid>.json`` (read by the
+  runtime hook) when it first sees the allocation, removes the files and folders of deleted
+  pods, and answers which containers are still *pending* (for the device plugin, FC-12).
+- ``watch_pods``: the Kubernetes watch (fieldSelector spec.nodeName) that feeds the registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from egpu.config import Config
+from egpu.contract import (
+    ALLOCATIONS_SUBDIR,
+    ANN_ALLOCATION,
+    CONTAINERS_SUBDIR,
+    HOOK_SUBDIR,
+    LABEL_PRIORITY,
+    PRIORITIES,
+    allocation_file_name,
+)
+from egpu.records import Allocation, PodShares, RecordError
+from egpu.requests import read_pod
+from node_agent.deviceplugin.matching import Pending
+
+log = logging.getLogger(__name__)
+
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+def pod_shares(pod: Mapping[str, Any], config: Config) -> PodShares | None:
+    """The pod's PodShares, or None when it has no (valid) ``egpu.io/allocation``."""
+    meta = pod.get("metadata") or {}
+    text = (meta.get("annotations") or {}).get(ANN_ALLOCATION)
+    if not text:
+        return None
+    try:
+        allocation = Allocation.decode(text)
+    except RecordError as exc:
+        log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+        return None
+    reading = read_pod(pod, config)
+    request = reading.request
+    label = (meta.get("labels") or {}).get(LABEL_PRIORITY)
+    priority = label if label in PRIORITIES else (
+        request.priority if request else config.defaults.priority)
+    return PodShares(
+        namespace=str(meta.get("namespace", "")),
+        pod=str(meta.get("name", "")),
+        pod_uid=str(meta.get("uid", "")),
+        priority=priority,
+        compute_policy=request.compute_policy if request else config.defaults.compute_policy,
+        memory_oversubscription=request.memory_oversubscription if request else False,
+        allocation=allocation,
+    )
+
+
+def started_containers(pod: Mapping[str, Any]) -> set[str]:
+    """Containers (init and app) whose status shows they were created (running, terminated,
+    or restarted): the kubelet has allocated their devices."""
+    status = pod.get("status") or {}
+    names: set[str] = set()
+    for entry in [*(status.get("initContainerStatuses") or []),
+                  *(status.get("containerStatuses") or [])]:
+        state = entry.get("state") or {}
+        if "running" in state or "terminated" in state or entry.get("restartCount", 0) > 0:
+            names.add(str(entry.get("name")))
+    return names
+
+
+class PodRegistry:
+    """This node's egpu pods (module docstring). ``private_dir``: NODE_PRIVATE_DIR;
+    ``runtime_dir``: RUNTIME_DIR (both host paths)."""
+
+    def __init__(self, node: str, config: Config, private_dir: str, runtime_dir: str) -> None:
+        self.node = node
+        self.config = config
+        self.private_dir = private_dir
+        self.runtime_dir = runtime_dir
+        self._lock = threading.Lock()
+        self._pods: dict[str, tuple[Mapping[str, Any], PodShares]] = {}
+        self._seen: dict[str, int] = {}
+        self._consumed: set[tuple[str, str]] = set()
+        self._counter = 0
+        self._written: dict[str, str] = {}
+
+    # --- feeding ------------------------------------------------------------------------
+    def update(self, pod: Mapping[str, Any]) -> PodShares | None:
+        """Record an added/modified pod; writes its allocation file when it changed.
+        Returns its PodShares (None: not an egpu pod of this node)."""
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        if (pod.get("spec") or {}).get("nodeName") != self.node or not uid:
+            return None
+        shares = pod_shares(pod, self.config)
+        if shares is None:
+            return None
+        with self._lock:
+            if uid not in self._seen:
+                self._counter += 1
+                self._seen[uid] = self._counter
+            self._pods[uid] = (pod, shares)
+            text = shares.encode()
+            if self._written.get(uid) != text:
+                self._write(uid, text)
+                self._written[uid] = text
+        return shares
+
+    def delete(self, uid: str) -> None:
+        """Forget a deleted pod; remove its allocation file, hook files and region folders."""
+        with self._lock:
+            self._pods.pop(uid, None)
+            self._seen.pop(uid, None)
+            self._written.pop(uid, None)
+            self._consumed = {c for c in self._consumed if c[0] != uid}
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(uid))
+        for folder in (os.path.join(self.private_dir, HOOK_SUBDIR),
+                       os.path.join(self.runtime_dir, CONTAINERS_SUBDIR)):
+            for path in glob.glob(os.path.join(glob.escape(folder), f"{glob.escape(uid)}_*")):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def resync(self, pods: list[Mapping[str, Any]]) -> None:
+        """Replace the registry's content by a full list (after a watch restart)."""
+        uids = set()
+        for pod in pods:
+            if self.update(pod) is not None:
+                uids.add(str(pod["metadata"]["uid"]))
+        with self._lock:
+            gone = [u for u in self._pods if u not in uids]
+        for uid in gone:
+            self.delete(uid)
+
+    # --- queries ------------------------------------------------------------------------
+    def pending(self) -> list[Pending]:
+        """Containers with a share whose devices the kubelet has not yet allocated."""
+        out: list[Pending] = []
+        with self._lock:
+            for uid, (pod, shares) in self._pods.items():
+                if (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
+                    continue
+                if (pod.get("metadata") or {}).get("deletionTimestamp"):
+                    continue
+                started = started_containers(pod)
+                for entry in shares.allocation.containers:
+                    if entry.name in started or (uid, entry.name) in self._consumed:
+                        continue
+                    out.append(Pending(uid, shares.namespace, shares.pod, entry, self._seen[uid]))
+        return out
+
+    def consume(self, uid: str, container: str) -> None:
+        """Mark a container's share as handed out by Allocate."""
+        with self._lock:
+            self._consumed.add((uid, container))
+
+    def shares(self) -> dict[str, PodShares]:
+        """pod uid -> PodShares of every known pod that has not finished (metrics)."""
+        with self._lock:
+            return {uid: s for uid, (pod, s) in self._pods.items()
+                    if (pod.get("status") or {}).get("phase") not in FINISHED_PHASES}
+
+    # --- files --------------------------------------------------------------------------
+    def _path(self, uid: str) -> str:
+        return os.path.join(self.private_dir, ALLOCATIONS_SUBDIR, allocation_file_name(uid))
+
+    def _write(self, uid: str, text: str) -> None:
+        folder = os.path.join(self.private_dir, ALLOCATIONS_SUBDIR)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        path = self._path(uid)
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+
+
+def watch_pods(core_v1: Any, registry: PodRegistry, stop: threading.Event) -> None:
+    """Feed ``registry`` from a watch of this node's pods until ``stop`` is set; lists and
+    resyncs at each (re)start. Runs in its own thread; errors are logged and retried."""
+    from kubernetes import watch  # the I/O edge: imported here only
+
+    selector = f"spec.nodeName={registry.node}"
+    serialize = core_v1.api_client.sanitize_for_serialization
+    while not stop.is_set():
+        try:
+            listing = core_v1.list_pod_for_all_namespaces(field_selector=selector)
+            registry.resync([serialize(p) for p in listing.items])
+            stream = watch.Watch().stream(
+                core_v1.list_pod_for_all_namespaces, field_selector=selector,
+                resource_version=listing.metadata.resource_version, timeout_seconds=60)
+            for event in stream:
+                if stop.is_set():
+                    break
+                pod = serialize(event["object"])
+                if event["type"] == "DELETED":
+                    registry.delete(str(pod["metadata"]["uid"]))
+                elif event["type"] in ("ADDED", "MODIFIED"):
+                    registry.update(pod)
+        except Exception as exc:  # the watch restarts; never dies
+            log.warning("pod watch: %s; retrying", exc)
+            stop.wait(2)

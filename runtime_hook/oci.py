@@ -1,0 +1,114 @@
+"""The OCI wire formats the hook reads (OCI runtime spec v1.0.2 / v1.1, runtime.md, config.md).
+
+- The *state* arrives on the hook's stdin (runtime.md "State"):
+  ``{"ociVersion", "id", "status", "pid", "bundle", "annotations"}``.
+- The bundle's ``config.json`` holds ``root.path`` (absolute, or relative to the bundle),
+  ``process.env`` (``["NAME=value", ...]``) and ``annotations``.
+
+Only the fields egpu uses are typed; everything else passes through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class OciError(ValueError):
+    """The state or the bundle's config.json is unreadable or lacks a field the hook needs."""
+
+
+@dataclass(frozen=True)
+class State:
+    """The container state a hook receives on stdin. pid: the container's init, in the
+    runtime's pid namespace (0 when the runtime gave none)."""
+
+    id: str
+    pid: int
+    bundle: str
+    status: str = ""
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The parts of the bundle's config.json the hook reads. rootfs: absolute host path."""
+
+    rootfs: str
+    env: dict[str, str]
+    annotations: dict[str, str]
+    uid: int = 0
+    gid: int = 0
+
+
+def parse_state(text: str | bytes) -> State:
+    """Parse the state JSON. Raises OciError when it is not an object with id and bundle."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise OciError(f"state on stdin: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise OciError("state on stdin: not a JSON object")
+    bundle = data.get("bundle")
+    cid = data.get("id")
+    if not isinstance(bundle, str) or not bundle or not isinstance(cid, str):
+        raise OciError("state on stdin: 'id' and 'bundle' are required strings")
+    pid = data.get("pid", 0)
+    annotations = data.get("annotations") or {}
+    return State(
+        id=cid,
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else 0,
+        bundle=bundle,
+        status=str(data.get("status", "")),
+        annotations={str(k): str(v) for k, v in annotations.items()}
+        if isinstance(annotations, dict) else {},
+    )
+
+
+def parse_env(entries: list[Any]) -> dict[str, str]:
+    """``["A=1", "B=x=y"]`` -> ``{"A": "1", "B": "x=y"}``; the last of repeated names wins
+    (as execve's consumers read it); entries without '=' are ignored."""
+    env: dict[str, str] = {}
+    for entry in entries:
+        if isinstance(entry, str) and "=" in entry:
+            name, _, value = entry.partition("=")
+            env[name] = value
+    return env
+
+
+def parse_spec(text: str | bytes, bundle: str) -> Spec:
+    """Parse the bundle's config.json. Raises OciError when root.path is missing."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise OciError(f"{bundle}/config.json: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise OciError(f"{bundle}/config.json: not a JSON object")
+    root = data.get("root")
+    path = root.get("path") if isinstance(root, dict) else None
+    if not isinstance(path, str) or not path:
+        raise OciError(f"{bundle}/config.json: root.path missing")
+    rootfs = os.path.normpath(path if os.path.isabs(path) else os.path.join(bundle, path))
+    process = data.get("process") if isinstance(data.get("process"), dict) else {}
+    user = process.get("user") if isinstance(process.get("user"), dict) else {}
+    env = parse_env(process.get("env") or [])
+    annotations = data.get("annotations") or {}
+    return Spec(
+        rootfs=rootfs,
+        env=env,
+        annotations={str(k): str(v) for k, v in annotations.items()}
+        if isinstance(annotations, dict) else {},
+        uid=int(user.get("uid", 0) or 0),
+        gid=int(user.get("gid", 0) or 0),
+    )
+
+
+def load_spec(bundle: str) -> Spec:
+    """Read and parse ``<bundle>/config.json``. Raises OciError (also for I/O errors)."""
+    try:
+        with open(os.path.join(bundle, "config.json"), "rb") as handle:
+            return parse_spec(handle.read(), bundle)
+    except OSError as exc:
+        raise OciError(f"{bundle}/config.json: {exc.strerror}") from None

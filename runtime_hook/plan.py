@@ -1,0 +1,196 @@
+"""What the hook does to one container: a pure decision over the spec and the pod's shares.
+
+``decide(inputs) -> Skip | Refuse | Apply``. The rules (docs/node.md, "Runtime hook"):
+
+1. A sandbox (pause) container is skipped.
+2. ``EGPU_ALLOCATION_ERROR`` in the container's env (set by the device plugin when it could
+   not match the kubelet's devices to a share) -> Refuse with that message.
+3. The container is named by the OCI annotations (containerd CRI, then CRI-O), else by the
+   device plugin's ``EGPU_POD_UID`` / ``EGPU_CONTAINER`` env.
+4. Named and the pod's allocation file lists it -> its share; ``NVIDIA_VISIBLE_DEVICES`` must
+   name exactly its cards (as a set), else Refuse. Named, not listed, and the device plugin
+   gave it devices (``EGPU_DEVICES``) -> Refuse. Named, not listed, no devices -> Skip.
+5. Not named but given devices -> Refuse (ambiguous: never guess a share).
+6. Not named, no devices, ``EGPU_MEMORY_LIMIT_MIB`` / ``EGPU_MEMORY_PERCENTAGE`` /
+   ``EGPU_CORES`` in the env -> a raw-node share (``egpu run``): the interposer reads the env;
+   no config file is written.
+7. Anything else -> Skip: the container is left untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from egpu.contract import (
+    CARDS_SUBDIR,
+    CONTAINER_REGION_FILE,
+    CONTAINERS_SUBDIR,
+    ENV_ALLOCATION_ERROR,
+    ENV_CONTAINER,
+    ENV_CORES,
+    ENV_DEVICES,
+    ENV_MEMORY_LIMIT_MIB,
+    ENV_MEMORY_PERCENTAGE,
+    ENV_POD_UID,
+    INTERPOSER_PATH_IN_CONTAINER,
+    NVIDIA_VISIBLE_DEVICES,
+    OCI_ANN_CONTAINER_NAME,
+    OCI_ANN_CONTAINER_TYPE,
+    OCI_ANN_POD_NAME,
+    OCI_ANN_POD_NAMESPACE,
+    OCI_ANN_POD_UID,
+    RUNTIME_DIR,
+    container_dir_name,
+)
+from egpu.records import ConfigCard, ContainerConfig, PodShares
+
+RAW_CONTAINER: str = "raw"  # container part of a raw share's folder name: <oci-id>_raw
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything the decision reads. shares: the pod's allocation file (None: no file);
+    shares_error: why the file could not be read (None: fine or absent)."""
+
+    container_id: str
+    env: Mapping[str, str]
+    annotations: Mapping[str, str]
+    shares: PodShares | None = None
+    shares_error: str | None = None
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Leave the container untouched."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Fail the container's creation; ``message`` is what the user sees."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Apply:
+    """Give the container its share. dir_name: ``<pod-uid>_<container>`` (the accounting
+    region's folder and the hook's private folder). config: the interposer's config file
+    (None for a raw share: the interposer reads the environment)."""
+
+    dir_name: str
+    config: ContainerConfig | None
+
+
+Decision = Skip | Refuse | Apply
+
+
+def first_annotation(annotations: Mapping[str, str], keys: tuple[str, ...]) -> str:
+    """The value of the first of ``keys`` present and non-empty, else ``""``."""
+    return next((annotations[k] for k in keys if annotations.get(k)), "")
+
+
+def identify(env: Mapping[str, str], annotations: Mapping[str, str]) -> tuple[str, str]:
+    """(pod uid, container name) from the OCI annotations, else the device plugin's env;
+    ``("", "")`` when neither names the container."""
+    uid = first_annotation(annotations, OCI_ANN_POD_UID)
+    name = first_annotation(annotations, OCI_ANN_CONTAINER_NAME)
+    if uid and name:
+        return uid, name
+    return env.get(ENV_POD_UID, ""), env.get(ENV_CONTAINER, "")
+
+
+def visible_uuids(value: str) -> tuple[str, ...]:
+    """``NVIDIA_VISIBLE_DEVICES`` as a tuple of entries (comma-separated, blanks dropped)."""
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def container_config(shares: PodShares, container: str) -> ContainerConfig | None:
+    """The interposer's config for ``container`` of the pod, or None when it has no share.
+    Region paths are the in-container paths under ``RUNTIME_DIR``."""
+    entry = shares.allocation.for_container(container)
+    if entry is None:
+        return None
+    folder = f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{container_dir_name(shares.pod_uid, container)}"
+    return ContainerConfig(
+        namespace=shares.namespace,
+        pod=shares.pod,
+        pod_uid=shares.pod_uid,
+        container=container,
+        priority=shares.priority,
+        compute_policy=shares.compute_policy,
+        memory_oversubscription=shares.memory_oversubscription,
+        container_region=f"{folder}/{CONTAINER_REGION_FILE}",
+        cards=tuple(
+            ConfigCard(
+                uuid=c.uuid,
+                memory_mib=c.memory_mib,
+                cores=c.cores,
+                card_region=f"{RUNTIME_DIR}/{CARDS_SUBDIR}/{c.uuid}",
+            )
+            for c in entry.cards
+        ),
+    )
+
+
+def decide(inputs: Inputs) -> Decision:
+    """Apply the rules of the module docstring."""
+    env, annotations = inputs.env, inputs.annotations
+    if annotations.get(OCI_ANN_CONTAINER_TYPE) == "sandbox":
+        return Skip("sandbox container")
+    if env.get(ENV_ALLOCATION_ERROR):
+        return Refuse(f"egpu: no share for this container: {env[ENV_ALLOCATION_ERROR]}")
+    given_devices = bool(env.get(ENV_DEVICES))
+    pod_uid, container = identify(env, annotations)
+    if pod_uid and container:
+        where = f"pod {pod_uid} container {container!r}"
+        if inputs.shares_error:
+            return Refuse(f"egpu: {where}: allocation file unreadable: {inputs.shares_error}")
+        if inputs.shares is None:
+            if given_devices:
+                return Refuse(
+                    f"egpu: {where} was given egpu devices but this node has no allocation "
+                    "file for the pod (is egpu-node-agent running on this node?)"
+                )
+            return Skip(f"{where}: no egpu allocation")
+        config = container_config(inputs.shares, container)
+        if config is None:
+            if given_devices:
+                return Refuse(
+                    f"egpu: {where} was given egpu devices but the pod's allocation has no "
+                    "entry for it"
+                )
+            return Skip(f"{where}: no share in the pod's allocation")
+        wanted = tuple(c.uuid for c in config.cards)
+        visible = visible_uuids(env.get(NVIDIA_VISIBLE_DEVICES, ""))
+        if sorted(visible) != sorted(wanted):
+            return Refuse(
+                f"egpu: {where}: NVIDIA_VISIBLE_DEVICES={','.join(visible) or '(unset)'} does "
+                f"not match its allocation {','.join(wanted)}; the kubelet's device choice "
+                "did not match the scheduler's (see docs/node.md, FC-12); refusing rather than "
+                "running with another pod's share"
+            )
+        pod_name = first_annotation(annotations, OCI_ANN_POD_NAME)
+        pod_ns = first_annotation(annotations, OCI_ANN_POD_NAMESPACE)
+        if (pod_name and pod_name != config.pod) or (pod_ns and pod_ns != config.namespace):
+            return Refuse(f"egpu: {where}: pod name/namespace differ from its allocation file")
+        return Apply(container_dir_name(pod_uid, container), config)
+    if given_devices:
+        return Refuse(
+            "egpu: this container was given egpu devices but neither the runtime's OCI "
+            "annotations (io.kubernetes.cri.sandbox-uid/container-name) nor the device "
+            "plugin named its pod: the share is ambiguous, refusing to guess"
+        )
+    if any(env.get(k) for k in (ENV_MEMORY_LIMIT_MIB, ENV_MEMORY_PERCENTAGE, ENV_CORES)):
+        return Apply(container_dir_name(inputs.container_id, RAW_CONTAINER), None)
+    return Skip("no egpu share")
+
+
+def preload_text(existing: bytes | None) -> bytes:
+    """The container's /etc/ld.so.preload: the image's own entries (whitespace-separated,
+    as ld.so reads them), ours dropped, then the interposer last."""
+    entries = [e for e in (existing or b"").decode(errors="replace").split()
+               if e != INTERPOSER_PATH_IN_CONTAINER]
+    return ("\n".join([*entries, INTERPOSER_PATH_IN_CONTAINER]) + "\n").encode()

@@ -1,0 +1,27 @@
+"""Fixtures of the node tests (tests/node): the runc world for the runtime-hook tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from runc_harness import INTERPOSER, RuncWorld, missing_prerequisite
+
+
+@pytest.fixture(scope="session")
+def runc_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuncWorld]:
+    """Real containers with egpu-hook; skipped (with the reason) without runc or root."""
+    reason = missing_prerequisite()
+    if reason:
+        pytest.skip(reason)
+    base: Path = tmp_path_factory.mktemp("runc")
+    yield RuncWorld(base, INTERPOSER)
+
+
+@pytest.fixture
+def interposer_world(runc_world: RuncWorld) -> RuncWorld:
+    """The runc world with the real interposer built (libinterpose/build)."""
+    if not runc_world.real_interposer:
+        pytest.skip(f"{INTERPOSER} is not built (make native)")
+    return runc_world

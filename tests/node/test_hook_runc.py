@@ -1,0 +1,127 @@
+"""The runtime hook in real runc containers (FC-05, the share enforced, others untouched).
+
+Each test runs ``runc run`` on a tiny root filesystem (runc_harness) whose createRuntime hook is
+egpu-hook. The fake GPU has one 24576 MiB card (fakegpu's default, no config needed, so that a
+process with an empty environment still finds it); the pod's share on it is 4096 MiB.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+from runc_harness import FAKE_DEFAULT_MIB, FAKE_DEFAULT_UUID, RuncWorld
+
+from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
+
+pytestmark = pytest.mark.runc
+
+CUDA_SUCCESS = 0
+CUDA_ERROR_OUT_OF_MEMORY = 2
+SHARE_MIB = 4096
+
+
+def pod(world: RuncWorld, uid: str, container: str = "main", mib: int = SHARE_MIB) -> dict:
+    """Write the pod's allocation file as the node agent does; return the OCI annotations
+    containerd's CRI plugin puts on its container."""
+    entry = ContainerAllocation(container, False, (CardShare(FAKE_DEFAULT_UUID, 0, mib, 30),))
+    record = PodShares("team", f"pod-{uid[:4]}", uid, "high", "strict", False,
+                       Allocation(containers=(entry,), node="node-1"))
+    folder = world.private_dir / "allocations"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{uid}.json").write_text(record.encode())
+    return {"io.kubernetes.cri.sandbox-uid": uid, "io.kubernetes.cri.container-name": container,
+            "io.kubernetes.cri.sandbox-name": f"pod-{uid[:4]}",
+            "io.kubernetes.cri.sandbox-namespace": "team",
+            "io.kubernetes.cri.container-type": "container"}
+
+
+SHARE_ENV = {"NVIDIA_VISIBLE_DEVICES": FAKE_DEFAULT_UUID, "EGPU_DEVICES": "x::0"}
+
+
+def test_share_is_enforced_inside_the_container(interposer_world: RuncWorld) -> None:
+    ann = pod(interposer_world, "aaaaaaaa-0000-0000-0000-000000000001")
+    over, _ = interposer_world.run(["/probe", str(SHARE_MIB + 1024)], SHARE_ENV, ann)
+    assert over.returncode == 0, over.stderr
+    assert over.values["total_mib"] == SHARE_MIB, over.stdout
+    assert over.values["alloc"] == CUDA_ERROR_OUT_OF_MEMORY, over.stdout
+    within, _ = interposer_world.run(["/probe", "1024"], SHARE_ENV, ann)
+    assert within.values["alloc"] == CUDA_SUCCESS, within.stdout
+
+
+def test_config_and_preload_are_read_only(runc_world: RuncWorld) -> None:
+    ann = pod(runc_world, "aaaaaaaa-0000-0000-0000-000000000002")
+    result, _ = runc_world.run(["/probe", "0"], SHARE_ENV, ann)
+    assert result.returncode == 0, result.stderr
+    assert result.values["config_write_errno"] == errno.EROFS, result.stdout
+    assert result.values["preload_write_errno"] == errno.EROFS, result.stdout
+    config = runc_world.private_dir / "hook" / "aaaaaaaa-0000-0000-0000-000000000002_main"
+    assert f'"memory_mib": {SHARE_MIB}' in (config / "config.json").read_text()
+    region = runc_world.runtime_dir / "containers" / "aaaaaaaa-0000-0000-0000-000000000002_main"
+    assert region.is_dir()
+
+
+def test_empty_environment_does_not_lift_the_cap(interposer_world: RuncWorld) -> None:
+    """FC-05: the process re-executes itself with an empty environment, allocates 8 GiB."""
+    ann = pod(interposer_world, "aaaaaaaa-0000-0000-0000-000000000003")
+    result, _ = interposer_world.run(["/probe", "--clearenv", "8192"], SHARE_ENV, ann)
+    assert result.returncode == 0, result.stderr
+    values = result.values
+    assert values["env"] == 0, result.stdout
+    assert values["alloc"] == CUDA_ERROR_OUT_OF_MEMORY, result.stdout
+    assert values["total_mib"] == SHARE_MIB, result.stdout
+
+
+def test_container_without_share_is_untouched(runc_world: RuncWorld) -> None:
+    result, bundle = runc_world.run(["/probe", str(SHARE_MIB + 1024)], {}, {
+        "io.kubernetes.cri.sandbox-uid": "bbbbbbbb-0000-0000-0000-000000000000",
+        "io.kubernetes.cri.container-name": "plain"})
+    assert result.returncode == 0, result.stderr
+    assert result.values["total_mib"] == FAKE_DEFAULT_MIB
+    assert result.values["alloc"] == CUDA_SUCCESS
+    assert result.values["preload_mounts"] == 0
+    rootfs = bundle / "rootfs"
+    assert not (rootfs / "etc" / "ld.so.preload").exists()
+    assert not (rootfs / "run" / "egpu").exists()
+    assert not (rootfs / "usr" / "lib" / "egpu").exists()
+
+
+def test_hook_twice_is_idempotent(runc_world: RuncWorld) -> None:
+    ann = pod(runc_world, "aaaaaaaa-0000-0000-0000-000000000004")
+    result, _ = runc_world.run(["/probe", "0"], SHARE_ENV, ann, hooks=2)
+    assert result.returncode == 0, result.stderr
+    assert result.values["preload_mounts"] == 1, result.stdout
+
+
+def test_wrong_cards_are_refused_with_a_clear_message(runc_world: RuncWorld) -> None:
+    ann = pod(runc_world, "aaaaaaaa-0000-0000-0000-000000000005")
+    env = {**SHARE_ENV, "NVIDIA_VISIBLE_DEVICES": "GPU-ffffffff-0000-0000-0000-000000000000"}
+    result, _ = runc_world.run(["/probe", "0"], env, ann)
+    assert result.returncode != 0 and not result.stdout
+    assert "does not match its allocation" in result.stderr
+
+
+def test_allocation_error_is_refused(runc_world: RuncWorld) -> None:
+    ann = pod(runc_world, "aaaaaaaa-0000-0000-0000-000000000006")
+    env = {"EGPU_DEVICES": "x::0", "EGPU_ALLOCATION_ERROR": "no pod bound waits for cards X"}
+    result, _ = runc_world.run(["/probe", "0"], env, ann)
+    assert result.returncode != 0 and "no pod bound waits for cards X" in result.stderr
+
+
+def test_symlinks_in_the_image_cannot_redirect_writes_to_the_host(
+        runc_world: RuncWorld, tmp_path: Path) -> None:
+    """An image whose /etc is an absolute symlink to a host folder: the hook's files land in
+    the container's own <rootfs><target>, never in the host's folder."""
+    outside = tmp_path / "host-etc"
+    outside.mkdir()
+    bundle = runc_world.new_rootfs(f"escape-{os.getpid()}")
+    rootfs = bundle / "rootfs"
+    (rootfs / "etc").rmdir()
+    os.symlink(str(outside), rootfs / "etc")
+    ann = pod(runc_world, "aaaaaaaa-0000-0000-0000-000000000007")
+    result, _ = runc_world.run(["/probe", "0"], SHARE_ENV, ann, bundle=bundle)
+    assert list(outside.iterdir()) == []
+    assert result.returncode == 0, result.stderr
+    assert (rootfs / str(outside).lstrip("/") / "ld.so.preload").exists()
