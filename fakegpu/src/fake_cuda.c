@@ -1,0 +1,1161 @@
+/* fakegpu: a stand-in libcuda.so.1 over host memory.
+ *
+ * Device pointers are fake address ranges (a bump allocator over a virtual address
+ * counter); only the bytes are accounted, card-wide across processes (fake_common.c).
+ * Error codes follow the real driver for the cases egpu relies on. */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "fake_common.h"
+
+#define MIB (1ull << 20)
+#define GRAN (2 * MIB) /* VMM and pool granularity */
+#define CTX_MAGIC 0x43545831u
+#define STREAM_MAGIC 0x5354524du
+#define EVENT_MAGIC 0x45564e54u
+#define POOL_MAGIC 0x504f4f4cu
+#define VMM_MAGIC 0x564d4d31u
+#define ARR_MAGIC 0x41525231u
+
+struct CUstream_st;
+struct CUctx_st {
+    uint32_t magic;
+    int dev;
+    int alive;
+    int primary;
+    unsigned flags;
+    uint64_t null_end_ns; /* the default stream's simulated end */
+};
+struct CUstream_st { uint32_t magic; struct CUctx_st *ctx; uint64_t end_ns; struct CUstream_st *next; };
+struct CUevent_st { uint32_t magic; uint64_t ts; int recorded; };
+struct CUmemPoolHandle_st {
+    uint32_t magic;
+    int dev;
+    int alive;
+    uint64_t reserved, used, threshold, reserved_high, used_high;
+    struct CUmemPoolHandle_st *next;
+};
+typedef struct { uint32_t magic; int dev; uint64_t size; CUmemAllocationProp prop; } vmm_handle;
+typedef struct { uint32_t magic; int dev; uint64_t bytes; } arr_handle;
+
+/* ---- global driver state ------------------------------------------------------------ */
+static atomic_int g_inited;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_nvis;
+static int g_vis[FG_MAX_CARDS]; /* ordinal -> card index in the config */
+static struct CUctx_st g_primary[FG_MAX_CARDS];
+static int g_primary_refs[FG_MAX_CARDS];
+static struct CUmemPoolHandle_st g_default_pool[FG_MAX_CARDS];
+static CUmemoryPool g_cur_pool[FG_MAX_CARDS];
+static struct CUmemPoolHandle_st *g_pools;  /* user pools */
+static struct CUstream_st *g_streams;
+static uint64_t g_kernel_ns;
+static atomic_ullong g_va = 0x7f0000000000ull;
+static atomic_uint g_va_low = 0x10000000u;
+static uint64_t g_ctx_bytes;
+
+static __thread struct CUctx_st *t_stack[32];
+static __thread int t_depth;
+
+/* ---- allocation table (ptr -> size, card, pool) ------------------------------------ */
+typedef struct alloc_ent { uint64_t ptr, size; int dev; int kind; struct CUmemPoolHandle_st *pool; struct alloc_ent *next; } alloc_ent;
+enum { K_DEV = 1, K_MANAGED, K_HOST, K_POOL, K_RESERVE };
+#define NBUCKET 4096
+static alloc_ent *g_tab[NBUCKET];
+static unsigned hsh(uint64_t p) { return (unsigned)((p >> 12) * 0x9E3779B97F4A7C15ull >> 52) % NBUCKET; }
+
+static void tab_put(uint64_t ptr, uint64_t size, int dev, int kind, struct CUmemPoolHandle_st *pool)
+{
+    alloc_ent *e = malloc(sizeof *e);
+    if (!e) abort();
+    *e = (alloc_ent){ptr, size, dev, kind, pool, NULL};
+    pthread_mutex_lock(&g_mu);
+    e->next = g_tab[hsh(ptr)];
+    g_tab[hsh(ptr)] = e;
+    pthread_mutex_unlock(&g_mu);
+}
+
+static int tab_take(uint64_t ptr, int kind, alloc_ent *out)
+{
+    pthread_mutex_lock(&g_mu);
+    for (alloc_ent **pp = &g_tab[hsh(ptr)]; *pp; pp = &(*pp)->next) {
+        alloc_ent *e = *pp;
+        if (e->ptr == ptr && (kind == 0 || e->kind == kind || (kind == K_DEV && e->kind == K_MANAGED))) {
+            *pp = e->next;
+            pthread_mutex_unlock(&g_mu);
+            *out = *e;
+            free(e);
+            return 0;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return -1;
+}
+
+static uint64_t va_take(uint64_t size)
+{
+    uint64_t sz = (size + GRAN - 1) / GRAN * GRAN;
+    if (!sz) sz = GRAN;
+    return atomic_fetch_add(&g_va, sz);
+}
+
+/* ---- helpers ------------------------------------------------------------------------ */
+#define NEED_INIT() do { if (!atomic_load(&g_inited)) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
+
+static struct CUctx_st *cur_ctx(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
+static int ctx_ok(struct CUctx_st *c) { return c && c->magic == CTX_MAGIC && c->alive; }
+static int dev_ok(CUdevice d) { return d >= 0 && d < g_nvis; }
+static int card_of(CUdevice d) { return g_vis[d]; }
+
+static void sleep_until(uint64_t t)
+{
+    uint64_t now = fg_now_ns();
+    while (now < t) {
+        struct timespec ts = {(time_t)((t - now) / 1000000000ull), (long)((t - now) % 1000000000ull)};
+        nanosleep(&ts, NULL);
+        now = fg_now_ns();
+    }
+}
+
+static int parse_visible(void)
+{
+    fg_world *w = fg_get();
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (!cvd) {
+        for (int i = 0; i < w->ncards; i++) g_vis[i] = i;
+        return w->ncards;
+    }
+    int n = 0;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", cvd);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok && n < FG_MAX_CARDS; tok = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*tok)) tok++;
+        int found = -1;
+        if (isdigit((unsigned char)*tok)) {
+            char *end;
+            long v = strtol(tok, &end, 10);
+            if (v >= 0 && v < w->ncards) found = (int)v;
+        } else if (!strncmp(tok, "GPU-", 4)) {
+            for (int i = 0; i < w->ncards; i++)
+                if (!strncmp(w->card[i].uuid, tok, strlen(tok))) { found = i; break; }
+        }
+        if (found < 0) break; /* the real driver stops at the first invalid entry */
+        for (int j = 0; j < n; j++)
+            if (g_vis[j] == found) found = -2;
+        if (found == -2) break;
+        g_vis[n++] = found;
+    }
+    return n;
+}
+
+/* ---- init / version / devices ------------------------------------------------------- */
+FG_EXPORT CUresult cuInit(unsigned int flags)
+{
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    if (!atomic_load(&g_inited)) {
+        g_nvis = parse_visible();
+        const char *k = getenv("FAKEGPU_KERNEL_US");
+        g_kernel_ns = k ? strtoull(k, NULL, 10) * 1000ull : 0;
+        const char *c = getenv("FAKEGPU_CONTEXT_MIB");
+        g_ctx_bytes = c ? strtoull(c, NULL, 10) * MIB : 0;
+        for (int d = 0; d < g_nvis; d++) {
+            g_primary[d] = (struct CUctx_st){CTX_MAGIC, d, 0, 1, 0, 0};
+            g_default_pool[d] = (struct CUmemPoolHandle_st){POOL_MAGIC, d, 1, 0, 0, 0, 0, 0, NULL};
+            g_cur_pool[d] = &g_default_pool[d];
+        }
+        atomic_store(&g_inited, 1);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return g_nvis ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+FG_EXPORT CUresult cuDriverGetVersion(int *v)
+{
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    *v = 13000;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuDeviceGetCount(int *n)
+{
+    NEED_INIT();
+    if (!n) return CUDA_ERROR_INVALID_VALUE;
+    *n = g_nvis;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
+{
+    NEED_INIT();
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d)
+{
+    NEED_INIT();
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "%s", fg_get()->card[card_of(d)].name);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d)
+{
+    NEED_INIT();
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = fg_get()->card[card_of(d)].total;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d)
+{
+    size_t b = 0;
+    if (!bytes) return atomic_load(&g_inited) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = cuDeviceTotalMem_v2(&b, d);
+    if (r == CUDA_SUCCESS) *bytes = b > 0xffffffffu ? 0xffffffffu : (unsigned int)b;
+    return r;
+}
+
+FG_EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
+{
+    NEED_INIT();
+    if (!u) return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    if (fg_parse_uuid(fg_get()->card[card_of(d)].uuid, (unsigned char *)u->bytes) != 0) memset(u, 0, sizeof *u);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return cuDeviceGetUuid(u, d); }
+
+FG_EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
+{
+    NEED_INIT();
+    if (!v || (int)a <= 0 || a >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    switch (a) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 80; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *v = card_of(d) + 1; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 8; break;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *v = 1; break;
+    default: *v = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice d)
+{
+    NEED_INIT();
+    if (!bus || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(bus, (size_t)len, "0000:%02x:00.0", card_of(d) + 1);
+    return CUDA_SUCCESS;
+}
+
+/* ---- contexts ----------------------------------------------------------------------- */
+static CUresult ctx_new(CUcontext *pctx, CUdevice d)
+{
+    NEED_INIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    if (g_ctx_bytes && fg_charge(card_of(d), g_ctx_bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct CUctx_st *c = calloc(1, sizeof *c);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    *c = (struct CUctx_st){CTX_MAGIC, d, 1, 0, 0, 0};
+    if (t_depth < 32) t_stack[t_depth++] = c;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned int f, CUdevice d) { (void)f; return ctx_new(c, d); }
+FG_EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned int f, CUdevice d) { (void)f; return ctx_new(c, d); }
+FG_EXPORT CUresult cuCtxCreate_v3(CUcontext *c, CUexecAffinityParam *p, int n, unsigned int f, CUdevice d)
+{
+    (void)p; (void)n; (void)f;
+    return ctx_new(c, d);
+}
+FG_EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *p, unsigned int f, CUdevice d)
+{
+    (void)p; (void)f;
+    return ctx_new(c, d);
+}
+
+static void drop_from_stacks(struct CUctx_st *c)
+{
+    for (int i = 0; i < t_depth; i++)
+        if (t_stack[i] == c) {
+            memmove(&t_stack[i], &t_stack[i + 1], (size_t)(t_depth - i - 1) * sizeof t_stack[0]);
+            t_depth--;
+            i--;
+        }
+}
+
+FG_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    NEED_INIT();
+    struct CUctx_st *c = ctx;
+    if (!c || c->magic != CTX_MAGIC || c->primary) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    c->alive = 0;
+    if (g_ctx_bytes) fg_uncharge(card_of(c->dev), g_ctx_bytes);
+    drop_from_stacks(c);
+    return CUDA_SUCCESS; /* the struct is kept (poisoned) so stale handles are detected */
+}
+FG_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
+FG_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    NEED_INIT();
+    if (!ctx) { if (t_depth) t_depth--; return CUDA_SUCCESS; }
+    if (ctx->magic != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ctx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (t_depth == 0) t_depth = 1;
+    t_stack[t_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx)
+{
+    NEED_INIT();
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    *ctx = cur_ctx();
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    NEED_INIT();
+    if (!ctx_ok(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_depth >= 32) return CUDA_ERROR_INVALID_VALUE;
+    t_stack[t_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
+{
+    NEED_INIT();
+    if (!t_depth) return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUctx_st *c = t_stack[--t_depth];
+    if (ctx) *ctx = c;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuCtxGetDevice(CUdevice *d)
+{
+    NEED_INIT();
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = cur_ctx();
+    if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    *d = c->dev;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *d, CUcontext ctx)
+{
+    NEED_INIT();
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = ctx ? ctx : cur_ctx();
+    if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    *d = c->dev;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
+{
+    NEED_INIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = CUDA_SUCCESS;
+    if (g_primary_refs[d]++ == 0) {
+        if (g_ctx_bytes && fg_charge(card_of(d), g_ctx_bytes) != 0) { g_primary_refs[d]--; r = CUDA_ERROR_OUT_OF_MEMORY; }
+        else g_primary[d].alive = 1;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (r == CUDA_SUCCESS) *pctx = &g_primary[d];
+    return r;
+}
+
+static void primary_down(CUdevice d)
+{
+    g_primary[d].alive = 0;
+    if (g_ctx_bytes) fg_uncharge(card_of(d), g_ctx_bytes);
+}
+
+FG_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
+{
+    NEED_INIT();
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = CUDA_SUCCESS;
+    if (g_primary_refs[d] <= 0) r = CUDA_ERROR_INVALID_CONTEXT;
+    else if (--g_primary_refs[d] == 0) primary_down(d);
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+FG_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d) { return cuDevicePrimaryCtxRelease_v2(d); }
+
+FG_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d)
+{
+    NEED_INIT();
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    if (g_primary_refs[d] > 0) primary_down(d);
+    g_primary_refs[d] = 0;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice d) { return cuDevicePrimaryCtxReset_v2(d); }
+
+FG_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int *flags, int *active)
+{
+    NEED_INIT();
+    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    *flags = g_primary[d].flags;
+    *active = g_primary_refs[d] > 0;
+    return CUDA_SUCCESS;
+}
+
+/* ---- device memory ------------------------------------------------------------------ */
+static CUresult dev_alloc(CUdeviceptr *out, uint64_t size, int kind)
+{
+    NEED_INIT();
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = cur_ctx();
+    if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!size) return CUDA_ERROR_INVALID_VALUE;
+    if (fg_charge(card_of(c->dev), size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t p = va_take(size);
+    tab_put(p, size, c->dev, kind, NULL);
+    *out = p;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) { return dev_alloc(dptr, size, K_DEV); }
+
+FG_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
+{
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != 2) return atomic_load(&g_inited) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    return dev_alloc(dptr, size, K_MANAGED);
+}
+
+FG_EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
+{
+    NEED_INIT();
+    if (!ctx_ok(cur_ctx())) return CUDA_ERROR_INVALID_CONTEXT;
+    if (p == 0) return CUDA_SUCCESS;
+    alloc_ent e;
+    if (tab_take(p, K_DEV, &e) != 0) return CUDA_ERROR_INVALID_VALUE;
+    fg_uncharge(card_of(e.dev), e.size);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem)
+{
+    NEED_INIT();
+    if (!dptr || !pitch || !w || !h || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
+    size_t p = (w + 511) / 512 * 512;
+    CUresult r = dev_alloc(dptr, (uint64_t)p * h, K_DEV);
+    if (r == CUDA_SUCCESS) *pitch = p;
+    return r;
+}
+
+/* 32-bit legacy entry points: allocations come from a low address arena. */
+FG_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int size)
+{
+    NEED_INIT();
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = cur_ctx();
+    if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!size) return CUDA_ERROR_INVALID_VALUE;
+    if (fg_charge(card_of(c->dev), size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    unsigned sz = (size + 0xfffu) & ~0xfffu;
+    unsigned p = atomic_fetch_add(&g_va_low, sz);
+    tab_put(p, size, c->dev, K_DEV, NULL);
+    *dptr = p;
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) { return cuMemFree_v2(p); }
+FG_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int w, unsigned int h, unsigned int elem)
+{
+    NEED_INIT();
+    if (!dptr || !pitch || !w || !h || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
+    unsigned p = (w + 511) / 512 * 512;
+    if ((uint64_t)p * h > 0xffffffffull) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuMemAlloc(dptr, p * h);
+    if (r == CUDA_SUCCESS) *pitch = p;
+    return r;
+}
+
+FG_EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
+{
+    NEED_INIT();
+    if (!free_b || !total_b) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = cur_ctx();
+    if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    uint64_t total = fg_get()->card[card_of(c->dev)].total, used = fg_card_used(card_of(c->dev));
+    *total_b = total;
+    *free_b = used < total ? total - used : 0;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total_b)
+{
+    size_t f = 0, t = 0;
+    if (!free_b || !total_b) return atomic_load(&g_inited) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = cuMemGetInfo_v2(&f, &t);
+    if (r == CUDA_SUCCESS) {
+        *free_b = f > 0xffffffffu ? 0xffffffffu : (unsigned)f;
+        *total_b = t > 0xffffffffu ? 0xffffffffu : (unsigned)t;
+    }
+    return r;
+}
+
+/* Pinned host memory: real host memory, never charged to a card. */
+FG_EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
+{
+    (void)flags;
+    NEED_INIT();
+    if (!pp || !size) return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx_ok(cur_ctx())) return CUDA_ERROR_INVALID_CONTEXT;
+    void *p = malloc(size);
+    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+    tab_put((uint64_t)(uintptr_t)p, size, -1, K_HOST, NULL);
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size) { return cuMemHostAlloc(pp, size, 0); }
+FG_EXPORT CUresult cuMemAllocHost(void **pp, unsigned int size) { return cuMemHostAlloc(pp, size, 0); }
+FG_EXPORT CUresult cuMemFreeHost(void *p)
+{
+    NEED_INIT();
+    alloc_ent e;
+    if (!p || tab_take((uint64_t)(uintptr_t)p, K_HOST, &e) != 0) return CUDA_ERROR_INVALID_VALUE;
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+/* ---- streams, events, simulated timeline ------------------------------------------- */
+static int is_default_stream(CUstream s) { return s == NULL || (uintptr_t)s == 1 || (uintptr_t)s == 2; }
+
+static CUresult stream_end(CUstream s, struct CUctx_st **ctx, uint64_t **end)
+{
+    if (is_default_stream(s)) {
+        struct CUctx_st *c = cur_ctx();
+        if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
+        *ctx = c;
+        *end = &c->null_end_ns;
+        return CUDA_SUCCESS;
+    }
+    if (s->magic != STREAM_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    *ctx = s->ctx;
+    *end = &s->end_ns;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags)
+{
+    (void)flags;
+    NEED_INIT();
+    if (!ps) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = cur_ctx();
+    if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUstream_st *s = calloc(1, sizeof *s);
+    if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+    s->magic = STREAM_MAGIC;
+    s->ctx = c;
+    pthread_mutex_lock(&g_mu);
+    s->next = g_streams;
+    g_streams = s;
+    pthread_mutex_unlock(&g_mu);
+    *ps = s;
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned int flags, int prio) { (void)prio; return cuStreamCreate(ps, flags); }
+
+FG_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+    NEED_INIT();
+    if (is_default_stream(s) || s->magic != STREAM_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_mu);
+    for (struct CUstream_st **pp = &g_streams; *pp; pp = &(*pp)->next)
+        if (*pp == s) { *pp = s->next; break; }
+    pthread_mutex_unlock(&g_mu);
+    s->magic = 0;
+    free(s);
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuStreamDestroy(CUstream s) { return cuStreamDestroy_v2(s); }
+
+/* Synchronisation releases what pools cache above their release threshold (as the driver does). */
+static void pools_trim_dev(int dev, int to_threshold, uint64_t keep_min)
+{
+    pthread_mutex_lock(&g_mu);
+    struct CUmemPoolHandle_st *all[64];
+    int n = 0;
+    all[n++] = &g_default_pool[dev];
+    for (struct CUmemPoolHandle_st *p = g_pools; p && n < 64; p = p->next)
+        if (p->dev == dev && p->alive) all[n++] = p;
+    for (int i = 0; i < n; i++) {
+        struct CUmemPoolHandle_st *p = all[i];
+        uint64_t keep = to_threshold ? p->threshold : keep_min;
+        uint64_t used_r = (p->used + GRAN - 1) / GRAN * GRAN;
+        if (keep < used_r) keep = used_r;
+        if (p->reserved > keep) {
+            fg_uncharge(card_of(dev), p->reserved - keep);
+            p->reserved = keep;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+FG_EXPORT CUresult cuStreamSynchronize(CUstream s)
+{
+    NEED_INIT();
+    struct CUctx_st *c;
+    uint64_t *end;
+    CUresult r = stream_end(s, &c, &end);
+    if (r != CUDA_SUCCESS) return r;
+    sleep_until(*end);
+    pools_trim_dev(c->dev, 1, 0);
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
+
+FG_EXPORT CUresult cuStreamQuery(CUstream s)
+{
+    NEED_INIT();
+    struct CUctx_st *c;
+    uint64_t *end;
+    CUresult r = stream_end(s, &c, &end);
+    if (r != CUDA_SUCCESS) return r;
+    return fg_now_ns() >= *end ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+FG_EXPORT CUresult cuCtxSynchronize(void)
+{
+    NEED_INIT();
+    struct CUctx_st *c = cur_ctx();
+    if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    uint64_t end = c->null_end_ns;
+    pthread_mutex_lock(&g_mu);
+    for (struct CUstream_st *s = g_streams; s; s = s->next)
+        if (s->ctx == c && s->end_ns > end) end = s->end_ns;
+    pthread_mutex_unlock(&g_mu);
+    sleep_until(end);
+    pools_trim_dev(c->dev, 1, 0);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                  unsigned bz, unsigned shmem, CUstream s, void **params, void **extra)
+{
+    (void)shmem; (void)params; (void)extra;
+    NEED_INIT();
+    struct CUctx_st *c;
+    uint64_t *end;
+    CUresult r = stream_end(s, &c, &end);
+    if (r != CUDA_SUCCESS) return r;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
+    if (!g_kernel_ns) return CUDA_SUCCESS;
+    /* Kernels on one card run one after another: start at the later of now, the stream's
+     * previous work and the card's clock (shared by every process on the card). */
+    fg_world *w = fg_get();
+    _Atomic uint64_t *clk = (_Atomic uint64_t *)&w->sh->cards[w->slot[card_of(c->dev)]].clock_ns;
+    uint64_t now = fg_now_ns(), old = atomic_load(clk), start, fin;
+    do {
+        start = now > old ? now : old;
+        if (*end > start) start = *end;
+        fin = start + g_kernel_ns;
+    } while (!atomic_compare_exchange_weak(clk, &old, fin));
+    *end = fin;
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                       unsigned bz, unsigned shmem, CUstream s, void **params, void **extra)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+
+FG_EXPORT CUresult cuEventCreate(CUevent *pe, unsigned int flags)
+{
+    (void)flags;
+    NEED_INIT();
+    if (!pe) return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx_ok(cur_ctx())) return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUevent_st *e = calloc(1, sizeof *e);
+    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = EVENT_MAGIC;
+    *pe = e;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
+{
+    NEED_INIT();
+    if (!e || e->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    struct CUctx_st *c;
+    uint64_t *end;
+    CUresult r = stream_end(s, &c, &end);
+    if (r != CUDA_SUCCESS) return r;
+    uint64_t now = fg_now_ns();
+    e->ts = *end > now ? *end : now;
+    e->recorded = 1;
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
+
+FG_EXPORT CUresult cuEventSynchronize(CUevent e)
+{
+    NEED_INIT();
+    if (!e || e->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (e->recorded) sleep_until(e->ts);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuEventQuery(CUevent e)
+{
+    NEED_INIT();
+    if (!e || e->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    return !e->recorded || fg_now_ns() >= e->ts ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+FG_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
+{
+    NEED_INIT();
+    if (!ms) return CUDA_ERROR_INVALID_VALUE;
+    if (!a || !b || a->magic != EVENT_MAGIC || b->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = fg_now_ns();
+    if (now < a->ts || now < b->ts) return CUDA_ERROR_NOT_READY;
+    *ms = (float)((double)((int64_t)(b->ts - a->ts)) / 1e6);
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) { return cuEventElapsedTime(ms, a, b); }
+
+FG_EXPORT CUresult cuEventDestroy_v2(CUevent e)
+{
+    NEED_INIT();
+    if (!e || e->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    e->magic = 0;
+    free(e);
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
+
+/* ---- memory pools and stream-ordered allocation ------------------------------------- */
+static int pool_ok(CUmemoryPool p) { return p && p->magic == POOL_MAGIC && p->alive; }
+
+static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool p, CUstream s)
+{
+    NEED_INIT();
+    if (!dptr || !size) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    uint64_t *end;
+    CUresult r = stream_end(s, &c, &end);
+    if (r != CUDA_SUCCESS) return r;
+    if (!p) p = g_cur_pool[c->dev];
+    if (!pool_ok(p)) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    uint64_t cached = p->reserved - p->used;
+    if (cached < size) {
+        uint64_t grow = (size - cached + GRAN - 1) / GRAN * GRAN;
+        if (fg_charge(card_of(p->dev), grow) != 0) {
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        p->reserved += grow;
+        if (p->reserved > p->reserved_high) p->reserved_high = p->reserved;
+    }
+    p->used += size;
+    if (p->used > p->used_high) p->used_high = p->used;
+    pthread_mutex_unlock(&g_mu);
+    uint64_t ptr = va_take(size);
+    tab_put(ptr, size, p->dev, K_POOL, p);
+    *dptr = ptr;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return pool_alloc(d, n, NULL, s); }
+FG_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { return pool_alloc(d, n, NULL, s); }
+FG_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+    if (!p) return atomic_load(&g_inited) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    return pool_alloc(d, n, p, s);
+}
+FG_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+    return cuMemAllocFromPoolAsync(d, n, p, s);
+}
+
+FG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s)
+{
+    NEED_INIT();
+    struct CUctx_st *c;
+    uint64_t *end;
+    CUresult r = stream_end(s, &c, &end);
+    if (r != CUDA_SUCCESS) return r;
+    alloc_ent e;
+    if (tab_take(ptr, K_POOL, &e) != 0) {
+        if (tab_take(ptr, K_DEV, &e) != 0) return CUDA_ERROR_INVALID_VALUE;
+        fg_uncharge(card_of(e.dev), e.size); /* cuMemAlloc'd memory freed stream-ordered */
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&g_mu);
+    e.pool->used -= e.size; /* back to the pool's cache: still reserved */
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) { return cuMemFreeAsync(ptr, s); }
+
+FG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pp, const CUmemPoolProps *props)
+{
+    NEED_INIT();
+    if (!pp || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(props->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
+    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+    p->magic = POOL_MAGIC;
+    p->dev = props->location.id;
+    p->alive = 1;
+    pthread_mutex_lock(&g_mu);
+    p->next = g_pools;
+    g_pools = p;
+    pthread_mutex_unlock(&g_mu);
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool p)
+{
+    NEED_INIT();
+    if (!pool_ok(p) || p == &g_default_pool[p->dev]) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    p->alive = 0;
+    fg_uncharge(card_of(p->dev), p->reserved);
+    p->reserved = 0;
+    for (int d = 0; d < g_nvis; d++)
+        if (g_cur_pool[d] == p) g_cur_pool[d] = &g_default_pool[d];
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool p, size_t keep)
+{
+    NEED_INIT();
+    if (!pool_ok(p)) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    uint64_t k = keep, used_r = (p->used + GRAN - 1) / GRAN * GRAN;
+    if (k < used_r) k = used_r;
+    if (p->reserved > k) {
+        fg_uncharge(card_of(p->dev), p->reserved - k);
+        p->reserved = k;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool p, CUmemPool_attribute a, void *v)
+{
+    NEED_INIT();
+    if (!pool_ok(p) || !v) return CUDA_ERROR_INVALID_VALUE;
+    switch (a) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->threshold = *(cuuint64_t *)v; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: p->reserved_high = 0; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: p->used_high = 0; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+FG_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool p, CUmemPool_attribute a, void *v)
+{
+    NEED_INIT();
+    if (!pool_ok(p) || !v) return CUDA_ERROR_INVALID_VALUE;
+    cuuint64_t *o = v;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = CUDA_SUCCESS;
+    switch (a) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *o = p->threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *o = p->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *o = p->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *o = p->used; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *o = p->used_high; break;
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *(int *)v = 1; break;
+    default: r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+FG_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pp, CUdevice d)
+{
+    NEED_INIT();
+    if (!pp) return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    *pp = &g_default_pool[d];
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pp, CUdevice d)
+{
+    NEED_INIT();
+    if (!pp) return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    *pp = g_cur_pool[d];
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool p)
+{
+    NEED_INIT();
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!pool_ok(p) || p->dev != d) return CUDA_ERROR_INVALID_VALUE;
+    g_cur_pool[d] = p;
+    return CUDA_SUCCESS;
+}
+
+/* ---- virtual memory management ------------------------------------------------------ */
+static int loc_is_host(CUmemLocationType t)
+{
+    return t == CU_MEM_LOCATION_TYPE_HOST || t == CU_MEM_LOCATION_TYPE_HOST_NUMA || t == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+}
+
+FG_EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags o)
+{
+    (void)o;
+    NEED_INIT();
+    if (!g || !prop) return CUDA_ERROR_INVALID_VALUE;
+    *g = GRAN;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    NEED_INIT();
+    if (!h || !prop || flags || !size || size % GRAN || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    int dev = -1;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (!dev_ok(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+        dev = prop->location.id;
+    } else if (!loc_is_host(prop->location.type)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (dev >= 0 && fg_charge(card_of(dev), size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    vmm_handle *v = calloc(1, sizeof *v);
+    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
+    *v = (vmm_handle){VMM_MAGIC, dev, size, *prop};
+    *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+    NEED_INIT();
+    vmm_handle *v = (vmm_handle *)(uintptr_t)h;
+    if (!v || v->magic != VMM_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    if (v->dev >= 0) fg_uncharge(card_of(v->dev), v->size);
+    v->magic = 0;
+    free(v);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h)
+{
+    NEED_INIT();
+    vmm_handle *v = (vmm_handle *)(uintptr_t)h;
+    if (!prop || !v || v->magic != VMM_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    *prop = v->prop;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags)
+{
+    (void)align; (void)addr;
+    NEED_INIT();
+    if (!ptr || !size || size % GRAN || flags) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t p = va_take(size);
+    tab_put(p, size, -1, K_RESERVE, NULL);
+    *ptr = p;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    NEED_INIT();
+    alloc_ent e;
+    if (tab_take(ptr, K_RESERVE, &e) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (e.size != size) { tab_put(e.ptr, e.size, e.dev, e.kind, NULL); return CUDA_ERROR_INVALID_VALUE; }
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags)
+{
+    NEED_INIT();
+    vmm_handle *v = (vmm_handle *)(uintptr_t)h;
+    if (!ptr || !size || flags || !v || v->magic != VMM_MAGIC || offset + size > v->size) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    NEED_INIT();
+    if (!ptr || !size || size % GRAN) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    NEED_INIT();
+    if (!ptr || !size || !desc || !count) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++)
+        if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE && !dev_ok(desc[i].location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
+/* ---- arrays ------------------------------------------------------------------------- */
+static unsigned fmt_bytes(CUarray_format f)
+{
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
+    default: return 4;
+    }
+}
+
+static uint64_t arr_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch, unsigned flags)
+{
+    uint64_t row = ((uint64_t)w * fmt_bytes(f) * (ch ? ch : 1) + 511) / 512 * 512;
+    uint64_t depth = d ? d : 1;
+    if ((flags & CUDA_ARRAY3D_CUBEMAP) && !(flags & CUDA_ARRAY3D_LAYERED)) depth = 6;
+    return row * (h ? h : 1) * depth;
+}
+
+static CUresult arr_new(void **out, uint64_t bytes, int valid)
+{
+    NEED_INIT();
+    if (!out || !valid) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = cur_ctx();
+    if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (fg_charge(card_of(c->dev), bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    arr_handle *a = calloc(1, sizeof *a);
+    if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
+    *a = (arr_handle){ARR_MAGIC, c->dev, bytes};
+    *out = a;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    return arr_new((void **)a, d ? arr_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels, 0) : 0,
+                   d && d->Width && (d->NumChannels == 1 || d->NumChannels == 2 || d->NumChannels == 4));
+}
+FG_EXPORT CUresult cuArrayCreate(CUarray *a, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    return arr_new((void **)a, d ? arr_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels, 0) : 0,
+                   d && d->Width && (d->NumChannels == 1 || d->NumChannels == 2 || d->NumChannels == 4));
+}
+FG_EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    return arr_new((void **)a, d ? arr_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags) : 0,
+                   d && d->Width && (d->NumChannels == 1 || d->NumChannels == 2 || d->NumChannels == 4));
+}
+FG_EXPORT CUresult cuArray3DCreate(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    return arr_new((void **)a, d ? arr_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags) : 0,
+                   d && d->Width && (d->NumChannels == 1 || d->NumChannels == 2 || d->NumChannels == 4));
+}
+
+static CUresult arr_free(void *h)
+{
+    NEED_INIT();
+    arr_handle *a = h;
+    if (!a || a->magic != ARR_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    fg_uncharge(card_of(a->dev), a->bytes);
+    a->magic = 0;
+    free(a);
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuArrayDestroy(CUarray a) { return arr_free(a); }
+
+FG_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    uint64_t total = 0;
+    if (d && levels) {
+        size_t w = d->Width, h = d->Height, z = d->Depth;
+        for (unsigned l = 0; l < levels; l++) {
+            total += arr_bytes(w, h, z, d->Format, d->NumChannels, d->Flags);
+            w = w > 1 ? w / 2 : 1;
+            h = h > 1 ? h / 2 : h;
+            if (!(d->Flags & CUDA_ARRAY3D_LAYERED)) z = z > 1 ? z / 2 : z;
+        }
+    }
+    return arr_new((void **)m, total, d && d->Width && levels);
+}
+FG_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) { return arr_free(m); }
+
+/* ---- entry-point lookup ------------------------------------------------------------- */
+FG_EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
+{
+    (void)id;
+    if (table) *table = NULL;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+typedef struct { const char *base; int ver; const char *sym; void *fn; const char *ptsym; void *ptfn; } fg_proc_ent;
+extern const fg_proc_ent fg_procs[];
+extern const int fg_nprocs;
+
+static CUresult lookup(const char *symbol, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st)
+{
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    const fg_proc_ent *best = NULL;
+    int known = 0;
+    for (int i = 0; i < fg_nprocs; i++) {
+        if (strcmp(fg_procs[i].base, symbol) != 0) continue;
+        known = 1;
+        if (fg_procs[i].ver <= ver && (!best || fg_procs[i].ver > best->ver)) best = &fg_procs[i];
+    }
+    if (!best) {
+        if (st) *st = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? best->ptfn : best->fn;
+    if (st) *st = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags)
+{
+    return lookup(symbol, pfn, ver, flags, NULL);
+}
+
+FG_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st)
+{
+    return lookup(symbol, pfn, ver, flags, st);
+}
+
+/* Functions the fake does not model resolve to stubs (stubs.c, generated) that say so. */
+CUresult fg_not_supported(void);
+CUresult fg_not_supported(void) { return atomic_load(&g_inited) ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED; }

@@ -1,0 +1,33 @@
+/* egpu_account.h: per-container memory accounting over the shared region. No CUDA here. */
+#ifndef EGPU_ACCOUNT_H
+#define EGPU_ACCOUNT_H
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include "egpu_region.h"
+
+typedef struct {
+    egpu_region *r;
+    int proc;     /* my slot in r->procs, -1 until the first charge */
+    pid_t pid;
+} egpu_acct;
+
+/* Open (creating if needed) the region file. 0 ok; -1 with a reason in err. */
+int egpu_acct_open(egpu_acct *a, const char *path, char *err, size_t errlen);
+/* Region card slot of a UUID (created on first use), or -1 when the region is full. */
+int egpu_acct_card(egpu_acct *a, const char *uuid, uint64_t limit);
+/* Charge bytes if the card's container usage stays <= limit: 0 ok, -1 over the cap. */
+int egpu_acct_charge(egpu_acct *a, int card, uint64_t bytes, uint64_t limit);
+/* Give bytes back (saturating at zero). */
+void egpu_acct_uncharge(egpu_acct *a, int card, uint64_t bytes);
+/* Add bytes that are already held (no cap check; saturating). */
+void egpu_acct_force(egpu_acct *a, int card, uint64_t bytes);
+uint64_t egpu_acct_used(egpu_acct *a, int card);
+uint64_t egpu_acct_my_used(egpu_acct *a, int card);
+/* Reclaim the usage of dead processes. Returns how many were reclaimed. */
+int egpu_acct_reap(egpu_acct *a);
+/* This process is going away: drop its slot and usage. */
+void egpu_acct_detach(egpu_acct *a);
+/* After fork: the child starts with no slot. */
+void egpu_acct_forget(egpu_acct *a);
+#endif

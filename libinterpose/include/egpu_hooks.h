@@ -1,0 +1,116 @@
+/* egpu_hooks.h: THE list of interposed entry points (one X-macro; see STYLE.md "C side").
+ *
+ * X(name, base, version, perThread, params):
+ *   name      the exported symbol we define (and the real driver's symbol we forward to)
+ *   base      the name a caller passes to cuGetProcAddress
+ *   version   the lowest cudaVersion at which cuGetProcAddress(base) means `name`
+ *   perThread 1 for the _ptsz/_ptds variant chosen by CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+ * From this list hook_table.c generates the typed real-function struct, the name table and
+ * the lookups; the Makefile generates the linker version script (only these are exported). */
+#ifndef EGPU_HOOKS_H
+#define EGPU_HOOKS_H
+#include "egpu_cuda.h"
+
+#define EGPU_CU_HOOKS(X) \
+    X(cuInit, cuInit, 2000, 0, (unsigned int flags)) \
+    X(cuGetProcAddress, cuGetProcAddress, 11030, 0, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)) \
+    X(cuGetProcAddress_v2, cuGetProcAddress, 12000, 0, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)) \
+    X(cuMemAlloc, cuMemAlloc, 2000, 0, (CUdeviceptr_v1 *dptr, unsigned int bytesize)) \
+    X(cuMemAlloc_v2, cuMemAlloc, 3020, 0, (CUdeviceptr *dptr, size_t bytesize)) \
+    X(cuMemFree, cuMemFree, 2000, 0, (CUdeviceptr_v1 dptr)) \
+    X(cuMemFree_v2, cuMemFree, 3020, 0, (CUdeviceptr dptr)) \
+    X(cuMemAllocPitch, cuMemAllocPitch, 2000, 0, (CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes, unsigned int Height, unsigned int ElementSizeBytes)) \
+    X(cuMemAllocPitch_v2, cuMemAllocPitch, 3020, 0, (CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)) \
+    X(cuMemAllocManaged, cuMemAllocManaged, 6000, 0, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags)) \
+    X(cuMemAllocAsync, cuMemAllocAsync, 11020, 0, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)) \
+    X(cuMemAllocAsync_ptsz, cuMemAllocAsync, 11020, 1, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)) \
+    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, 11020, 0, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)) \
+    X(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync, 11020, 1, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)) \
+    X(cuMemFreeAsync, cuMemFreeAsync, 11020, 0, (CUdeviceptr dptr, CUstream hStream)) \
+    X(cuMemFreeAsync_ptsz, cuMemFreeAsync, 11020, 1, (CUdeviceptr dptr, CUstream hStream)) \
+    X(cuMemPoolCreate, cuMemPoolCreate, 11020, 0, (CUmemoryPool *pool, const CUmemPoolProps *poolProps)) \
+    X(cuMemPoolDestroy, cuMemPoolDestroy, 11020, 0, (CUmemoryPool pool)) \
+    X(cuMemPoolTrimTo, cuMemPoolTrimTo, 11020, 0, (CUmemoryPool pool, size_t minBytesToKeep)) \
+    X(cuMemPoolSetAttribute, cuMemPoolSetAttribute, 11020, 0, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
+    X(cuMemCreate, cuMemCreate, 10020, 0, (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)) \
+    X(cuMemRelease, cuMemRelease, 10020, 0, (CUmemGenericAllocationHandle handle)) \
+    X(cuArrayCreate, cuArrayCreate, 2000, 0, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray)) \
+    X(cuArrayCreate_v2, cuArrayCreate, 3020, 0, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)) \
+    X(cuArray3DCreate, cuArray3DCreate, 2000, 0, (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray)) \
+    X(cuArray3DCreate_v2, cuArray3DCreate, 3020, 0, (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)) \
+    X(cuArrayDestroy, cuArrayDestroy, 2000, 0, (CUarray hArray)) \
+    X(cuMipmappedArrayCreate, cuMipmappedArrayCreate, 5000, 0, (CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc, unsigned int numMipmapLevels)) \
+    X(cuMipmappedArrayDestroy, cuMipmappedArrayDestroy, 5000, 0, (CUmipmappedArray hMipmappedArray)) \
+    X(cuCtxCreate, cuCtxCreate, 2000, 0, (CUcontext *pctx, unsigned int flags, CUdevice dev)) \
+    X(cuCtxCreate_v2, cuCtxCreate, 3020, 0, (CUcontext *pctx, unsigned int flags, CUdevice dev)) \
+    X(cuCtxCreate_v3, cuCtxCreate, 11040, 0, (CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags, CUdevice dev)) \
+    X(cuCtxCreate_v4, cuCtxCreate, 12050, 0, (CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev)) \
+    X(cuCtxDestroy, cuCtxDestroy, 2000, 0, (CUcontext ctx)) \
+    X(cuCtxDestroy_v2, cuCtxDestroy, 4000, 0, (CUcontext ctx)) \
+    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000, 0, (CUcontext *pctx, CUdevice dev)) \
+    X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease, 7000, 0, (CUdevice dev)) \
+    X(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease, 11000, 0, (CUdevice dev)) \
+    X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset, 7000, 0, (CUdevice dev)) \
+    X(cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxReset, 11000, 0, (CUdevice dev)) \
+    X(cuMemGetInfo, cuMemGetInfo, 2000, 0, (unsigned int *free, unsigned int *total)) \
+    X(cuMemGetInfo_v2, cuMemGetInfo, 3020, 0, (size_t *free, size_t *total)) \
+    X(cuDeviceTotalMem, cuDeviceTotalMem, 2000, 0, (unsigned int *bytes, CUdevice dev)) \
+    X(cuDeviceTotalMem_v2, cuDeviceTotalMem, 3020, 0, (size_t *bytes, CUdevice dev))
+
+#define EGPU_NVML_HOOKS(X) \
+    X(nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo, 0, 0, (nvmlDevice_t device, nvmlMemory_t *memory)) \
+    X(nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetMemoryInfo_v2, 0, 0, (nvmlDevice_t device, nvmlMemory_v2_t *memory))
+
+/* Driver functions egpu calls but does not interpose. R: required, O: optional. */
+#define EGPU_CU_CALLS(X) \
+    X(cuDeviceGetCount, R, (int *count)) \
+    X(cuDeviceGet, R, (CUdevice *device, int ordinal)) \
+    X(cuDeviceGetUuid, R, (CUuuid *uuid, CUdevice dev)) \
+    X(cuCtxGetDevice, R, (CUdevice *device)) \
+    X(cuDeviceGetMemPool, O, (CUmemoryPool *pool, CUdevice dev)) \
+    X(cuMemPoolGetAttribute, O, (CUmemoryPool pool, CUmemPool_attribute attr, void *value))
+
+#define EGPU_NVML_CALLS(X) \
+    X(nvmlDeviceGetUUID, R, (nvmlDevice_t device, char *uuid, unsigned int length))
+
+#define EGPU_EXPORT __attribute__((visibility("default")))
+/* The dlsym path can run before a sanitizer runtime has initialised (ASan looks up its own
+ * interceptors through dlsym, which is ours): keep that path uninstrumented. */
+#define EGPU_NO_SANITIZE __attribute__((no_sanitize_address, no_sanitize("undefined")))
+#define EGPU_DECLARE_CU(name, base, ver, pt, params) EGPU_EXPORT CUresult name params;
+#define EGPU_DECLARE_NVML(name, base, ver, pt, params) EGPU_EXPORT nvmlReturn_t name params;
+EGPU_CU_HOOKS(EGPU_DECLARE_CU)
+EGPU_NVML_HOOKS(EGPU_DECLARE_NVML)
+EGPU_EXPORT void *dlsym(void *handle, const char *symbol);
+
+/* The real driver's functions, one typed pointer each (never called unprototyped). */
+typedef struct {
+#define EGPU_FIELD_CU(name, base, ver, pt, params) CUresult (*name) params;
+#define EGPU_FIELD_NVML(name, base, ver, pt, params) nvmlReturn_t (*name) params;
+#define EGPU_FIELD_CU_CALL(name, req, params) CUresult (*name) params;
+#define EGPU_FIELD_NVML_CALL(name, req, params) nvmlReturn_t (*name) params;
+    EGPU_CU_HOOKS(EGPU_FIELD_CU)
+    EGPU_CU_CALLS(EGPU_FIELD_CU_CALL)
+    EGPU_NVML_HOOKS(EGPU_FIELD_NVML)
+    EGPU_NVML_CALLS(EGPU_FIELD_NVML_CALL)
+} egpu_real_fns;
+
+typedef struct {
+    const char *name;
+    const char *base;
+    int version;
+    int per_thread;
+    void *hook; /* our exported function */
+    size_t real_off; /* offset of the real pointer in egpu_real_fns */
+} egpu_hook_ent;
+
+extern const egpu_hook_ent egpu_hook_table[];
+extern const int egpu_hook_count;
+
+/* Our hook for an exported name, or NULL when we do not interpose it. */
+const egpu_hook_ent *egpu_hook_by_name(const char *name);
+/* Our hook for what cuGetProcAddress(base, version, flags) names, or NULL. */
+const egpu_hook_ent *egpu_hook_by_proc(const char *base, int version, cuuint64_t flags);
+/* Our hook whose real counterpart is at `real`, or NULL. */
+const egpu_hook_ent *egpu_hook_by_real(const void *real);
+#endif

@@ -1,0 +1,71 @@
+/* egpu_state.h: the interposer's one owned state struct and its internal API. */
+#ifndef EGPU_STATE_H
+#define EGPU_STATE_H
+#include <pthread.h>
+#include <stdint.h>
+#include "egpu_account.h"
+#include "egpu_config.h"
+#include "egpu_hooks.h"
+
+/* Returned by cuInit (and every charged call) when no share is configured. */
+#define EGPU_REFUSED_CU CUDA_ERROR_NOT_INITIALIZED
+#define EGPU_REFUSED_NVML NVML_ERROR_NO_PERMISSION
+
+#define EGPU_MAX_DEVS EGPU_REGION_MAX_CARDS
+
+typedef struct {
+    int slot;            /* region card slot, -1: not a card of this share (cap 0) */
+    uint64_t limit;      /* min(share, physical) */
+    uint64_t phys_total;
+    char uuid[EGPU_UUID_LEN];
+} egpu_dev;
+
+/* Process-local maps: what each live allocation charged, so frees give back the same. */
+enum { MAP_PTR = 1, MAP_VMM, MAP_ARRAY, MAP_CTX };
+typedef struct { uint64_t key; uint64_t bytes; int32_t dev; int32_t kind; } egpu_map_ent;
+typedef struct {
+    pthread_mutex_t mu;
+    egpu_map_ent *slots;
+    size_t cap, count, tombs;
+} egpu_map;
+void egpu_map_put(egpu_map *m, int kind, uint64_t key, uint64_t bytes, int dev);
+int egpu_map_take(egpu_map *m, int kind, uint64_t key, uint64_t *bytes, int *dev);
+
+typedef struct { CUmemoryPool pool; int dev; uint64_t charged; } egpu_pool_rec;
+#define EGPU_MAX_POOLS 256
+
+typedef struct {
+    /* real symbols */
+    pthread_once_t real_once;
+    void *libcuda;
+    int real_ok;         /* required CUDA symbols present */
+    pthread_once_t nvml_once;
+    void *libnvml;
+    egpu_real_fns real;
+    /* config + region */
+    pthread_once_t cfg_once;
+    int refused;
+    char why[512];
+    egpu_config cfg;
+    egpu_acct acct;
+    /* devices (CUDA ordinals of this process) */
+    pthread_mutex_t dev_mu;
+    int devs_ready;      /* atomic */
+    int ndev;
+    egpu_dev dev[EGPU_MAX_DEVS];
+    int primary_refs[EGPU_MAX_DEVS];
+    /* allocations and pools */
+    egpu_map map;
+    pthread_mutex_t pool_mu;
+    int npools;
+    egpu_pool_rec pools[EGPU_MAX_POOLS];
+    uint64_t last_reap_ns;
+} egpu_state;
+
+extern egpu_state egpu_g;
+
+void egpu_real_init(void);      /* pthread_once'd: libcuda + symbols */
+void egpu_real_nvml_init(void); /* pthread_once'd: libnvidia-ml + symbols */
+void *egpu_real_dlsym(void *handle, const char *name);
+int egpu_config_ready(void);    /* 0 ok, -1 refused (message printed once) */
+#endif

@@ -1,0 +1,287 @@
+/* account.c: per-container memory accounting in the shared region. No CUDA calls.
+ *
+ * Invariant: cards[c].used_bytes == sum over live proc slots of procs[p].used[c].
+ * A process killed at any instant leaves its slot behind; the next locker that notices
+ * (attach, a charge that would fail, a capacity query) reclaims it. A process killed while
+ * holding the lock makes the next pthread_mutex_lock return EOWNERDEAD: the card sums are
+ * then recomputed from the proc slots (each slot update is one aligned 64-bit store). */
+#define _GNU_SOURCE
+#include "egpu_account.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+static uint64_t sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+static uint64_t proc_start_time(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* comm may contain spaces */
+    if (!p) return 0;
+    unsigned long long v = 0;
+    /* count spaces after comm up to field 22, starttime */
+    int field = 2;
+    for (p++; *p && field < 22; p++)
+        if (*p == ' ') field++;
+    if (sscanf(p, "%llu", &v) != 1) return 0;
+    return v;
+}
+
+static int proc_dead(const egpu_region_proc *p)
+{
+    if (kill(p->pid, 0) == -1 && errno == ESRCH) return 1;
+    if (p->start_time) {
+        uint64_t st = proc_start_time(p->pid);
+        if (st && st != p->start_time) return 1; /* the pid was reused */
+    }
+    return 0;
+}
+
+static void repair_locked(egpu_region *r)
+{
+    for (uint32_t c = 0; c < EGPU_REGION_MAX_CARDS; c++) {
+        uint64_t sum = 0;
+        for (int p = 0; p < EGPU_REGION_MAX_PROCS; p++)
+            if (r->procs[p].pid) sum = sat_add(sum, r->procs[p].used[c]);
+        r->cards[c].used_bytes = sum;
+    }
+    r->repairs++;
+}
+
+static void lock(egpu_region *r)
+{
+    int e = pthread_mutex_lock(&r->lock.mutex);
+    if (e == EOWNERDEAD) {
+        repair_locked(r);
+        pthread_mutex_consistent(&r->lock.mutex);
+    }
+}
+
+static void unlock(egpu_region *r) { pthread_mutex_unlock(&r->lock.mutex); }
+
+static int reap_locked(egpu_region *r)
+{
+    int n = 0;
+    for (int p = 0; p < EGPU_REGION_MAX_PROCS; p++) {
+        egpu_region_proc *pr = &r->procs[p];
+        if (!pr->pid || !proc_dead(pr)) continue;
+        for (int c = 0; c < EGPU_REGION_MAX_CARDS; c++)
+            r->cards[c].used_bytes = sat_sub(r->cards[c].used_bytes, pr->used[c]);
+        memset(pr, 0, sizeof *pr);
+        n++;
+    }
+    r->reaped += (uint64_t)n;
+    return n;
+}
+
+static int mkdirs(const char *path)
+{
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    char *slash = strrchr(tmp, '/');
+    if (!slash || slash == tmp) return 0;
+    *slash = 0;
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        mkdir(tmp, 0755);
+        *p = '/';
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+int egpu_acct_open(egpu_acct *a, const char *path, char *err, size_t errlen)
+{
+    memset(a, 0, sizeof *a);
+    a->proc = -1;
+    if (mkdirs(path) != 0) {
+        snprintf(err, errlen, "cannot create the folder of region %s: %s", path, strerror(errno));
+        return -1;
+    }
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open region %s: %s", path, strerror(errno));
+        return -1;
+    }
+    flock(fd, LOCK_EX); /* serialises first-time initialisation between processes */
+    struct stat st;
+    int rc = -1;
+    egpu_region *r = MAP_FAILED;
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "cannot stat region %s: %s", path, strerror(errno));
+        goto out;
+    }
+    if (st.st_size == 0 && ftruncate(fd, sizeof(egpu_region)) != 0) {
+        snprintf(err, errlen, "cannot size region %s: %s", path, strerror(errno));
+        goto out;
+    }
+    if (st.st_size != 0 && (size_t)st.st_size != sizeof(egpu_region)) {
+        snprintf(err, errlen, "region %s has size %lld, expected %zu (another layout version?)", path,
+                 (long long)st.st_size, sizeof(egpu_region));
+        goto out;
+    }
+    r = mmap(NULL, sizeof(egpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (r == MAP_FAILED) {
+        snprintf(err, errlen, "cannot map region %s: %s", path, strerror(errno));
+        goto out;
+    }
+    if (r->magic == 0) {
+        memset(r, 0, sizeof *r);
+        pthread_mutexattr_t at;
+        pthread_mutexattr_init(&at);
+        pthread_mutexattr_setpshared(&at, PTHREAD_PROCESS_SHARED);
+        pthread_mutexattr_setrobust(&at, PTHREAD_MUTEX_ROBUST);
+        pthread_mutex_init(&r->lock.mutex, &at);
+        pthread_mutexattr_destroy(&at);
+        r->version = EGPU_REGION_VERSION;
+        r->size = sizeof(egpu_region);
+        __atomic_store_n(&r->magic, EGPU_REGION_MAGIC, __ATOMIC_RELEASE);
+    }
+    if (r->magic != EGPU_REGION_MAGIC || r->version != EGPU_REGION_VERSION || r->size != sizeof(egpu_region)) {
+        snprintf(err, errlen, "region %s: bad magic/version (%#llx v%u)", path, (unsigned long long)r->magic, r->version);
+        munmap(r, sizeof(egpu_region));
+        goto out;
+    }
+    a->r = r;
+    lock(r);
+    reap_locked(r);
+    unlock(r);
+    rc = 0;
+out:
+    flock(fd, LOCK_UN);
+    close(fd);
+    return rc;
+}
+
+int egpu_acct_card(egpu_acct *a, const char *uuid, uint64_t limit)
+{
+    egpu_region *r = a->r;
+    int slot = -1;
+    lock(r);
+    for (int c = 0; c < EGPU_REGION_MAX_CARDS && slot < 0; c++)
+        if (!strncmp(r->cards[c].uuid, uuid, EGPU_UUID_LEN)) slot = c;
+    for (int c = 0; c < EGPU_REGION_MAX_CARDS && slot < 0; c++)
+        if (!r->cards[c].uuid[0]) {
+            snprintf(r->cards[c].uuid, EGPU_UUID_LEN, "%s", uuid);
+            if ((uint32_t)c + 1 > r->ncards) r->ncards = (uint32_t)c + 1;
+            slot = c;
+        }
+    if (slot >= 0) r->cards[slot].limit_bytes = limit;
+    unlock(r);
+    return slot;
+}
+
+static egpu_region_proc *my_slot_locked(egpu_acct *a)
+{
+    egpu_region *r = a->r;
+    if (a->proc >= 0) return &r->procs[a->proc];
+    pid_t me = getpid();
+    for (int pass = 0; pass < 2; pass++) {
+        for (int p = 0; p < EGPU_REGION_MAX_PROCS; p++)
+            if (!r->procs[p].pid) {
+                memset(&r->procs[p], 0, sizeof r->procs[p]);
+                r->procs[p].start_time = proc_start_time(me);
+                __atomic_store_n(&r->procs[p].pid, me, __ATOMIC_RELEASE);
+                a->proc = p;
+                a->pid = me;
+                return &r->procs[p];
+            }
+        reap_locked(r);
+    }
+    return NULL;
+}
+
+int egpu_acct_charge(egpu_acct *a, int card, uint64_t bytes, uint64_t limit)
+{
+    if (card < 0 || card >= EGPU_REGION_MAX_CARDS) return -1;
+    egpu_region *r = a->r;
+    lock(r);
+    int ok = 0;
+    for (int pass = 0; pass < 2 && !ok; pass++) {
+        uint64_t used = r->cards[card].used_bytes;
+        if (used <= limit && bytes <= limit - used) ok = 1;
+        else if (pass == 0 && reap_locked(r) == 0) break;
+    }
+    egpu_region_proc *me = ok ? my_slot_locked(a) : NULL;
+    if (me) {
+        me->used[card] = sat_add(me->used[card], bytes);
+        r->cards[card].used_bytes = sat_add(r->cards[card].used_bytes, bytes);
+    }
+    unlock(r);
+    return me ? 0 : -1;
+}
+
+void egpu_acct_force(egpu_acct *a, int card, uint64_t bytes)
+{
+    if (card < 0 || card >= EGPU_REGION_MAX_CARDS || !bytes) return;
+    egpu_region *r = a->r;
+    lock(r);
+    egpu_region_proc *me = my_slot_locked(a);
+    if (me) {
+        me->used[card] = sat_add(me->used[card], bytes);
+        r->cards[card].used_bytes = sat_add(r->cards[card].used_bytes, bytes);
+    }
+    unlock(r);
+}
+
+void egpu_acct_uncharge(egpu_acct *a, int card, uint64_t bytes)
+{
+    if (card < 0 || card >= EGPU_REGION_MAX_CARDS || !bytes || a->proc < 0) return;
+    egpu_region *r = a->r;
+    lock(r);
+    egpu_region_proc *me = &r->procs[a->proc];
+    uint64_t give = bytes < me->used[card] ? bytes : me->used[card]; /* never below my own usage */
+    me->used[card] -= give;
+    r->cards[card].used_bytes = sat_sub(r->cards[card].used_bytes, give);
+    unlock(r);
+}
+
+uint64_t egpu_acct_used(egpu_acct *a, int card)
+{
+    if (card < 0 || card >= EGPU_REGION_MAX_CARDS) return 0;
+    return __atomic_load_n(&a->r->cards[card].used_bytes, __ATOMIC_ACQUIRE);
+}
+
+uint64_t egpu_acct_my_used(egpu_acct *a, int card)
+{
+    if (card < 0 || card >= EGPU_REGION_MAX_CARDS || a->proc < 0) return 0;
+    return __atomic_load_n(&a->r->procs[a->proc].used[card], __ATOMIC_ACQUIRE);
+}
+
+int egpu_acct_reap(egpu_acct *a)
+{
+    lock(a->r);
+    int n = reap_locked(a->r);
+    unlock(a->r);
+    return n;
+}
+
+void egpu_acct_detach(egpu_acct *a)
+{
+    if (!a->r || a->proc < 0 || a->pid != getpid()) return;
+    egpu_region *r = a->r;
+    lock(r);
+    egpu_region_proc *me = &r->procs[a->proc];
+    for (int c = 0; c < EGPU_REGION_MAX_CARDS; c++)
+        r->cards[c].used_bytes = sat_sub(r->cards[c].used_bytes, me->used[c]);
+    memset(me, 0, sizeof *me);
+    unlock(r);
+    a->proc = -1;
+}
+
+void egpu_acct_forget(egpu_acct *a) { a->proc = -1; a->pid = 0; }

@@ -1,0 +1,71 @@
+/* map.c: process-local open-addressing hash map, (kind, key) -> (bytes, device). */
+#include <stdlib.h>
+#include <string.h>
+#include "egpu_state.h"
+
+static size_t hash(uint64_t key, int kind)
+{
+    uint64_t h = (key ^ ((uint64_t)kind << 56)) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h ^ (h >> 29));
+}
+
+#define TOMB (-1)
+
+static int grow(egpu_map *m)
+{
+    size_t ncap = m->cap ? m->cap * 2 : 1024;
+    if (m->count * 4 < m->cap) ncap = m->cap; /* mostly tombstones: rehash in place size */
+    egpu_map_ent *ns = calloc(ncap, sizeof *ns);
+    if (!ns) return -1;
+    for (size_t i = 0; i < m->cap; i++) {
+        egpu_map_ent *e = &m->slots[i];
+        if (e->kind <= 0) continue;
+        size_t j = hash(e->key, e->kind) & (ncap - 1);
+        while (ns[j].kind) j = (j + 1) & (ncap - 1);
+        ns[j] = *e;
+    }
+    free(m->slots);
+    m->slots = ns;
+    m->cap = ncap;
+    m->tombs = 0;
+    return 0;
+}
+
+void egpu_map_put(egpu_map *m, int kind, uint64_t key, uint64_t bytes, int dev)
+{
+    pthread_mutex_lock(&m->mu);
+    if ((m->count + m->tombs + 1) * 2 > m->cap && grow(m) != 0) {
+        pthread_mutex_unlock(&m->mu);
+        return; /* out of host memory: the charge stays until the process exits */
+    }
+    size_t j = hash(key, kind) & (m->cap - 1);
+    while (m->slots[j].kind > 0) j = (j + 1) & (m->cap - 1);
+    if (m->slots[j].kind == TOMB) m->tombs--;
+    m->slots[j] = (egpu_map_ent){key, bytes, dev, kind};
+    m->count++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+int egpu_map_take(egpu_map *m, int kind, uint64_t key, uint64_t *bytes, int *dev)
+{
+    int found = -1;
+    pthread_mutex_lock(&m->mu);
+    if (m->cap) {
+        size_t j = hash(key, kind) & (m->cap - 1);
+        while (m->slots[j].kind) {
+            egpu_map_ent *e = &m->slots[j];
+            if (e->kind == kind && e->key == key) {
+                *bytes = e->bytes;
+                *dev = e->dev;
+                e->kind = TOMB;
+                m->count--;
+                m->tombs++;
+                found = 0;
+                break;
+            }
+            j = (j + 1) & (m->cap - 1);
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+    return found;
+}

@@ -1,0 +1,279 @@
+/* cuprobe: runs a script of driver calls given as arguments and prints one line per step,
+ * "<step> rc=<CUresult> [key=value ...]", so that pytest can drive every allocation path.
+ *
+ *   init | ctx [dev] | primary [dev] | alloc MiB | alloc_v1 MiB | free | freeall | managed MiB
+ *   pitch W H | meminfo | meminfo_v1 | totalmem [dev] | totalmem_v1 [dev]
+ *   nvml [idx] | nvml2 [idx] | async MiB | freeasync | sync | pool_create [dev] | pool_alloc MiB
+ *   pool_trim MiB | pool_threshold MiB | pool_destroy
+ *   vmm MiB host|dev ID | vmm_map | vmm_unmap | vmm_release | thread_vmm MiB DEV
+ *   array W H | array3d W H D | mipmap W H LEVELS | array_destroy | hostalloc MiB | hostfree
+ *   sleep MS | hold (print "holding" and sleep until killed) | kill (SIGKILL itself)
+ *   loop N <steps...> ;  (repeat steps up to ";" N times, printing only failures)
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "probe_util.h"
+
+#define MIB (1ull << 20)
+static CUdeviceptr ptrs[4096];
+static int nptr;
+static CUdeviceptr aptrs[64];
+static int naptr;
+static CUmemoryPool pool;
+static CUmemGenericAllocationHandle vh[256];
+static size_t vsz[256];
+static int nvh;
+static CUdeviceptr vaddr[256];
+static CUarray arrs[64];
+static int narr;
+static int arr_is_mip[64];
+static void *hosts[64];
+static int nhost;
+static int quiet;
+
+static void out(const char *step, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void out(const char *step, int rc, const char *fmt, ...)
+{
+    if (quiet && rc == 0) return;
+    char extra[512] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(extra, sizeof extra, fmt, ap);
+        va_end(ap);
+    }
+    printf("%s rc=%d%s%s\n", step, rc, extra[0] ? " " : "", extra);
+    fflush(stdout);
+}
+
+struct tv { size_t mib; int dev; CUresult rc; };
+static void *thread_vmm(void *p)
+{
+    struct tv *t = p;
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = t->dev;
+    t->rc = p_cuMemCreate(&vh[nvh], t->mib * MIB, &prop, 0);
+    if (t->rc == CUDA_SUCCESS) vsz[nvh++] = t->mib * MIB;
+    return NULL;
+}
+
+static int run(int argc, char **argv, int i);
+
+static int step(int argc, char **argv, int i)
+{
+    const char *s = argv[i++];
+#define ARG(def) (i < argc && argv[i][0] >= '0' && argv[i][0] <= '9' ? strtoull(argv[i++], NULL, 10) : (def))
+    if (!strcmp(s, "init")) out(s, p_cuInit(0), NULL);
+    else if (!strcmp(s, "ctx")) {
+        CUcontext c;
+        int d = (int)ARG(0);
+        out(s, p_cuCtxCreate_v2(&c, 0, d), NULL);
+    } else if (!strcmp(s, "primary")) {
+        CUcontext c = NULL;
+        int d = (int)ARG(0);
+        CUresult r = p_cuDevicePrimaryCtxRetain(&c, d);
+        if (r == CUDA_SUCCESS) r = p_cuCtxSetCurrent(c);
+        out(s, r, NULL);
+    } else if (!strcmp(s, "alloc")) {
+        CUdeviceptr p = 0;
+        CUresult r = p_cuMemAlloc_v2(&p, ARG(1) * MIB);
+        if (r == CUDA_SUCCESS) ptrs[nptr++] = p;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "alloc_v1")) {
+        CUdeviceptr_v1 p = 0;
+        CUresult r = p_cuMemAlloc(&p, (unsigned)(ARG(1) * MIB));
+        if (r == CUDA_SUCCESS) ptrs[nptr++] = p;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "managed")) {
+        CUdeviceptr p = 0;
+        CUresult r = p_cuMemAllocManaged(&p, ARG(1) * MIB, CU_MEM_ATTACH_GLOBAL);
+        if (r == CUDA_SUCCESS) ptrs[nptr++] = p;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "pitch")) {
+        CUdeviceptr p = 0;
+        size_t pitch = 0, w = ARG(1000), h = ARG(1000);
+        CUresult r = p_cuMemAllocPitch_v2(&p, &pitch, w, h, 4);
+        if (r == CUDA_SUCCESS) ptrs[nptr++] = p;
+        out(s, r, "pitch=%zu", pitch);
+    } else if (!strcmp(s, "free")) {
+        out(s, nptr ? p_cuMemFree_v2(ptrs[--nptr]) : 1, NULL);
+    } else if (!strcmp(s, "freeall")) {
+        CUresult r = 0;
+        while (nptr && !r) r = p_cuMemFree_v2(ptrs[--nptr]);
+        out(s, r, NULL);
+    } else if (!strcmp(s, "meminfo")) {
+        size_t f = 0, t = 0;
+        CUresult r = p_cuMemGetInfo_v2(&f, &t);
+        out(s, r, "free=%zu total=%zu used=%zu", f, t, t - f);
+    } else if (!strcmp(s, "meminfo_v1")) {
+        unsigned f = 0, t = 0;
+        CUresult r = p_cuMemGetInfo(&f, &t);
+        out(s, r, "free=%u total=%u used=%u", f, t, t - f);
+    } else if (!strcmp(s, "meminfo_null")) {
+        size_t t = 0;
+        out(s, p_cuMemGetInfo_v2(NULL, &t), NULL);
+    } else if (!strcmp(s, "totalmem")) {
+        size_t t = 0;
+        CUresult r = p_cuDeviceTotalMem_v2(&t, (int)ARG(0));
+        out(s, r, "total=%zu", t);
+    } else if (!strcmp(s, "totalmem_v1")) {
+        unsigned t = 0;
+        CUresult r = p_cuDeviceTotalMem(&t, (int)ARG(0));
+        out(s, r, "total=%u", t);
+    } else if (!strcmp(s, "nvml") || !strcmp(s, "nvml2") || !strcmp(s, "nvml_null")) {
+        if (!g_nvml) { load_nvml(); p_nvmlInit_v2(); }
+        nvmlDevice_t d;
+        unsigned idx = (unsigned)ARG(0);
+        nvmlReturn_t r = p_nvmlDeviceGetHandleByIndex_v2(idx, &d);
+        if (r == NVML_SUCCESS && !strcmp(s, "nvml")) {
+            nvmlMemory_t m = {0};
+            r = p_nvmlDeviceGetMemoryInfo(d, &m);
+            out(s, r, "free=%llu total=%llu used=%llu", m.free, m.total, m.used);
+        } else if (r == NVML_SUCCESS && !strcmp(s, "nvml2")) {
+            nvmlMemory_v2_t m = {0};
+            m.version = nvmlMemory_v2;
+            r = p_nvmlDeviceGetMemoryInfo_v2(d, &m);
+            out(s, r, "free=%llu total=%llu used=%llu", m.free, m.total, m.used);
+        } else if (r == NVML_SUCCESS) {
+            out(s, p_nvmlDeviceGetMemoryInfo(d, NULL), NULL);
+        } else out(s, r, NULL);
+    } else if (!strcmp(s, "async")) {
+        CUdeviceptr p = 0;
+        CUresult r = p_cuMemAllocAsync(&p, ARG(1) * MIB, NULL);
+        if (r == CUDA_SUCCESS) aptrs[naptr++] = p;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "freeasync")) {
+        out(s, naptr ? p_cuMemFreeAsync(aptrs[--naptr], NULL) : 1, NULL);
+    } else if (!strcmp(s, "sync")) {
+        out(s, p_cuStreamSynchronize(NULL), NULL);
+    } else if (!strcmp(s, "pool_create")) {
+        CUmemPoolProps pr;
+        memset(&pr, 0, sizeof pr);
+        pr.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        pr.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        pr.location.id = (int)ARG(0);
+        out(s, p_cuMemPoolCreate(&pool, &pr), NULL);
+    } else if (!strcmp(s, "pool_alloc")) {
+        CUdeviceptr p = 0;
+        CUresult r = p_cuMemAllocFromPoolAsync(&p, ARG(1) * MIB, pool, NULL);
+        if (r == CUDA_SUCCESS) aptrs[naptr++] = p;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "pool_trim")) {
+        out(s, p_cuMemPoolTrimTo(pool, ARG(0) * MIB), NULL);
+    } else if (!strcmp(s, "pool_threshold")) {
+        cuuint64_t v = ARG(0) * MIB;
+        out(s, p_cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v), NULL);
+    } else if (!strcmp(s, "pool_destroy")) {
+        out(s, p_cuMemPoolDestroy(pool), NULL);
+    } else if (!strcmp(s, "vmm")) {
+        size_t mib = ARG(2);
+        const char *where = i < argc ? argv[i++] : "dev";
+        int id = (int)ARG(0);
+        CUmemAllocationProp prop = {0};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = !strcmp(where, "host") ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = id;
+        CUresult r = p_cuMemCreate(&vh[nvh], mib * MIB, &prop, 0);
+        if (r == CUDA_SUCCESS) vsz[nvh++] = mib * MIB;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "vmm_map")) {
+        int k = nvh - 1;
+        CUresult r = k < 0 ? 1 : p_cuMemAddressReserve(&vaddr[k], vsz[k], 0, 0, 0);
+        if (!r) r = p_cuMemMap(vaddr[k], vsz[k], 0, vh[k], 0);
+        CUmemAccessDesc ad = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, 3};
+        if (!r) r = p_cuMemSetAccess(vaddr[k], vsz[k], &ad, 1);
+        out(s, r, NULL);
+    } else if (!strcmp(s, "vmm_unmap")) {
+        int k = nvh - 1;
+        CUresult r = k < 0 ? 1 : p_cuMemUnmap(vaddr[k], vsz[k]);
+        if (!r) r = p_cuMemAddressFree(vaddr[k], vsz[k]);
+        out(s, r, NULL);
+    } else if (!strcmp(s, "vmm_release")) {
+        out(s, nvh ? p_cuMemRelease(vh[--nvh]) : 1, NULL);
+    } else if (!strcmp(s, "thread_vmm")) {
+        struct tv t = {ARG(64), 0, 0};
+        t.dev = (int)ARG(0);
+        pthread_t th;
+        pthread_create(&th, NULL, thread_vmm, &t);
+        pthread_join(th, NULL);
+        out(s, t.rc, NULL);
+    } else if (!strcmp(s, "array")) {
+        CUDA_ARRAY_DESCRIPTOR d = {ARG(1024), ARG(1024), CU_AD_FORMAT_FLOAT, 4};
+        CUresult r = p_cuArrayCreate_v2(&arrs[narr], &d);
+        if (!r) arr_is_mip[narr++] = 0;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "array3d")) {
+        CUDA_ARRAY3D_DESCRIPTOR d = {ARG(256), ARG(256), ARG(256), CU_AD_FORMAT_FLOAT, 1, 0};
+        CUresult r = p_cuArray3DCreate_v2(&arrs[narr], &d);
+        if (!r) arr_is_mip[narr++] = 0;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "mipmap")) {
+        CUDA_ARRAY3D_DESCRIPTOR d = {ARG(1024), ARG(1024), 0, CU_AD_FORMAT_FLOAT, 4, 0};
+        unsigned lv = (unsigned)ARG(4);
+        CUresult r = p_cuMipmappedArrayCreate((CUmipmappedArray *)&arrs[narr], &d, lv);
+        if (!r) arr_is_mip[narr++] = 1;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "array_destroy")) {
+        CUresult r = 1;
+        if (narr) {
+            narr--;
+            r = arr_is_mip[narr] ? p_cuMipmappedArrayDestroy((CUmipmappedArray)arrs[narr]) : p_cuArrayDestroy(arrs[narr]);
+        }
+        out(s, r, NULL);
+    } else if (!strcmp(s, "hostalloc")) {
+        CUresult r = p_cuMemHostAlloc(&hosts[nhost], ARG(1) * MIB, 0);
+        if (!r) nhost++;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "hostfree")) {
+        out(s, nhost ? p_cuMemFreeHost(hosts[--nhost]) : 1, NULL);
+    } else if (!strcmp(s, "launch")) {
+        int n = (int)ARG(1);
+        CUresult r = 0;
+        for (int k = 0; k < n && !r; k++) r = p_cuLaunchKernel((CUfunction)(uintptr_t)0x1000, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+        out(s, r, NULL);
+    } else if (!strcmp(s, "ctxsync")) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        CUresult r = p_cuCtxSynchronize();
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        out(s, r, "waited_us=%lld", (long long)((b.tv_sec - a.tv_sec) * 1000000LL + (b.tv_nsec - a.tv_nsec) / 1000));
+    } else if (!strcmp(s, "sleep")) {
+        usleep((useconds_t)ARG(10) * 1000);
+    } else if (!strcmp(s, "hold")) {
+        out(s, 0, NULL);
+        for (;;) pause();
+    } else if (!strcmp(s, "kill")) {
+        raise(SIGKILL);
+    } else if (!strcmp(s, "loop")) {
+        int n = (int)ARG(1), end = i;
+        while (end < argc && strcmp(argv[end], ";")) end++;
+        quiet++;
+        for (int k = 0; k < n; k++) run(end, argv, i);
+        quiet--;
+        out("loop", 0, "n=%d", n);
+        return end < argc ? end + 1 : end;
+    } else {
+        fprintf(stderr, "unknown step %s\n", s);
+        exit(2);
+    }
+    return i;
+}
+
+static int run(int argc, char **argv, int i)
+{
+    while (i < argc) i = step(argc, argv, i);
+    return i;
+}
+
+int main(int argc, char **argv)
+{
+    load_cuda();
+    run(argc, argv, 1);
+    return 0;
+}
