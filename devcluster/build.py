@@ -1,0 +1,277 @@
+"""Build the dev cluster's binaries from pinned Go modules (``python -m devcluster.build``).
+
+Everything lands in a cache outside the clone, so every clone (and CI's fresh clone, when the
+cache folder is kept between runs) reuses it:
+
+    ${EGPU_CACHE:-~/.cache/egpu}/
+        go/mod/                    GOMODCACHE (module sources)
+        go/build/                  GOCACHE (compiled packages)
+        k8s-<version>/src/<group>/ small generated wrapper Go modules (go.mod, tools.go)
+        k8s-<version>/bin/         kube-apiserver kube-controller-manager kube-scheduler
+                                   kubectl etcd kwok
+
+Only missing binaries are built. Each binary is built with ``go build -p 2 -trimpath
+-ldflags='-s -w'`` and GOFLAGS=-mod=mod, GOTOOLCHAIN=local.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# --- Pinned versions ----------------------------------------------------------------------
+K8S_VERSION = "v1.37.2"  # k8s.io/kubernetes
+ETCD_VERSION = "v3.7.0"  # go.etcd.io/etcd/server/v3: the etcd client version k8s v1.37.2 pins
+KWOK_VERSION = "v0.8.0"  # sigs.k8s.io/kwok
+
+BINARIES = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "etcd",
+    "kwok",
+)
+
+
+def staging_version(k8s_version: str = K8S_VERSION) -> str:
+    """k8s.io/kubernetes v1.X.Y publishes its staging repos (k8s.io/api ...) as v0.X.Y."""
+    major_minor_patch = k8s_version.lstrip("v").split(".", 1)[1]
+    return f"v0.{major_minor_patch}"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("EGPU_CACHE") or Path.home() / ".cache" / "egpu").expanduser()
+
+
+def version_dir(k8s_version: str = K8S_VERSION) -> Path:
+    return cache_root() / f"k8s-{k8s_version.lstrip('v')}"
+
+
+def bin_dir(k8s_version: str = K8S_VERSION) -> Path:
+    return version_dir(k8s_version) / "bin"
+
+
+def binary_path(name: str, k8s_version: str = K8S_VERSION) -> Path:
+    return bin_dir(k8s_version) / name
+
+
+def find_go() -> str:
+    go = os.environ.get("GO") or shutil.which("go")
+    if not go and Path("/usr/local/go/bin/go").exists():
+        go = "/usr/local/go/bin/go"
+    if not go:
+        raise SystemExit("devcluster.build: no `go` on PATH (set GO=/path/to/go)")
+    return go
+
+
+def go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = cache_root()
+    env["GOMODCACHE"] = str(root / "go" / "mod")
+    env["GOCACHE"] = str(root / "go" / "build")
+    env["GOFLAGS"] = "-mod=mod"
+    env["GOTOOLCHAIN"] = "local"
+    env["CGO_ENABLED"] = "0"
+    return env
+
+
+@dataclass(frozen=True)
+class Group:
+    """One wrapper module and the binaries built from it."""
+
+    name: str
+    module: str
+    version: str
+    packages: dict[str, str]  # binary name -> Go package path
+    ldflags: str = "-s -w"
+
+    def stamp(self) -> str:
+        """What a built binary must match to be reused (written next to it as .<name>.stamp)."""
+        return f"{self.module}@{self.version} -trimpath -ldflags={self.ldflags}\n"
+
+
+def k8s_version_ldflags(k8s_version: str = K8S_VERSION) -> str:
+    """-X flags that k8s' hack/lib/version.sh sets, so the binaries report their real version
+    (kubectl version, /version, feature-gate emulation) instead of v0.0.0-master."""
+    major, minor = k8s_version.lstrip("v").split(".")[:2]
+    flags = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={k8s_version}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
+        ]
+    return "-s -w " + " ".join(flags)
+
+
+def groups(k8s_version: str = K8S_VERSION) -> list[Group]:
+    return [
+        Group(
+            "kubernetes",
+            "k8s.io/kubernetes",
+            k8s_version,
+            {
+                "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+                "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+                "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+                "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+            },
+            ldflags=k8s_version_ldflags(k8s_version),
+        ),
+        Group(
+            "etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, {"etcd": "go.etcd.io/etcd/server/v3"}
+        ),
+        Group("kwok", "sigs.k8s.io/kwok", KWOK_VERSION, {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
+    ]
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], what: str) -> None:
+    proc = subprocess.run(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stdout.splitlines()[-40:])
+        raise SystemExit(f"devcluster.build: {what} failed ({' '.join(cmd)}):\n{tail}")
+
+
+def _staging_replaces(go: str, env: dict[str, str], k8s_version: str, work: Path) -> list[str]:
+    """k8s.io/kubernetes' go.mod points every k8s.io/* staging repo at ./staging/...; as a
+    dependency those replaces are ignored and the requires read v0.0.0, so the wrapper must
+    replace each one with its published v0.X.Y."""
+    _run(
+        [go, "mod", "download", f"k8s.io/kubernetes@{k8s_version}"],
+        work,
+        env,
+        "downloading k8s.io/kubernetes",
+    )
+    gomod = Path(env["GOMODCACHE"]) / "cache" / "download" / "k8s.io" / "kubernetes" / "@v"
+    text = (gomod / f"{k8s_version}.mod").read_text()
+    names = re.findall(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/", text, re.MULTILINE)
+    sv = staging_version(k8s_version)
+    return [f"\t{n} => {n} {sv}" for n in sorted(set(names))]
+
+
+def write_wrapper(group: Group, go: str, env: dict[str, str], k8s_version: str) -> Path:
+    work = version_dir(k8s_version) / "src" / group.name
+    work.mkdir(parents=True, exist_ok=True)
+    gomod = work / "go.mod"
+    if gomod.exists() and (work / "go.sum").exists() and (work / ".ready").exists():
+        return work
+    lines = [
+        f"module egpu.local/devcluster/{group.name}",
+        "",
+        "go 1.26.0",
+        "",
+        f"require {group.module} {group.version}",
+    ]
+    if group.name == "kubernetes":
+        gomod.write_text("\n".join(lines) + "\n")  # so `go mod download` runs inside a module
+        lines += ["", "replace (", *_staging_replaces(go, env, k8s_version, work), ")"]
+    gomod.write_text("\n".join(lines) + "\n")
+    imports = "\n".join(f'\t_ "{pkg}"' for pkg in group.packages.values())
+    (work / "tools.go").write_text(
+        "//go:build tools\n\n// Generated by devcluster/build.py: pins the commands built here.\n"
+        f"package tools\n\nimport (\n{imports}\n)\n"
+    )
+    print(f"  resolving modules for {group.name} ({group.module}@{group.version}) ...", flush=True)
+    t0 = time.monotonic()
+    _run([go, "mod", "tidy"], work, env, f"go mod tidy for {group.name}")
+    (work / ".ready").write_text("ok\n")
+    print(f"  resolved in {time.monotonic() - t0:.0f}s", flush=True)
+    return work
+
+
+def _stamp_path(name: str, k8s_version: str = K8S_VERSION) -> Path:
+    return bin_dir(k8s_version) / f".{name}.stamp"
+
+
+def missing(k8s_version: str = K8S_VERSION) -> list[str]:
+    """Binaries not built yet, or built from other versions/flags than pinned here."""
+    out = []
+    for group in groups(k8s_version):
+        for name in group.packages:
+            stamp = _stamp_path(name, k8s_version)
+            if (
+                not binary_path(name, k8s_version).exists()
+                or not stamp.exists()
+                or (stamp.read_text() != group.stamp())
+            ):
+                out.append(name)
+    return [b for b in BINARIES if b in out]
+
+
+def build(k8s_version: str = K8S_VERSION, force: bool = False, parallel: int = 2) -> Path:
+    """Build whatever of BINARIES is missing; returns the bin folder."""
+    go = find_go()
+    env = go_env()
+    out = bin_dir(k8s_version)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = list(BINARIES) if force else missing(k8s_version)
+    if not todo:
+        print(f"devcluster.build: all binaries present in {out}", flush=True)
+        return out
+    print(f"devcluster.build: building {', '.join(todo)} into {out}", flush=True)
+    total0 = time.monotonic()
+    n = 0
+    for group in groups(k8s_version):
+        wanted = [b for b in group.packages if b in todo]
+        if not wanted:
+            continue
+        work = write_wrapper(group, go, env, k8s_version)
+        for name in wanted:
+            n += 1
+            print(f"[{n}/{len(todo)}] {name} ({group.packages[name]}) ...", flush=True)
+            t0 = time.monotonic()
+            tmp = out / f".{name}.tmp"
+            _run(
+                [
+                    go,
+                    "build",
+                    f"-p={parallel}",
+                    "-trimpath",
+                    f"-ldflags={group.ldflags}",
+                    "-o",
+                    str(tmp),
+                    group.packages[name],
+                ],
+                work,
+                env,
+                f"building {name}",
+            )
+            tmp.replace(out / name)
+            _stamp_path(name, k8s_version).write_text(group.stamp())
+            print(f"[{n}/{len(todo)}] {name} built in {time.monotonic() - t0:.0f}s", flush=True)
+    print(f"devcluster.build: done in {time.monotonic() - total0:.0f}s", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m devcluster.build",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--k8s-version", default=K8S_VERSION)
+    p.add_argument("--force", action="store_true", help="rebuild even binaries already present")
+    p.add_argument("-p", "--parallel", type=int, default=2, help="go build -p (default 2)")
+    p.add_argument("--print-bin-dir", action="store_true", help="print the bin folder and exit")
+    args = p.parse_args(argv)
+    if args.print_bin_dir:
+        print(bin_dir(args.k8s_version))
+        return 0
+    build(args.k8s_version, force=args.force, parallel=args.parallel)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

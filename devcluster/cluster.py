@@ -1,0 +1,682 @@
+"""The dev cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok as
+local processes on 127.0.0.1, with simulated (kwok-managed) nodes.
+
+Public API (the CLI's ``egpu dev-cluster up|down|status`` calls these):
+
+    up(config: Config | None = None) -> ClusterInfo     raises DevClusterError
+    down(state_dir: Path | str | None = None) -> list[str]      names of processes stopped
+    status(state_dir: Path | str | None = None) -> ClusterStatus
+    ClusterInfo.load(state_dir) -> ClusterInfo                 raises DevClusterError
+
+State folder (default ``${EGPU_STATE_DIR:-~/.cache/egpu/dev-cluster}``):
+    cluster.json        ClusterInfo: ports, pids, command lines, paths
+    kubeconfig          admin kubeconfig (O=system:masters client cert)
+    pki/                certs and keys (kept between runs)
+    etcd/               etcd data (wiped at each ``up``: every cluster starts empty)
+    logs/<name>.log     each process' stdout+stderr
+    scheduler-config.yaml, kwok.yaml
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devcluster import build as buildmod
+from devcluster.pki import ensure_pki
+
+HOST = "127.0.0.1"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_NODE_ANNOTATION_VALUE = "fake"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.1/16"
+EGPU_SCHEDULER = "egpu-scheduler"  # mirrors egpu.contract.DEFAULT_SCHEDULER_NAME
+
+# Start order; teardown is the reverse.
+PROCESSES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+ADMISSION_PLUGINS = (
+    "NamespaceLifecycle",
+    "LimitRanger",
+    "ServiceAccount",
+    "DefaultTolerationSeconds",
+    "Priority",
+    "MutatingAdmissionWebhook",
+    "ValidatingAdmissionWebhook",
+    "ValidatingAdmissionPolicy",
+    "ResourceQuota",
+)
+
+# The extender's managed resources (issue 5). Only egpu.io/gpu is also counted by the
+# scheduler against node allocatable; the others exist only in the extender's books.
+EXTENDER_MANAGED_RESOURCES = (
+    ("egpu.io/gpu", False),
+    ("egpu.io/gpu-memory", True),
+    ("egpu.io/gpu-memory-percentage", True),
+    ("egpu.io/gpu-cores", True),
+)
+
+# Popen objects of processes this Python process started, so they are reaped (no zombies).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class DevClusterError(RuntimeError):
+    """The dev cluster could not be started, found or stopped; the message says why."""
+
+
+class AlreadyRunning(DevClusterError):
+    """``up`` found a dev cluster already running in the state folder."""
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("EGPU_STATE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return buildmod.cache_root() / "dev-cluster"
+
+
+@dataclass
+class Config:
+    """What ``up`` starts. Every field has a usable default."""
+
+    state_dir: Path = field(default_factory=default_state_dir)
+    k8s_version: str = buildmod.K8S_VERSION
+    bin_dir: Path | None = None  # default: the build cache's bin folder
+    build_missing: bool = True  # build missing binaries first (slow when cold)
+    extender_url: str | None = None  # scheduler extender urlPrefix (egpu-scheduler's extender)
+    extender_ca_file: Path | None = None  # for an https extender; none: skip verification
+    nodes_file: Path | None = None  # cluster description (inputs/cluster.yaml) to create nodes
+    shares_per_card: int = 4
+    timeout_s: float = 90.0  # per process readiness
+    verbosity: int = 1
+
+
+@dataclass
+class ProcessInfo:
+    name: str
+    pid: int
+    argv: list[str]
+    log: str
+
+
+@dataclass
+class ClusterInfo:
+    """A running dev cluster, as recorded in ``<state_dir>/cluster.json``."""
+
+    state_dir: str
+    kubeconfig: str
+    server: str  # https://127.0.0.1:<port>
+    ca_file: str
+    client_cert: str
+    client_key: str
+    bin_dir: str
+    k8s_version: str
+    etcd_url: str
+    ports: dict[str, int]
+    processes: dict[str, ProcessInfo]
+    extender_url: str | None = None
+    started_at: float = 0.0
+    startup_s: float = 0.0
+
+    @property
+    def kubectl(self) -> str:
+        return str(Path(self.bin_dir) / "kubectl")
+
+    def kubectl_argv(self, *args: str) -> list[str]:
+        return [self.kubectl, f"--kubeconfig={self.kubeconfig}", *args]
+
+    def api_client(self) -> Any:
+        """A fresh ``kubernetes.client.ApiClient`` for this cluster (admin credentials)."""
+        from kubernetes import client as k8s_client
+        from kubernetes import config as k8s_config
+
+        return k8s_config.new_client_from_config(
+            config_file=self.kubeconfig, client_configuration=k8s_client.Configuration()
+        )
+
+    def save(self) -> None:
+        path = Path(self.state_dir) / "cluster.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, state_dir: Path | str | None = None) -> ClusterInfo:
+        path = Path(state_dir or default_state_dir()) / "cluster.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise DevClusterError(f"no dev cluster recorded in {path.parent}") from None
+        data["processes"] = {k: ProcessInfo(**v) for k, v in data["processes"].items()}
+        return cls(**data)
+
+
+@dataclass
+class ClusterStatus:
+    state_dir: str
+    recorded: bool  # cluster.json exists
+    processes: dict[str, bool]  # name -> alive (and still our binary)
+    ready: bool  # apiserver /readyz answered ok
+    server: str | None = None
+    kubeconfig: str | None = None
+
+    @property
+    def running(self) -> bool:
+        """Any recorded process still alive."""
+        return any(self.processes.values())
+
+    @property
+    def up(self) -> bool:
+        """Every process alive and the apiserver ready."""
+        return self.recorded and all(self.processes.values()) and self.ready
+
+    def describe(self) -> str:
+        if not self.recorded:
+            return f"dev cluster: down (nothing recorded in {self.state_dir})"
+        head = "up" if self.up else ("degraded" if self.running else "down")
+        lines = [f"dev cluster: {head}  ({self.state_dir})"]
+        if self.server:
+            lines.append(f"  apiserver:  {self.server}  ready={self.ready}")
+            lines.append(f"  kubeconfig: {self.kubeconfig}")
+        for name, alive in self.processes.items():
+            lines.append(f"  {name:<24} {'running' if alive else 'stopped'}")
+        return "\n".join(lines)
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _proc_alive(pid: int, argv0: str | None = None) -> bool:
+    """Alive, not a zombie, and (when argv0 is given) still running that binary."""
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
+        return False
+    return argv0 is None or (bool(cmdline) and cmdline[0].decode(errors="replace") == argv0)
+
+
+def _tail(path: Path | str, n: int = 25) -> str:
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join("    " + line for line in lines[-n:])
+
+
+def _ssl_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    if cert and key:
+        ctx.load_cert_chain(str(cert), str(key))
+    return ctx
+
+
+def _insecure_context() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _get(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 3.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=timeout) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def _kubeconfig_text(server: str, pki: Path) -> str:
+    return (
+        "apiVersion: v1\n"
+        "kind: Config\n"
+        "clusters:\n"
+        "- name: egpu-dev\n"
+        "  cluster:\n"
+        f"    server: {server}\n"
+        f"    certificate-authority: {pki / 'ca.crt'}\n"
+        "users:\n"
+        "- name: egpu-dev-admin\n"
+        "  user:\n"
+        f"    client-certificate: {pki / 'admin.crt'}\n"
+        f"    client-key: {pki / 'admin.key'}\n"
+        "contexts:\n"
+        "- name: egpu-dev\n"
+        "  context:\n"
+        "    cluster: egpu-dev\n"
+        "    user: egpu-dev-admin\n"
+        "current-context: egpu-dev\n"
+    )
+
+
+def scheduler_config(
+    kubeconfig: str | Path,
+    extender_url: str | None = None,
+    extender_ca_file: str | Path | None = None,
+) -> str:
+    """KubeSchedulerConfiguration (YAML): profiles ``default-scheduler`` and
+    ``egpu-scheduler``, leader election off, and, when ``extender_url`` is given, the egpu
+    extender (filter/prioritize/bind, weight 1, nodeCacheCapable, egpu managed resources).
+
+    Extenders are global in KubeSchedulerConfiguration; the scheduler only calls one for pods
+    that request at least one of its managed resources."""
+    lines = [
+        "apiVersion: kubescheduler.config.k8s.io/v1",
+        "kind: KubeSchedulerConfiguration",
+        "clientConnection:",
+        f"  kubeconfig: {kubeconfig}",
+        "leaderElection:",
+        "  leaderElect: false",
+        "profiles:",
+        "- schedulerName: default-scheduler",
+        f"- schedulerName: {EGPU_SCHEDULER}",
+    ]
+    if extender_url:
+        lines += [
+            "extenders:",
+            f"- urlPrefix: {json.dumps(extender_url)}",
+            "  filterVerb: filter",
+            "  prioritizeVerb: prioritize",
+            "  bindVerb: bind",
+            "  weight: 1",
+            "  nodeCacheCapable: true",
+            "  ignorable: false",
+        ]
+        if extender_url.startswith("https://"):
+            lines.append("  enableHTTPS: true")
+            if extender_ca_file:
+                lines += ["  tlsConfig:", f"    caFile: {extender_ca_file}"]
+            else:
+                lines += ["  tlsConfig:", "    insecure: true"]
+        lines.append("  managedResources:")
+        for name, ignored in EXTENDER_MANAGED_RESOURCES:
+            lines += [f"  - name: {name}", f"    ignoredByScheduler: {str(ignored).lower()}"]
+    return "\n".join(lines) + "\n"
+
+
+# --- up / down / status -------------------------------------------------------------------
+
+
+class _Starter:
+    """Starts the processes one by one; on failure stops the ones it started."""
+
+    def __init__(self, state_dir: Path, timeout_s: float) -> None:
+        self.state_dir = state_dir
+        self.logs = state_dir / "logs"
+        self.timeout_s = timeout_s
+        self.started: dict[str, ProcessInfo] = {}
+
+    def start(self, name: str, argv: list[str]) -> ProcessInfo:
+        log = self.logs / f"{name}.log"
+        with open(log, "ab") as out:
+            out.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.state_dir,
+                start_new_session=True,  # outlives the CLI / pytest process that started it
+            )
+        _CHILDREN[proc.pid] = proc
+        info = ProcessInfo(name=name, pid=proc.pid, argv=argv, log=str(log))
+        self.started[name] = info
+        return info
+
+    def wait(self, info: ProcessInfo, probe: Any, what: str) -> None:
+        """Poll ``probe()`` (True when ready) until the timeout; fail clearly."""
+        deadline = time.monotonic() + self.timeout_s
+        last_err = ""
+        while time.monotonic() < deadline:
+            if not _proc_alive(info.pid):
+                child = _CHILDREN.get(info.pid)
+                code = child.poll() if child else None
+                self.fail(f"{info.name} exited (code {code}) before it was ready")
+            try:
+                if probe():
+                    return
+            except Exception as exc:  # not up yet: connection refused, TLS, 5xx...
+                last_err = f"{type(exc).__name__}: {exc}"
+            time.sleep(0.25)
+        self.fail(f"{info.name} not ready after {self.timeout_s:.0f}s ({what}; last: {last_err})")
+
+    def fail(self, message: str) -> None:
+        details = []
+        for name, info in self.started.items():
+            details.append(f"--- last lines of {info.log} ({name}):\n{_tail(info.log)}")
+        last = next(reversed(self.started.values()), None)
+        if last is not None:
+            details = [d for d in details if f"({last.name})" in d] + [
+                f"(logs of the other processes: {self.logs})"
+            ]
+        self.stop_all()
+        raise DevClusterError(message + "\n" + "\n".join(details))
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.started)):
+            _stop(self.started[name])
+
+
+def _stop(info: ProcessInfo, grace_s: float = 10.0) -> bool:
+    """Stop one recorded process if it is still ours (pid alive and same binary)."""
+    argv0 = info.argv[0]
+    if not _proc_alive(info.pid, argv0):
+        _CHILDREN.pop(info.pid, None)
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(info.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _proc_alive(info.pid, argv0):
+        time.sleep(0.1)
+    if _proc_alive(info.pid, argv0):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(info.pid, signal.SIGKILL)
+        time.sleep(0.2)
+    child = _CHILDREN.pop(info.pid, None)
+    if child is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=5)
+    return True
+
+
+@contextlib.contextmanager
+def _locked(state_dir: Path):
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AlreadyRunning(
+                f"another `dev-cluster up/down` holds {state_dir / 'lock'}"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _binaries(config: Config) -> Path:
+    bins = Path(config.bin_dir) if config.bin_dir else buildmod.bin_dir(config.k8s_version)
+    if config.bin_dir is None:
+        missing = buildmod.missing(config.k8s_version)
+    else:
+        missing = [b for b in buildmod.BINARIES if not (bins / b).exists()]
+    if missing and config.bin_dir is None and config.build_missing:
+        print(
+            f"dev-cluster: building missing binaries ({', '.join(missing)}); "
+            "a cold build takes a long while",
+            flush=True,
+        )
+        buildmod.build(config.k8s_version)
+        missing = [b for b in buildmod.BINARIES if not (bins / b).exists()]
+    if missing:
+        raise DevClusterError(
+            f"missing binaries in {bins}: {', '.join(missing)} (run `python -m devcluster.build`)"
+        )
+    return bins
+
+
+def up(config: Config | None = None) -> ClusterInfo:
+    """Start the dev cluster and return its ClusterInfo once every part is ready.
+
+    Raises AlreadyRunning when one is running in ``config.state_dir`` and DevClusterError
+    (naming the process and quoting its last log lines) when a part fails to start."""
+    config = config or Config()
+    state_dir = Path(config.state_dir).expanduser().resolve()
+    t0 = time.monotonic()
+    with _locked(state_dir):
+        st = status(state_dir)
+        if st.running:
+            raise AlreadyRunning(
+                f"a dev cluster is already running in {state_dir} "
+                f"(apiserver {st.server}); run `egpu dev-cluster down` first"
+            )
+        bins = _binaries(config)
+        pki = ensure_pki(state_dir / "pki")
+        logs = state_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        for old in logs.glob("*.log"):
+            old.unlink()
+        etcd_dir = state_dir / "etcd"
+        shutil.rmtree(etcd_dir, ignore_errors=True)
+        (state_dir / "cluster.json").unlink(missing_ok=True)
+
+        ports = {
+            "etcd-client": free_port(),
+            "etcd-peer": free_port(),
+            "kube-apiserver": free_port(),
+            "kube-controller-manager": free_port(),
+            "kube-scheduler": free_port(),
+            "kwok": free_port(),
+        }
+        server = f"https://{HOST}:{ports['kube-apiserver']}"
+        etcd_url = f"http://{HOST}:{ports['etcd-client']}"
+        kubeconfig = state_dir / "kubeconfig"
+        kubeconfig.write_text(_kubeconfig_text(server, pki))
+        kubeconfig.chmod(0o600)
+        sched_cfg = state_dir / "scheduler-config.yaml"
+        sched_cfg.write_text(
+            scheduler_config(kubeconfig, config.extender_url, config.extender_ca_file)
+        )
+        kwok_cfg = state_dir / "kwok.yaml"
+        kwok_cfg.write_text((Path(__file__).parent / "kwok_stages.yaml").read_text())
+        v = f"--v={config.verbosity}"
+        starter = _Starter(state_dir, config.timeout_s)
+        admin_ctx = _ssl_context(pki / "ca.crt", pki / "admin.crt", pki / "admin.key")
+
+        # etcd
+        peer = f"http://{HOST}:{ports['etcd-peer']}"
+        etcd = starter.start(
+            "etcd",
+            [
+                str(bins / "etcd"),
+                "--name=egpu-dev",
+                f"--data-dir={etcd_dir}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=egpu-dev={peer}",
+                "--initial-cluster-state=new",
+                "--unsafe-no-fsync=true",  # a throwaway dev store: speed over durability
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+        )
+        starter.wait(
+            etcd,
+            lambda: '"health":"true"' in _get(f"{etcd_url}/health")[1],
+            f"GET {etcd_url}/health",
+        )
+
+        # kube-apiserver
+        apiserver = starter.start(
+            "kube-apiserver",
+            [
+                str(bins / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                f"--bind-address={HOST}",
+                f"--advertise-address={HOST}",
+                f"--secure-port={ports['kube-apiserver']}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--authorization-mode=Node,RBAC",
+                f"--enable-admission-plugins={','.join(ADMISSION_PLUGINS)}",
+                "--allow-privileged=true",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                "--enable-aggregator-routing=true",
+                # 127.0.0.1 may not be published as the kubernetes service's endpoint
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+                v,
+            ],
+        )
+        starter.wait(
+            apiserver, lambda: _get(f"{server}/readyz", admin_ctx)[0] == 200, f"GET {server}/readyz"
+        )
+
+        common = [
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--bind-address={HOST}",
+            "--profiling=false",
+            v,
+        ]
+        # kube-controller-manager: creates pods for Deployments/Jobs, service accounts...
+        kcm = starter.start(
+            "kube-controller-manager",
+            [
+                str(bins / "kube-controller-manager"),
+                *common,
+                f"--secure-port={ports['kube-controller-manager']}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--use-service-account-credentials=false",
+            ],
+        )
+        # kube-scheduler
+        sched = starter.start(
+            "kube-scheduler",
+            [
+                str(bins / "kube-scheduler"),
+                f"--config={sched_cfg}",
+                *common[1:],  # --kubeconfig is in the config file
+                f"--secure-port={ports['kube-scheduler']}",
+            ],
+        )
+        # kwok: fakes the kubelet of nodes annotated kwok.x-k8s.io/node=fake
+        kwok = starter.start(
+            "kwok",
+            [
+                str(bins / "kwok"),
+                f"--kubeconfig={kubeconfig}",
+                f"--config={kwok_cfg}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector="
+                f"{KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}",
+                f"--cidr={POD_CIDR}",
+                f"--node-ip={HOST}",
+                f"--server-address={HOST}:{ports['kwok']}",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
+        insecure = _insecure_context()
+        for info, port in (
+            (kcm, ports["kube-controller-manager"]),
+            (sched, ports["kube-scheduler"]),
+        ):
+            url = f"https://{HOST}:{port}/healthz"
+            starter.wait(info, lambda u=url: _get(u, insecure)[0] == 200, f"GET {url}")
+        kwok_url = f"http://{HOST}:{ports['kwok']}/healthz"
+        starter.wait(kwok, lambda: _get(kwok_url)[0] == 200, f"GET {kwok_url}")
+        # The controller manager is useful once it made the default service account.
+        sa_url = f"{server}/api/v1/namespaces/default/serviceaccounts/default"
+        starter.wait(
+            kcm, lambda: _get(sa_url, admin_ctx)[0] == 200, "the default service account to appear"
+        )
+
+        info = ClusterInfo(
+            state_dir=str(state_dir),
+            kubeconfig=str(kubeconfig),
+            server=server,
+            ca_file=str(pki / "ca.crt"),
+            client_cert=str(pki / "admin.crt"),
+            client_key=str(pki / "admin.key"),
+            bin_dir=str(bins),
+            k8s_version=config.k8s_version,
+            etcd_url=etcd_url,
+            ports=ports,
+            processes=dict(starter.started),
+            extender_url=config.extender_url,
+            started_at=time.time(),
+        )
+        info.startup_s = round(time.monotonic() - t0, 1)
+        info.save()
+
+    if config.nodes_file:
+        from devcluster import nodes
+
+        try:
+            nodes.create_nodes(
+                info.api_client(), config.nodes_file, shares_per_card=config.shares_per_card
+            )
+        except Exception as exc:
+            raise DevClusterError(f"cluster is up but creating nodes failed: {exc}") from exc
+    return info
+
+
+def status(state_dir: Path | str | None = None) -> ClusterStatus:
+    """What is recorded in the state folder and whether it is alive and ready."""
+    state_dir = Path(state_dir or default_state_dir()).expanduser().resolve()
+    try:
+        info = ClusterInfo.load(state_dir)
+    except (DevClusterError, ValueError, TypeError, KeyError):
+        return ClusterStatus(str(state_dir), recorded=False, processes={}, ready=False)
+    procs = {n: _proc_alive(p.pid, p.argv[0]) for n, p in info.processes.items()}
+    ready = False
+    if procs.get("kube-apiserver"):
+        try:
+            ctx = _ssl_context(Path(info.ca_file), Path(info.client_cert), Path(info.client_key))
+            ready = _get(f"{info.server}/readyz", ctx)[0] == 200
+        except (OSError, ssl.SSLError):
+            ready = False
+    return ClusterStatus(str(state_dir), True, procs, ready, info.server, info.kubeconfig)
+
+
+def down(state_dir: Path | str | None = None) -> list[str]:
+    """Stop the processes recorded in the state folder (only those still running our
+    binaries, checked by pid and command line). Returns the names stopped. Keeps pki/ and
+    logs/; the next ``up`` starts from an empty etcd."""
+    state_dir = Path(state_dir or default_state_dir()).expanduser().resolve()
+    try:
+        info = ClusterInfo.load(state_dir)
+    except DevClusterError:
+        return []
+    stopped = []
+    with _locked(state_dir):
+        for name in reversed(PROCESSES):
+            proc = info.processes.get(name)
+            if proc and _stop(proc):
+                stopped.append(name)
+        (state_dir / "cluster.json").unlink(missing_ok=True)
+    return stopped

@@ -1,0 +1,213 @@
+"""The e2e fixture: a real local control plane (devcluster) with simulated GPU nodes.
+
+``cluster`` (session scope) reuses a dev cluster that ``status`` reports up in the state
+folder (${EGPU_STATE_DIR:-~/.cache/egpu/dev-cluster}), else starts one with the same code as
+``egpu dev-cluster up``. A cluster a pytest session started is stopped when the last session
+using it ends (leases, see below); one started by hand is left running.
+It (re)creates the nodes of the shared cluster description either way.
+
+Environment:
+    EGPU_E2E_BUILD=0        skip e2e tests when the binaries are not built yet (default: build;
+                            a cold build takes ~an hour on 2 cores, see docs/devcluster.md)
+    EGPU_E2E_CLUSTER_FILE   cluster description (default ../shared/inputs/cluster.yaml)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster import build as devbuild
+from devcluster import cluster as devcluster
+from devcluster import nodes as devnodes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _default_cluster_file() -> Path:
+    for candidate in (
+        REPO.parent / "shared" / "inputs" / "cluster.yaml",
+        REPO / "shared" / "inputs" / "cluster.yaml",
+        Path("/work/shared/inputs/cluster.yaml"),
+    ):
+        if candidate.exists():
+            return candidate
+    return REPO.parent / "shared" / "inputs" / "cluster.yaml"
+
+
+CLUSTER_FILE = Path(os.environ.get("EGPU_E2E_CLUSTER_FILE") or _default_cluster_file())
+INPUTS = CLUSTER_FILE.parent
+
+
+@dataclass
+class E2ECluster:
+    """What e2e tests get: paths, URLs, a client factory and a kubectl runner."""
+
+    info: devcluster.ClusterInfo
+    node_names: list[str]
+    inputs: Path
+    started_here: bool
+    _clients: list[Any] = field(default_factory=list)
+
+    @property
+    def kubeconfig(self) -> str:
+        return self.info.kubeconfig
+
+    @property
+    def server(self) -> str:
+        return self.info.server
+
+    def api_client(self) -> Any:
+        """A new kubernetes.client.ApiClient (closed at the end of the session)."""
+        client = self.info.api_client()
+        self._clients.append(client)
+        return client
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 60) -> str:
+        proc = subprocess.run(
+            self.info.kubectl_argv(*args), capture_output=True, text=True, timeout=timeout
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
+            )
+        return proc.stdout
+
+    def wait_for(
+        self, what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.5
+    ) -> Any:
+        """Poll ``check()`` until truthy; fail naming ``what``."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            last = check()
+            if last:
+                return last
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+    def ensure_namespace(self, name: str) -> None:
+        """Create the namespace if missing and wait for its default service account."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        core = client.CoreV1Api(self.api_client())
+        try:
+            core.create_namespace({"metadata": {"name": name}})
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+        def has_sa() -> bool:
+            try:
+                core.read_namespaced_service_account("default", name)
+                return True
+            except ApiException:
+                return False
+
+        self.wait_for(f"service account {name}/default", has_sa, timeout=30)
+
+    def heartbeats(self, interval_s: float = 10.0) -> devnodes.HeartbeatRefresher:
+        """``with cluster.heartbeats(): ...`` keeps the nodes' inventory heartbeats fresh."""
+        return devnodes.HeartbeatRefresher(self.api_client(), self.node_names, interval_s)
+
+
+# --- sharing one dev cluster between concurrent pytest sessions ---------------------------
+# Several sessions (engineers, CI jobs) may use the same state folder at once. Each holds a
+# lease (a file named by its pid) while it runs; the cluster is stopped by the last session
+# to leave, and only if a pytest session started it (marker file), never one started by hand.
+
+LEASES = "e2e-leases"
+OWNED = "e2e-owned"  # contents: the started_at of the cluster a session started
+
+
+@contextlib.contextmanager
+def _lease_lock(state_dir: Path) -> Iterator[None]:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "e2e-leases.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _acquire(state_dir: Path, timeout_s: float = 300) -> tuple[devcluster.ClusterInfo, bool]:
+    """Reuse the running cluster or start one; returns (info, started_here)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with _lease_lock(state_dir):
+            st = devcluster.status(state_dir)
+            if st.up:
+                info = devcluster.ClusterInfo.load(state_dir)
+                started_here = False
+            elif not st.running:
+                info = devcluster.up(devcluster.Config(state_dir=state_dir))
+                (state_dir / OWNED).write_text(str(info.started_at))
+                started_here = True
+            else:
+                info = None  # starting or half-dead: look again shortly
+            if info is not None:
+                leases = state_dir / LEASES
+                leases.mkdir(exist_ok=True)
+                (leases / str(os.getpid())).write_text(info.server)
+                return info, started_here
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"dev cluster in {state_dir} neither up nor stopped after {timeout_s}s:\n"
+                f"{devcluster.status(state_dir).describe()}\n(run `python -m devcluster down`)"
+            )
+        time.sleep(2)
+
+
+def _release(state_dir: Path, info: devcluster.ClusterInfo) -> None:
+    with _lease_lock(state_dir):
+        leases = state_dir / LEASES
+        (leases / str(os.getpid())).unlink(missing_ok=True)
+        others = [p for p in leases.glob("*") if p.name.isdigit() and _pid_alive(int(p.name))]
+        owned = state_dir / OWNED
+        if others or not owned.exists():
+            return
+        if owned.read_text() == str(info.started_at):
+            devcluster.down(state_dir)
+        owned.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[E2ECluster]:
+    state_dir = devcluster.default_state_dir().expanduser().resolve()
+    if devbuild.missing() and os.environ.get("EGPU_E2E_BUILD") == "0":
+        pytest.skip(
+            f"dev cluster binaries not built ({', '.join(devbuild.missing())}); "
+            "run `python -m devcluster.build`"
+        )
+    info, started_here = _acquire(state_dir)
+    handle = None
+    try:
+        names = devnodes.create_nodes(info.api_client(), CLUSTER_FILE)
+        handle = E2ECluster(info=info, node_names=names, inputs=INPUTS, started_here=started_here)
+        yield handle
+    finally:
+        if handle is not None:
+            for client in handle._clients:
+                client.close()
+        _release(state_dir, info)
