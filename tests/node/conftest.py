@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runc_harness import INTERPOSER, RuncWorld, missing_prerequisite
+from demo.sandbox import INTERPOSER, RuncWorld, missing_prerequisite
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The runtime hook in real runc containers (FC-05, the share enforced, others untouched).
 
-Each test runs ``runc run`` on a tiny root filesystem (runc_harness) whose createRuntime hook is
+Each test runs ``runc run`` on a tiny root filesystem (demo/sandbox.py) whose createRuntime hook is
 egpu-hook. The fake GPU has one 24576 MiB card (fakegpu's default, no config needed, so that a
 process with an empty environment still finds it); the pod's share on it is 4096 MiB.
 """
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from runc_harness import FAKE_DEFAULT_MIB, FAKE_DEFAULT_UUID, RuncWorld
+from demo.sandbox import FAKE_DEFAULT_MIB, FAKE_DEFAULT_UUID, RuncWorld
 
 from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
 

@@ -1,4 +1,4 @@
-"""Real containers for the runtime-hook tests: a tiny root filesystem and ``runc run``.
+"""Real containers on this machine: a tiny root filesystem and ``runc run`` (tests and demo).
 
 ``RuncWorld`` builds, once per test session: the probe program (cuda_probe.c, linked against
 the fake libcuda), a base root filesystem holding it, its shared libraries (copied as ldd lists
@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 FAKEGPU = REPO / "fakegpu" / "build"
 INTERPOSER = REPO / "libinterpose" / "build" / "libegpu_interpose.so"
 HOOK = Path(sys.executable).parent / "egpu-hook"
