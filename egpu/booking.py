@@ -78,21 +78,17 @@ def allocation_bookings(
     """Card UUID -> what the pod of ``allocation`` books on that card.
 
     ``request`` (``read_pod(pod).request`` of the same pod) tells sidecars from init containers
-    and gives the spec order. Without it (pod spec unreadable), containers marked ``init`` in
-    the allocation count as plain init containers and the others as app containers, in
-    allocation order. Containers of the allocation that the request does not know count as
-    app containers (the safe side: summed).
+    and gives the spec order. Without it (pod spec unreadable), or for containers the request
+    does not know, a container counts as an app container: its shares are summed, which never
+    books less than the rule (the allocation's ``init`` flag alone cannot tell a sidecar, which
+    is summed, from a plain init container, which is not).
     """
     order: dict[str, tuple[int, ContainerKind]] = {}
     if request is not None:
         order = {c.name: (i, c.kind) for i, c in enumerate(request.containers)}
     rows: list[tuple[int, int, ContainerKind, str, int, int]] = []
     for position, container in enumerate(allocation.containers):
-        default_kind = ContainerKind.INIT if container.init else ContainerKind.APP
-        if request is None:
-            rank, kind = position, default_kind
-        else:
-            rank, kind = order.get(container.name, (len(order) + position, ContainerKind.APP))
+        rank, kind = order.get(container.name, (len(order) + position, ContainerKind.APP))
         for card in container.cards:
             rows.append((rank, position, kind, card.uuid, card.memory_mib, card.cores))
     rows.sort(key=lambda r: (r[0], r[1]))

@@ -1,0 +1,263 @@
+"""The extender's verbs as functions of the cluster view: filter, prioritize, bind.
+
+No HTTP here (``scheduler.app`` is the edge) and no Kubernetes client (bind talks to the API
+through the small ``BindApi`` protocol, ``scheduler.kube`` implements it).
+
+- filter: for each candidate node, ``placement.fit`` on the node's cards with every booking
+  (reservations of binds in flight included, the pod's own earlier booking excluded). Pods
+  without egpu resources pass everywhere; pods with invalid requests fail everywhere, as
+  unresolvable, with the request errors as the reason.
+- prioritize: ``placement.score`` (0..10) of each node under the pod's node policy, reusing
+  what filter computed when the node has not changed since (answers are memoized per pod
+  demand and node view, so replicas of one template reuse them too).
+- bind: serialized per node: fit again (cards chosen by the pod's card policy), reserve the
+  booking, then write the ``egpu.io/allocation`` annotation (PATCH), then POST the Binding.
+  A failed PATCH or Binding drops the reservation and (Binding) removes the annotation again.
+  The per-node lock covers the decision and the reservation, which take no await: the
+  network calls run outside it, and a concurrent bind on that node already sees the
+  reservation, so no card is booked past its bound whatever the interleaving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from egpu.config import Config
+from egpu.requests import PodReading, read_pod
+from scheduler import strategies
+from scheduler.placement import (
+    Fits,
+    Limits,
+    NodeState,
+    Placement,
+    PodDemand,
+    Unfit,
+    checker,
+    fit,
+)
+from scheduler.state import Booking, ClusterState, pod_key
+from scheduler.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriorityList,
+)
+
+log = logging.getLogger("egpu.scheduler")
+
+UNKNOWN_NODE = "no egpu inventory for this node (not a GPU node, or its node agent never reported)"
+CACHE_DEMANDS = 64  # distinct pod demands memoized
+CACHE_TTL_S = 5.0  # how long a memoized answer may be reused
+
+
+class BindError(Exception):
+    """An API call of the bind failed; the message says which and why."""
+
+
+class BindApi(Protocol):
+    """What bind needs from the Kubernetes API (``scheduler.kube.KubeApi``; fakes in tests)."""
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod object, or None when it does not exist."""
+        ...
+
+    async def set_allocation(self, namespace: str, name: str, uid: str, text: str) -> None:
+        """Write the allocation annotation on the pod. Raises BindError."""
+        ...
+
+    async def clear_allocation(self, namespace: str, name: str, text: str) -> None:
+        """Remove the annotation if it still holds ``text``. Raises BindError."""
+        ...
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST the pod's Binding to ``node``. Raises BindError."""
+        ...
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata")
+    return str(meta.get("uid", "")) if isinstance(meta, Mapping) else ""
+
+
+def _errors_text(reading: PodReading) -> str:
+    return "invalid egpu request: " + "; ".join(e.message for e in reading.errors)
+
+
+class Extender:
+    """The three verbs over a ``ClusterState``; ``clock`` gives unix seconds (heartbeats)."""
+
+    def __init__(self, state: ClusterState, config: Config, api: BindApi | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.state = state
+        self.config = config
+        self.limits = Limits.from_config(config)
+        self.api = api
+        self.clock = clock
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._cache: OrderedDict[
+            tuple[PodDemand, str], tuple[float, dict[str, tuple[NodeState, Fits | Unfit]]]
+        ] = OrderedDict()
+
+    # --- filter and prioritize -------------------------------------------------------------
+    def _fit_all(self, pod: Mapping[str, Any], demand: PodDemand,
+                 names: list[str]) -> dict[str, Fits | Unfit]:
+        """``check`` on each node, memoized per (demand, node view) for ``CACHE_TTL_S``.
+
+        Replicas of one template have equal demands, and a node's view object is replaced
+        whenever its cards or bookings change, so a hit is exact; the time bound keeps
+        heartbeat staleness (which depends on the clock, not on the view) current.
+        """
+        uid = _uid(pod)
+        now = self.clock()
+        excluding = uid if uid and self.state.booking(uid) is not None else None
+        key = (demand, excluding or "")
+        entry = self._cache.get(key)
+        if entry is None or now - entry[0] > CACHE_TTL_S:
+            entry = self._cache[key] = (now, {})
+            while len(self._cache) > CACHE_DEMANDS:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        memo = entry[1]
+        out: dict[str, Fits | Unfit] = {}
+        node = self.state.node
+        run = checker(demand, self.limits, now)
+        for name in names:
+            view = node(name, excluding)
+            if view is None:
+                out[name] = Unfit(name, UNKNOWN_NODE, unresolvable=True)
+                continue
+            hit = memo.get(name)
+            if hit is not None and hit[0] is view:
+                out[name] = hit[1]
+                continue
+            result = run(view)
+            memo[name] = (view, result)
+            out[name] = result
+        return out
+
+    @staticmethod
+    def _candidates(args: ExtenderArgs) -> list[str]:
+        names = args.get("NodeNames")
+        if names is not None:
+            return list(names)
+        nodes = args.get("Nodes") or {}
+        return [str(n.get("metadata", {}).get("name", "")) for n in nodes.get("items") or []]
+
+    @staticmethod
+    def _result(args: ExtenderArgs, passed: list[str], failed: dict[str, str],
+                unresolvable: dict[str, str]) -> ExtenderFilterResult:
+        result: ExtenderFilterResult = {"FailedNodes": failed,
+                                        "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+        if args.get("NodeNames") is not None:
+            result["NodeNames"] = passed
+        else:
+            keep = set(passed)
+            items = (args.get("Nodes") or {}).get("items") or []
+            result["Nodes"] = {"items": [n for n in items
+                                         if n.get("metadata", {}).get("name") in keep]}
+        return result
+
+    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        """Which candidate nodes can take the pod, and why each other one cannot."""
+        pod = args["Pod"]
+        names = self._candidates(args)
+        reading = read_pod(pod, self.config)
+        if not reading.is_egpu_pod:
+            return self._result(args, names, {}, {})
+        if reading.request is None:
+            reason = _errors_text(reading)
+            return self._result(args, [], {}, dict.fromkeys(names, reason))
+        demand = PodDemand.from_request(reading.request)
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for name, result in self._fit_all(pod, demand, names).items():
+            if isinstance(result, Fits):
+                passed.append(name)
+            elif result.unresolvable:
+                unresolvable[name] = result.reason
+            else:
+                failed[name] = result.reason
+        return self._result(args, passed, failed, unresolvable)
+
+    def prioritize(self, args: ExtenderArgs) -> HostPriorityList:
+        """Score 0..10 per candidate node under the pod's node policy (0 where it does not fit)."""
+        pod = args["Pod"]
+        names = self._candidates(args)
+        reading = read_pod(pod, self.config)
+        if reading.request is None:
+            return [{"Host": name, "Score": 0} for name in names]
+        demand = PodDemand.from_request(reading.request)
+        node_score = strategies.get(demand.node_policy).node_score
+        return [{"Host": name,
+                 "Score": node_score(r.utilization) if isinstance(r, Fits) else 0}
+                for name, r in self._fit_all(pod, demand, names).items()]
+
+    # --- bind ------------------------------------------------------------------------------
+    def _lock(self, node: str) -> asyncio.Lock:
+        lock = self._locks.get(node)
+        if lock is None:
+            lock = self._locks[node] = asyncio.Lock()
+        return lock
+
+    def _decide(self, pod: Mapping[str, Any], uid: str, node: str) -> Placement | str:
+        """Fit the pod on ``node`` now and reserve; the chosen placement or an error text."""
+        reading = read_pod(pod, self.config)
+        if reading.request is None:
+            return _errors_text(reading)
+        view = self.state.node(node, excluding=uid)
+        if view is None:
+            return f"node {node}: {UNKNOWN_NODE}"
+        result = fit(view, PodDemand.from_request(reading.request), self.limits, self.clock())
+        if isinstance(result, Unfit):
+            return f"node {node} no longer fits the pod: {result.reason}"
+        self.state.reserve(Booking(uid, pod_key(pod), node, result.allocation, result.bookings))
+        return result
+
+    async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        """Choose the cards, annotate the pod, bind it; ``Error`` says what failed."""
+        namespace, name = args["PodNamespace"], args["PodName"]
+        uid, node = str(args["PodUID"]), args["Node"]
+        if self.api is None:
+            return {"Error": "this extender has no API access (bind disabled)"}
+        pod = self.state.pods.get(uid)
+        try:
+            if pod is None:
+                pod = await self.api.get_pod(namespace, name)
+            if pod is None or _uid(pod) != uid:
+                return {"Error": f"pod {namespace}/{name} (uid {uid}) not found"}
+            if not read_pod(pod, self.config).is_egpu_pod:
+                await self.api.bind(namespace, name, uid, node)
+                return {"Error": ""}
+        except BindError as exc:
+            return {"Error": str(exc)}
+        async with self._lock(node):
+            decision = self._decide(pod, uid, node)
+        if isinstance(decision, str):
+            log.info("bind %s/%s -> %s refused: %s", namespace, name, node, decision)
+            return {"Error": decision}
+        text = decision.allocation.encode()
+        try:
+            await self.api.set_allocation(namespace, name, uid, text)
+        except BindError as exc:
+            self.state.unreserve(uid)
+            return {"Error": f"writing the allocation failed: {exc}"}
+        try:
+            await self.api.bind(namespace, name, uid, node)
+        except BindError as exc:
+            self.state.unreserve(uid)
+            try:
+                await self.api.clear_allocation(namespace, name, text)
+            except BindError as clear_exc:
+                log.warning("rollback of %s/%s: %s", namespace, name, clear_exc)
+            return {"Error": f"binding failed: {exc}"}
+        self.state.bind_done(uid)
+        log.info("bound %s/%s -> %s %s", namespace, name, node, text)
+        return {"Error": ""}

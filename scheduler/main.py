@@ -1,0 +1,93 @@
+"""``egpu-extender``: the kube-scheduler extender process (wiring only).
+
+    egpu-extender [--kubeconfig PATH] [--host 0.0.0.0] [--port 8888] [--config PATH]
+
+``--config``: the egpu YAML config (default: $EGPU_CLUSTER_CONFIG, else built-in defaults).
+Lists and watches nodes and pods, then serves /filter, /prioritize, /bind, /healthz and
+/metrics (see scheduler.app). Exit status 2 for a bad config or kubeconfig.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from kubernetes import config as k8s_config
+
+from egpu.config import ConfigError, load_config_file
+from egpu.contract import CONFIG_FILE_ENV
+from scheduler.app import make_app
+from scheduler.extender import Extender
+from scheduler.kube import KubeApi, RawApi, Watcher, load_client
+from scheduler.state import ClusterState
+
+log = logging.getLogger("egpu.scheduler")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="egpu-extender", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                        help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
+    parser.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=8888, help="listen port (default 8888)")
+    parser.add_argument("--config", default=os.environ.get(CONFIG_FILE_ENV),
+                        help=f"egpu config YAML (default: ${CONFIG_FILE_ENV})")
+    parser.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+def build_app(args: argparse.Namespace) -> web.Application:
+    """The application with its watch threads and API client tied to its lifetime."""
+    config = load_config_file(args.config)
+    state = ClusterState(config)
+    api_client = load_client(args.kubeconfig)
+    raw = RawApi(api_client)
+    kube_api = KubeApi(raw)
+    extender = Extender(state, config, kube_api)
+    synced = asyncio.Event()
+
+    async def watching(app: web.Application) -> AsyncIterator[None]:
+        watcher = Watcher(raw, state, asyncio.get_running_loop())
+        watcher.synced = synced
+        watcher.start()
+
+        async def expire() -> None:
+            while True:
+                await asyncio.sleep(30)
+                state.expire_reservations()
+
+        sweeper = asyncio.create_task(expire())
+        yield
+        sweeper.cancel()
+        watcher.stop()
+        kube_api.close()
+        api_client.close()
+
+    return make_app(extender, synced, cleanup_ctx=[watching])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the extender until interrupted."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = build_app(args)
+    except ConfigError as exc:
+        print(f"egpu-extender: bad config: {exc}", file=sys.stderr)
+        return 2
+    except (k8s_config.ConfigException, OSError) as exc:
+        print(f"egpu-extender: cannot reach the API (kubeconfig): {exc}", file=sys.stderr)
+        return 2
+    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""The extender's view of the cluster: nodes' cards and every pod's bookings (in memory, no I/O).
+
+Built only from API objects (Kubernetes JSON dicts), so a restarted extender rebuilds the same
+view from a list of nodes and pods:
+
+- a node's cards come from its ``egpu.io/inventory`` annotation and its freshness from
+  ``egpu.io/inventory-heartbeat`` (RFC 3339);
+- a pod books what its ``egpu.io/allocation`` annotation says (on the annotation's node), by
+  the effective-request rule of ``egpu.booking``, from the moment the annotation appears
+  (even before the pod is bound) until the pod is gone or has finished (phase Succeeded or
+  Failed). A terminating pod (deletionTimestamp set) keeps its bookings until it is deleted.
+  Bookings are keyed by pod UID, so a delete event without annotations still releases them.
+
+Binds in flight add *reservations*: a booking taken before the annotation is written, which
+counts instead of whatever was observed for that pod, and lasts until the watch shows the pod
+carrying the same allocation, the pod is deleted, or the bind rolls back. Filters therefore
+see bookings of binds in flight, and a watch event older than the bind (without the
+annotation yet) cannot release a booking just made.
+
+Not thread-safe: every method runs on the event loop's thread (the watch threads hand their
+events over with ``loop.call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from egpu.booking import CardBooking, allocation_bookings
+from egpu.config import Config
+from egpu.contract import ANN_ALLOCATION, ANN_INVENTORY, ANN_INVENTORY_HEARTBEAT
+from egpu.records import Allocation, Card, Inventory, RecordError
+from egpu.requests import read_pod
+from scheduler.placement import CardState, NodeState
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    ann = _meta(obj).get("annotations")
+    return ann if isinstance(ann, Mapping) else {}
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    """``namespace/name`` of a pod object."""
+    meta = _meta(pod)
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def parse_heartbeat(text: Any) -> float | None:
+    """RFC 3339 text -> unix seconds; None when absent or unreadable (treated as stale)."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        return None
+    return stamp.timestamp()
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What a node object says: its cards, heartbeat (unix s) and any inventory problem."""
+
+    name: str
+    cards: tuple[Card, ...]
+    heartbeat: float | None
+    problem: str = ""
+
+
+def node_record(node: Mapping[str, Any]) -> NodeRecord:
+    """Read a Node object's egpu annotations; never raises (problems land in ``problem``)."""
+    name = str(_meta(node).get("name", ""))
+    annotations = _annotations(node)
+    heartbeat = parse_heartbeat(annotations.get(ANN_INVENTORY_HEARTBEAT))
+    text = annotations.get(ANN_INVENTORY)
+    if text is None:
+        return NodeRecord(name, (), heartbeat,
+                          "no egpu inventory on this node (annotation egpu.io/inventory missing)")
+    try:
+        inventory = Inventory.decode(text)
+    except RecordError as exc:
+        return NodeRecord(name, (), heartbeat, f"egpu inventory unreadable: {exc}")
+    return NodeRecord(name, inventory.cards, heartbeat)
+
+
+@dataclass(frozen=True)
+class Booking:
+    """What one pod books: per card UUID on ``node``, from its allocation."""
+
+    uid: str
+    pod: str  # namespace/name
+    node: str
+    allocation: Allocation
+    cards: dict[str, CardBooking] = field(default_factory=dict)
+
+
+def booking_from_pod(pod: Mapping[str, Any], config: Config) -> Booking | None:
+    """The booking a pod object holds, or None (no or unreadable allocation, finished pod)."""
+    meta = _meta(pod)
+    uid = str(meta.get("uid", ""))
+    text = _annotations(pod).get(ANN_ALLOCATION)
+    status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
+    if not uid or text is None or status.get("phase") in TERMINAL_PHASES:
+        return None
+    try:
+        allocation = Allocation.decode(text)
+    except RecordError:
+        return None
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    node = allocation.node or str(spec.get("nodeName") or "")
+    if not node:
+        return None
+    request = read_pod(pod, config).request
+    return Booking(uid, pod_key(pod), node, allocation, allocation_bookings(allocation, request))
+
+
+@dataclass
+class _Reservation:
+    booking: Booking
+    in_flight: bool = True  # the bind has not finished yet
+    since: float = field(default_factory=time.monotonic)
+
+
+class ClusterState:
+    """Nodes and bookings; see the module docstring. ``config`` reads pod specs (aliases)."""
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or Config()
+        self._nodes: dict[str, NodeRecord] = {}
+        self._observed: dict[str, Booking] = {}
+        self._reserved: dict[str, _Reservation] = {}
+        self._usage: dict[str, dict[str, CardBooking]] = {}
+        self._views: dict[str, NodeState] = {}
+        self.pods: dict[str, Mapping[str, Any]] = {}  # uid -> pod object, egpu pods only
+
+    # --- nodes ---------------------------------------------------------------------------
+    def upsert_node(self, node: Mapping[str, Any]) -> None:
+        """A node was added or changed (its annotations are read again)."""
+        record = node_record(node)
+        if self._nodes.get(record.name) != record:
+            self._nodes[record.name] = record
+            self._views.pop(record.name, None)
+
+    def delete_node(self, name: str) -> None:
+        """A node is gone."""
+        self._nodes.pop(name, None)
+        self._views.pop(name, None)
+
+    def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
+        """The full node list (start, or a watch that had to list again)."""
+        seen = set()
+        for node in nodes:
+            self.upsert_node(node)
+            seen.add(str(_meta(node).get("name", "")))
+        for name in set(self._nodes) - seen:
+            self.delete_node(name)
+
+    @property
+    def node_names(self) -> list[str]:
+        """Names of the nodes known (with or without a readable inventory)."""
+        return list(self._nodes)
+
+    # --- pods ----------------------------------------------------------------------------
+    def _effective(self, uid: str) -> Booking | None:
+        reservation = self._reserved.get(uid)
+        return reservation.booking if reservation else self._observed.get(uid)
+
+    def _apply(self, before: Booking | None, after: Booking | None) -> None:
+        if before is after:
+            return
+        for booking, sign in ((before, -1), (after, 1)):
+            if booking is None:
+                continue
+            usage = self._usage.setdefault(booking.node, {})
+            for uuid, amount in booking.cards.items():
+                current = usage.get(uuid, CardBooking())
+                usage[uuid] = current + amount if sign > 0 else current - amount
+            self._views.pop(booking.node, None)
+
+    def _change(self, uid: str, *, observed: Booking | str | None = "keep",
+                reservation: _Reservation | str | None = "keep") -> None:
+        before = self._effective(uid)
+        if observed != "keep":
+            if observed is None:
+                self._observed.pop(uid, None)
+            else:
+                assert isinstance(observed, Booking)
+                self._observed[uid] = observed
+        if reservation != "keep":
+            if reservation is None:
+                self._reserved.pop(uid, None)
+            else:
+                assert isinstance(reservation, _Reservation)
+                self._reserved[uid] = reservation
+        self._apply(before, self._effective(uid))
+
+    def observe_pod(self, pod: Mapping[str, Any]) -> None:
+        """A pod was added or changed: record (or release) the booking its annotation holds."""
+        uid = str(_meta(pod).get("uid", ""))
+        if not uid:
+            return
+        reading = read_pod(pod, self.config)
+        if reading.is_egpu_pod:
+            self.pods[uid] = pod
+        booking = booking_from_pod(pod, self.config)
+        reservation = self._reserved.get(uid)
+        confirmed = (reservation is not None and booking is not None
+                     and booking.allocation == reservation.booking.allocation)
+        self._change(uid, observed=booking, reservation=None if confirmed else "keep")
+
+    def delete_pod(self, uid: str) -> None:
+        """A pod is gone: release everything it held, whatever its last annotations said."""
+        self.pods.pop(uid, None)
+        self._change(uid, observed=None, reservation=None)
+
+    def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """The full pod list: bookings of pods missing from it are released."""
+        seen = set()
+        for pod in pods:
+            self.observe_pod(pod)
+            seen.add(str(_meta(pod).get("uid", "")))
+        for uid in (set(self._observed) | set(self.pods)) - seen:
+            self.delete_pod(uid)
+        for uid, reservation in list(self._reserved.items()):
+            if uid not in seen and not reservation.in_flight:
+                self._change(uid, reservation=None)
+
+    # --- binds ---------------------------------------------------------------------------
+    def reserve(self, booking: Booking) -> None:
+        """Book for a bind in flight (replaces whatever the pod held before)."""
+        self._change(booking.uid, reservation=_Reservation(booking))
+
+    def bind_done(self, uid: str) -> None:
+        """The bind finished: keep the reservation until the watch confirms it."""
+        reservation = self._reserved.get(uid)
+        if reservation is not None:
+            reservation.in_flight = False
+            reservation.since = time.monotonic()
+
+    def unreserve(self, uid: str) -> None:
+        """The bind failed: drop its reservation (what was observed counts again)."""
+        self._change(uid, reservation=None)
+
+    def expire_reservations(self, max_age_s: float = 300.0) -> int:
+        """Drop finished binds' reservations that no watch event confirmed within max_age_s."""
+        now = time.monotonic()
+        old = [uid for uid, r in self._reserved.items()
+               if not r.in_flight and now - r.since > max_age_s]
+        for uid in old:
+            self._change(uid, reservation=None)
+        return len(old)
+
+    # --- reading -------------------------------------------------------------------------
+    def booking(self, uid: str) -> Booking | None:
+        """What the pod ``uid`` books now (its reservation, else what was observed)."""
+        return self._effective(uid)
+
+    def node(self, name: str, excluding: str | None = None) -> NodeState | None:
+        """The node's cards with everyone's bookings, or None when the node is unknown.
+
+        ``excluding``: a pod UID whose own booking is left out (a pod being scheduled again
+        after a bind that never finished must not compete with itself).
+        """
+        own = self._effective(excluding) if excluding else None
+        view = self._views.get(name)
+        if view is None:
+            record = self._nodes.get(name)
+            if record is None:
+                return None
+            usage = self._usage.get(name, {})
+            cards = []
+            for card in record.cards:
+                used = usage.get(card.uuid, CardBooking())
+                cards.append(CardState(card.uuid, card.index, card.model, card.memory_mib,
+                                       card.healthy, used.memory_mib, used.cores, used.slots))
+            view = NodeState(name, tuple(cards), record.heartbeat, record.problem)
+            self._views[name] = view
+        if own is None or own.node != name:
+            return view
+        cards = []
+        for card in view.cards:
+            mine = own.cards.get(card.uuid, CardBooking())
+            cards.append(CardState(card.uuid, card.index, card.model, card.capacity_mib,
+                                   card.healthy, card.booked_mib - mine.memory_mib,
+                                   card.booked_cores - mine.cores, card.used_slots - mine.slots))
+        return NodeState(name, tuple(cards), view.heartbeat, view.problem)
+
+    def usage(self, node: str) -> dict[str, CardBooking]:
+        """Card UUID -> total booked on ``node`` (copies; for tests, metrics and checks)."""
+        return dict(self._usage.get(node, {}))
+
+    def bookings(self) -> dict[str, Booking]:
+        """Pod UID -> effective booking, for every pod that books something."""
+        uids = set(self._observed) | set(self._reserved)
+        return {uid: b for uid in uids if (b := self._effective(uid)) is not None}

@@ -1,0 +1,571 @@
+"""The egpu scheduler end to end: a real kube-scheduler calls the extender on a dev cluster.
+
+The module fixture starts the extender (``python -m scheduler.main``) on 127.0.0.1:<free port>
+and points the dev cluster's ``egpu-scheduler`` profile at it: it replaces the dev cluster's
+kube-scheduler process with one whose KubeSchedulerConfiguration names the extender
+(``devcluster.cluster.scheduler_config(kubeconfig, extender_url)``), and restores the original
+at the end. Pods are created WITHOUT the webhook: the tests set ``schedulerName`` and rewrite
+Volcano names themselves. Each test works in its own namespaces and, where it needs exact
+capacities, on its own kwok nodes (``devcluster.nodes.node_manifest``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devcluster import cluster as devcluster
+from devcluster import nodes as devnodes
+from egpu.booking import CardBooking, allocation_bookings
+from egpu.contract import ANN_ALLOCATION, DEFAULT_SCHEDULER_NAME, VOLCANO_ALIASES
+from egpu.records import Allocation, Inventory
+from egpu.requests import read_pod
+from scheduler.kube import ApiStatusError, RawApi
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+SHARES_PER_CARD = devnodes.DEFAULT_SHARES_PER_CARD
+
+
+# --- processes -----------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.3) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class Extender:
+    """The extender as a child process of this test (started, killed and restarted here)."""
+
+    def __init__(self, kubeconfig: str, config: Path, log: Path) -> None:
+        self.port = _free_port()
+        self.kubeconfig, self.config, self.log = kubeconfig, config, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "scheduler.main", "--kubeconfig", self.kubeconfig,
+                 "--host", "127.0.0.1", "--port", str(self.port), "--config", str(self.config)],
+                stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        _wait("the extender's /healthz", lambda: self._alive() and _http_ok(self.url + "/healthz"))
+
+    def _alive(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"extender exited ({self.proc.returncode}):\n"
+                                 + self.log.read_text()[-3000:])
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL: nothing of its memory survives."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextlib.contextmanager
+def scheduler_with_extender(info: devcluster.ClusterInfo, extender_url: str,
+                            workdir: Path) -> Iterator[None]:
+    """Run the dev cluster's kube-scheduler with the extender configured, then restore it."""
+    original = info.processes["kube-scheduler"]
+    config = workdir / "scheduler-with-extender.yaml"
+    config.write_text(devcluster.scheduler_config(info.kubeconfig, extender_url))
+    argv = [a if not a.startswith("--config=") else f"--config={config}" for a in original.argv]
+    port = info.ports["kube-scheduler"]
+    devcluster._stop(original)
+    log = workdir / "kube-scheduler.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=info.state_dir,
+                                start_new_session=True)
+    try:
+        _wait("kube-scheduler /healthz", lambda: _http_ok(f"https://127.0.0.1:{port}/healthz"))
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        with open(original.log, "ab") as out:
+            restored = subprocess.Popen(original.argv, stdout=out, stderr=subprocess.STDOUT,
+                                        cwd=info.state_dir, start_new_session=True)
+        info.processes["kube-scheduler"] = devcluster.ProcessInfo(
+            "kube-scheduler", restored.pid, original.argv, original.log)
+        info.save()
+
+
+class Env:
+    """What the tests use: the API (plain JSON), the extender, and helpers."""
+
+    def __init__(self, cluster: Any, extender: Extender) -> None:
+        self.cluster = cluster
+        self.api = RawApi(cluster.api_client())
+        self.extender = extender
+        self.namespaces: list[str] = []
+        self.nodes: list[str] = []
+
+    # objects
+    def namespace(self, name: str) -> str:
+        self.cluster.ensure_namespace(name)
+        self.namespaces.append(name)
+        return name
+
+    def add_node(self, name: str, count: int, model: str, memory: int) -> dict[str, Any]:
+        """A kwok node of ``count`` cards; returns its Node object."""
+        body = devnodes.node_manifest({"name": name, "labels": {"egpu-e2e": "scheduler"},
+                                       "cards": {"count": count, "model": model,
+                                                 "memoryMiB": memory}}, SHARES_PER_CARD)
+        with contextlib.suppress(ApiStatusError):
+            self.api.json("DELETE", f"/api/v1/nodes/{name}")
+        _wait(f"node {name} gone", lambda: self._missing(f"/api/v1/nodes/{name}"))
+        self.api.json("POST", "/api/v1/nodes", body=body)
+        status = {"status": {k: body["status"][k] for k in ("capacity", "allocatable")}}
+        self.api.json("PATCH", f"/api/v1/nodes/{name}/status", body=status,
+                      content_type="application/merge-patch+json")
+        self.nodes.append(name)
+        return body
+
+    def _missing(self, path: str) -> bool:
+        try:
+            self.api.json("GET", path)
+        except ApiStatusError as exc:
+            return exc.status == 404
+        return False
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        kind, ns = obj["kind"], obj["metadata"].get("namespace", "default")
+        path = {"Pod": f"/api/v1/namespaces/{ns}/pods",
+                "Deployment": f"/apis/apps/v1/namespaces/{ns}/deployments",
+                "Job": f"/apis/batch/v1/namespaces/{ns}/jobs",
+                "ResourceQuota": f"/api/v1/namespaces/{ns}/resourcequotas"}[kind]
+        return self.api.json("POST", path, body=obj)
+
+    def pods(self, ns: str) -> list[dict[str, Any]]:
+        return self.api.json("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+
+    def all_pods(self) -> list[dict[str, Any]]:
+        return self.api.json("GET", "/api/v1/pods")["items"]
+
+    def node(self, name: str) -> dict[str, Any]:
+        return self.api.json("GET", f"/api/v1/nodes/{name}")
+
+    def delete_pods(self, ns: str) -> None:
+        self.api.json("DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": 0})
+        _wait(f"pods of {ns} gone", lambda: not self.pods(ns), timeout=60)
+
+    def cleanup(self) -> None:
+        for ns in self.namespaces:
+            with contextlib.suppress(ApiStatusError):
+                self.api.json("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                              query={"gracePeriodSeconds": 0})
+                self.api.json("DELETE", f"/api/v1/namespaces/{ns}")
+        for name in self.nodes:
+            with contextlib.suppress(ApiStatusError):
+                self.api.json("DELETE", f"/api/v1/nodes/{name}")
+
+
+@pytest.fixture(scope="module")
+def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    workdir = tmp_path_factory.mktemp("egpu-scheduler-e2e")
+    config = workdir / "egpu-config.yaml"
+    config.write_text(yaml.safe_dump({"sharesPerCard": SHARES_PER_CARD,
+                                      "heartbeatTimeoutSeconds": 3600}))
+    extender = Extender(cluster.kubeconfig, config, workdir / "extender.log")
+    extender.start()
+    handle = Env(cluster, extender)
+    try:
+        with scheduler_with_extender(cluster.info, extender.url, workdir), cluster.heartbeats():
+            yield handle
+            handle.cleanup()
+    finally:
+        extender.stop()
+        print(f"extender log: {extender.log}")
+
+
+# --- checks ----------------------------------------------------------------------------------
+
+def allocation(pod: dict[str, Any]) -> Allocation | None:
+    text = (pod["metadata"].get("annotations") or {}).get(ANN_ALLOCATION)
+    return Allocation.decode(text) if text else None
+
+
+def inventory_of(env: Env, node_name: str) -> dict[str, Any]:
+    """Card UUID -> Card of a node."""
+    text = env.node(node_name)["metadata"]["annotations"]["egpu.io/inventory"]
+    return {c.uuid: c for c in Inventory.decode(text).cards}
+
+
+def assert_never_overbooked(env: Env, pods: list[dict[str, Any]] | None = None) -> None:
+    """Sum every live pod's allocation per card: within capacity, cores and slots."""
+    totals: dict[tuple[str, str], CardBooking] = {}
+    oversub: set[tuple[str, str]] = set()
+    for p in pods if pods is not None else env.all_pods():
+        alloc = allocation(p)
+        if alloc is None or p.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        request = read_pod(p).request
+        for uuid, b in allocation_bookings(alloc, request).items():
+            key = (alloc.node, uuid)
+            totals[key] = totals.get(key, CardBooking()) + b
+            if request is not None and request.memory_oversubscription:
+                oversub.add(key)
+    inventories: dict[str, dict[str, Any]] = {}
+    for (node_name, uuid), used in totals.items():
+        if node_name not in inventories:
+            inventories[node_name] = inventory_of(env, node_name)
+        card = inventories[node_name][uuid]
+        bound = card.memory_mib * (1.5 if (node_name, uuid) in oversub else 1)
+        assert used.memory_mib <= bound, f"{node_name}/{uuid} booked {used} of {card}"
+        assert used.cores <= 100 and used.slots <= SHARES_PER_CARD, (node_name, uuid, used)
+
+
+def bound(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in pods if p["spec"].get("nodeName")]
+
+
+def egpu_pod(name: str, ns: str, memory: int, *, node: str = "", containers: int = 1,
+             annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "schedulerName": DEFAULT_SCHEDULER_NAME,
+        "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": f"c{i}", "image": "busybox",
+                        "resources": {"limits": {"egpu.io/gpu": "1",
+                                                 "egpu.io/gpu-memory": str(memory)}}}
+                       for i in range(containers)],
+    }
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
+            "spec": spec}
+
+
+def create_at_once(env: Env, pods: list[dict[str, Any]]) -> None:
+    """Create all pods from parallel threads (a burst)."""
+    errors: list[BaseException] = []
+
+    def one(p: dict[str, Any]) -> None:
+        try:
+            env.create(p)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in pods]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+# --- the shared inputs ----------------------------------------------------------------------
+
+def _translate(pod_spec: dict[str, Any]) -> None:
+    """What the webhook does that matters here: scheduler name and Volcano names."""
+    pod_spec["schedulerName"] = DEFAULT_SCHEDULER_NAME
+    pod_spec["terminationGracePeriodSeconds"] = 0
+    for c in [*pod_spec.get("containers", []), *pod_spec.get("initContainers", [])]:
+        limits = c.get("resources", {}).get("limits", {})
+        for alias, name in VOLCANO_ALIASES.items():
+            if alias in limits:
+                limits[name] = limits.pop(alias)
+
+
+def _is_egpu(obj: dict[str, Any]) -> bool:
+    template = obj if obj["kind"] == "Pod" else obj["spec"]["template"]
+    return read_pod(template).is_egpu_pod
+
+
+def test_every_input_pod_lands_where_its_comment_says(env: Env) -> None:
+    inputs: Path = env.cluster.inputs / "pods"
+    created: dict[str, list[str]] = {}
+    for path in sorted(inputs.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            obj = copy.deepcopy(doc)
+            ns = f"e2e-{obj['metadata'].get('namespace', 'default')}"
+            obj["metadata"]["namespace"] = env.namespace(ns) if ns not in env.namespaces else ns
+            if _is_egpu(obj):
+                _translate(obj if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"])
+                if obj["kind"] == "Pod":
+                    _translate(obj["spec"])
+            env.create(obj)
+            created.setdefault(path.name, []).append(f"{ns}/{obj['metadata']['name']}")
+
+    def pods_of(ns: str, prefix: str) -> list[dict[str, Any]]:
+        return [p for p in env.pods(f"e2e-{ns}") if p["metadata"]["name"].startswith(prefix)]
+
+    def wait_bound(ns: str, prefix: str, n: int) -> list[dict[str, Any]]:
+        try:
+            return _wait(f"{n} pod(s) {prefix}* bound",
+                         lambda: len(bound(pods_of(ns, prefix))) >= n and bound(
+                             pods_of(ns, prefix)), timeout=90)
+        except AssertionError as exc:
+            why = [f"{p['metadata']['name']}: {c.get('message', '')}" for p in pods_of(ns, prefix)
+                   for c in p.get("status", {}).get("conditions") or []
+                   if c["type"] == "PodScheduled"]
+            raise AssertionError(f"{exc}; PodScheduled: {why}") from None
+
+    def cards_of(p: dict[str, Any]) -> list[tuple[Any, Any]]:
+        alloc = allocation(p)
+        assert alloc is not None and alloc.node == p["spec"]["nodeName"], p["metadata"]["name"]
+        inv = inventory_of(env, alloc.node)
+        return [(share, inv[share.uuid]) for c in alloc.containers for share in c.cards]
+
+    # 01: one H100 or A100 card, 24000 MiB and 50% booked
+    for p in wait_bound("ml-serving", "chat-serving", 2):
+        [(share, card)] = cards_of(p)
+        assert ("H100" in card.model or "A100" in card.model), card
+        assert (share.memory_mib, share.cores) == (24000, 50)
+    # 02: two distinct cards of one node, 30000 MiB and 30% each, never the A10 node
+    [job] = wait_bound("ml-training", "lora-finetune", 1)
+    shares = cards_of(job)
+    assert len({s.uuid for s, _ in shares}) == 2 and job["spec"]["nodeName"] != "gpu-a10-a"
+    assert all((s.memory_mib, s.cores) == (30000, 30) for s, _ in shares)
+    # 03: 25% of the chosen card's memory, 10% cores
+    [(share, card)] = cards_of(wait_bound("research", "notebook-ana", 1)[0])
+    assert share.memory_mib == card.memory_mib * 25 // 100 and share.cores == 10
+    # 04: both shares, on one card (binpack, it fits), 4000 + 6000 MiB
+    retrieval = wait_bound("ml-serving", "retrieval", 1)[0]
+    shares = cards_of(retrieval)
+    assert sorted(s.memory_mib for s, _ in shares) == [4000, 6000]
+    assert len({s.uuid for s, _ in shares}) == 1
+    # 05: 32000 MiB with oversubscription allowed
+    [(share, _card)] = cards_of(wait_bound("ml-serving", "tts-day", 1)[0])
+    assert (share.memory_mib, share.cores) == (32000, 20)
+    # 06 (FC-07): init 12000 and app 8000: the card books 12000
+    ocr = wait_bound("ml-serving", "ocr-with-warmup", 1)[0]
+    alloc = allocation(ocr)
+    assert alloc is not None
+    assert {c.name: c.init for c in alloc.containers} == {"compile-engine": True, "ocr": False}
+    booked = allocation_bookings(alloc, read_pod(ocr).request)
+    assert [b.memory_mib for b in booked.values()] == [12000]
+    # 07: Volcano names = egpu.io/gpu 1, 3000 MiB, 30%
+    [(share, _card)] = cards_of(wait_bound("ml-serving", "translate-small", 1)[0])
+    assert (share.memory_mib, share.cores) == (3000, 30)
+    # 08: no GPU: default scheduler, no allocation
+    gateway = wait_bound("web", "api-gateway", 1)[0]
+    assert gateway["spec"]["schedulerName"] == "default-scheduler" and allocation(gateway) is None
+    # 09: nvidia.com/gpu is not ours: never an egpu allocation (no node has nvidia.com/gpu)
+    [whole] = pods_of("research", "benchmark-whole-card")
+    assert whole["spec"]["schedulerName"] == "default-scheduler" and allocation(whole) is None
+    # 10: invalid requests (no webhook here): the extender keeps them Pending, saying why
+    for name, needle in (("bad-cores", "gpu-cores"), ("bad-both-memory", "gpu-memory"),
+                         ("bad-zero-percentage", "gpu-memory-percentage"),
+                         ("bad-priority", "egpu.io/priority")):
+        def unschedulable(n: str = name) -> str:
+            [p] = pods_of("research", n)
+            conds = p.get("status", {}).get("conditions") or []
+            return next((c.get("message", "") for c in conds if c["type"] == "PodScheduled"
+                         and c["status"] == "False"), "")
+        message = _wait(f"{name} unschedulable", unschedulable)
+        assert needle in message, message
+        [p] = pods_of("research", name)
+        assert not p["spec"].get("nodeName") and allocation(p) is None
+    assert_never_overbooked(env)
+
+
+# --- FC-10 -----------------------------------------------------------------------------------
+
+def _settled(env: Env, ns: str, expect_bound: int, total: int, quiet_s: float = 3.0) -> None:
+    """Wait until ``expect_bound`` of ``total`` pods are bound, then check nothing else binds."""
+    _wait(f"{expect_bound} bound in {ns}",
+          lambda: len(bound(env.pods(ns))) >= expect_bound, timeout=90)
+    time.sleep(quiet_s)
+    pods = env.pods(ns)
+    assert len(pods) == total
+    assert len(bound(pods)) == expect_bound, [p["metadata"]["name"] for p in bound(pods)]
+
+
+def test_fc10_three_pods_for_one_free_24576_card_exactly_two_bind(env: Env) -> None:
+    node = "e2e-fc10-l40"
+    env.add_node(node, 1, "NVIDIA L40", 24576)
+    ns = env.namespace("e2e-fc10")
+    rounds = int(os.environ.get("EGPU_E2E_FC10_ROUNDS", "5"))
+    for r in range(rounds):
+        create_at_once(env, [egpu_pod(f"r{r}-p{i}", ns, 12288, node=node) for i in range(3)])
+        _settled(env, ns, 2, 3)
+        pods = env.pods(ns)
+        [uuid] = {s.uuid for p in bound(pods) for c in allocation(p).containers for s in c.cards}
+        pending = [p for p in pods if not p["spec"].get("nodeName")]
+        assert len(pending) == 1 and allocation(pending[0]) is None
+        assert_never_overbooked(env, pods)
+        env.delete_pods(ns)
+    assert uuid
+
+
+def test_fc10_sixteen_pods_of_40000_on_eight_h100(env: Env) -> None:
+    node = "e2e-fc10-h100"
+    env.add_node(node, 8, "NVIDIA H100 80GB HBM3", 81559)
+    ns = env.namespace("e2e-fc10-h100")
+    create_at_once(env, [egpu_pod(f"p{i}", ns, 40000, node=node) for i in range(17)])
+    _settled(env, ns, 16, 17)
+    per_card: dict[str, int] = {}
+    for p in bound(env.pods(ns)):
+        for c in allocation(p).containers:
+            for s in c.cards:
+                per_card[s.uuid] = per_card.get(s.uuid, 0) + 1
+    assert sorted(per_card.values()) == [2] * 8
+    assert_never_overbooked(env)
+    env.delete_pods(ns)
+
+
+# --- FC-11 -----------------------------------------------------------------------------------
+
+def test_fc11_several_containers_in_one_pod(env: Env) -> None:
+    node = "e2e-fc11"
+    env.add_node(node, 1, "NVIDIA A16", 16384)
+    ns = env.namespace("e2e-fc11")
+    env.create(egpu_pod("p", ns, 4000, node=node, containers=2))
+    _wait("P bound", lambda: bound(env.pods(ns)))
+    env.create(egpu_pod("q", ns, 1000, node=node))
+    _wait("Q bound", lambda: len(bound(env.pods(ns))) == 2)
+    [p] = [x for x in env.pods(ns) if x["metadata"]["name"] == "p"]
+    alloc = allocation(p)
+    assert alloc is not None
+    booked = allocation_bookings(alloc, read_pod(p).request)
+    assert list(booked.values()) == [CardBooking(8000, 0, 2)]  # 2 of the 4 slots, 8000 MiB
+    # two containers of 10000 MiB never share the one 16384 MiB card
+    env.delete_pods(ns)
+    env.create(egpu_pod("big", ns, 10000, node=node, containers=2))
+    time.sleep(5)
+    [big] = env.pods(ns)
+    assert not big["spec"].get("nodeName") and allocation(big) is None
+    conds = big.get("status", {}).get("conditions") or []
+    assert any(c["type"] == "PodScheduled" and c["status"] == "False" for c in conds)
+    env.delete_pods(ns)
+
+
+# --- the extender killed in a burst ----------------------------------------------------------
+
+def test_extender_killed_in_a_burst_of_100_loses_nothing(env: Env) -> None:
+    """4 nodes x 4 cards x 4 slots = 64 shares of 4000 MiB for 100 pods; kill -9 mid-burst."""
+    nodes = [f"e2e-burst-{i}" for i in range(4)]
+    for name in nodes:
+        env.add_node(name, 4, "NVIDIA L4", 24576)
+    ns = env.namespace("e2e-burst")
+    stop = threading.Event()
+    violations: list[str] = []
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                assert_never_overbooked(env, env.pods(ns))
+            except AssertionError as exc:
+                violations.append(str(exc))
+            except ApiStatusError:
+                pass
+            stop.wait(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    pods = [egpu_pod(f"b{i:03d}", ns, 4000, annotations={"egpu.io/node-policy": "binpack"})
+            for i in range(100)]
+    only_these = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
+    for p in pods:
+        p["spec"]["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [only_these]}]}}}
+    try:
+        create_at_once(env, pods[:50])
+        _wait("some pods bound", lambda: len(bound(env.pods(ns))) >= 10, timeout=60)
+        env.extender.kill()
+        create_at_once(env, pods[50:])
+        time.sleep(2)
+        env.extender.start()
+        _settled(env, ns, 64, 100, quiet_s=5)
+    finally:
+        stop.set()
+        sampler.join(5)
+    assert not violations, violations[:3]
+    final = env.pods(ns)
+    assert len(final) == 100  # no pod lost
+    for p in final:
+        alloc = allocation(p)
+        if p["spec"].get("nodeName"):
+            assert alloc is not None and alloc.node == p["spec"]["nodeName"]
+    assert_never_overbooked(env, final)
+    env.delete_pods(ns)
+
+
+# --- tenant quotas ---------------------------------------------------------------------------
+
+def test_resource_quota_on_egpu_resources(env: Env) -> None:
+    """Quotas name extended resources with the requests. prefix (limits default requests)."""
+    ns = env.namespace("e2e-quota")
+    env.create({"apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": "gpu", "namespace": ns},
+                "spec": {"hard": {"requests.egpu.io/gpu": "4",
+                                  "requests.egpu.io/gpu-memory": "50000"}}})
+    _wait("quota status", lambda: env.api.json(
+        "GET", f"/api/v1/namespaces/{ns}/resourcequotas/gpu").get("status", {}).get("hard"))
+    env.create(egpu_pod("a", ns, 40000))
+    with pytest.raises(ApiStatusError) as denied:
+        env.create(egpu_pod("b", ns, 20000))
+    assert denied.value.status == 403 and "exceeded quota" in str(denied.value)
+    env.create(egpu_pod("c", ns, 10000))
+    _wait("a and c bound", lambda: len(bound(env.pods(ns))) == 2)
+    # without the requests. prefix the API accepts the quota but never enforces it
+    loose = env.namespace("e2e-quota-unprefixed")
+    env.create({"apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": "ignored", "namespace": loose},
+                "spec": {"hard": {"egpu.io/gpu-memory": "1",
+                                  "limits.egpu.io/gpu-memory": "1"}}})
+    time.sleep(2)
+    env.create(egpu_pod("d", loose, 40000))
+    used = env.api.json("GET", f"/api/v1/namespaces/{loose}/resourcequotas/ignored").get(
+        "status", {}).get("used", {})
+    assert "egpu.io/gpu-memory" not in used or used["egpu.io/gpu-memory"] == "0"
+    env.delete_pods(loose)
+    env.delete_pods(ns)

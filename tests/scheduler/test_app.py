@@ -1,0 +1,92 @@
+"""The HTTP edge through aiohttp's test client: wire keys, status codes, sync gate, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from egpu.config import Config
+from scheduler.app import make_app
+from scheduler.extender import Extender
+from scheduler.state import ClusterState
+from tests.scheduler.helpers import NOW, cards, limits, node, pod
+from tests.scheduler.test_extender import FakeApi
+
+CONFIG = Config(shares_per_card=4)
+
+
+@pytest.fixture
+async def setup() -> AsyncIterator[tuple[TestClient, FakeApi, asyncio.Event]]:
+    state = ClusterState(CONFIG)
+    state.replace_nodes([node("a", cards(1, memory=24576)), node("b", cards(1, "Tesla T4", 15360))])
+    api = FakeApi(state)
+    synced = asyncio.Event()
+    app = make_app(Extender(state, CONFIG, api, clock=lambda: NOW), synced, sync_timeout_s=0.2)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    yield client, api, synced
+    await client.close()
+
+
+async def test_healthz_waits_for_sync(setup: tuple[TestClient, FakeApi, asyncio.Event]) -> None:
+    client, _, synced = setup
+    assert (await client.get("/healthz")).status == 503
+    p = pod()
+    r = await client.post("/filter", json={"Pod": p, "NodeNames": ["a"]})
+    assert "not synced" in (await r.json())["Error"]
+    synced.set()
+    assert (await client.get("/healthz")).status == 200
+
+
+async def test_filter_prioritize_bind_round_trip(
+    setup: tuple[TestClient, FakeApi, asyncio.Event],
+) -> None:
+    client, api, synced = setup
+    synced.set()
+    p = api.add(pod("p", containers=[limits(memory=20000, cores=50)]))
+    body = {"Pod": p, "NodeNames": ["a", "b"]}
+    r = await client.post("/filter", json=body)
+    assert r.status == 200
+    result = await r.json()
+    assert result["NodeNames"] == ["a"] and result["Error"] == ""
+    assert set(result["FailedAndUnresolvableNodes"]) == {"b"}
+    r = await client.post("/prioritize", json={"Pod": p, "NodeNames": ["a"]})
+    assert await r.json() == [{"Host": "a", "Score": 8}]
+    meta = p["metadata"]
+    r = await client.post("/bind", json={"PodName": meta["name"], "PodNamespace": "default",
+                                         "PodUID": meta["uid"], "Node": "a"})
+    assert await r.json() == {"Error": ""}
+    assert api.pods[("default", "p")]["spec"]["nodeName"] == "a"
+    text = await (await client.get("/metrics")).text()
+    assert 'egpu_extender_requests_total{outcome="ok",verb="bind"} 1.0' in text
+    assert "egpu_extender_request_seconds_bucket" in text
+    assert "egpu_extender_card_booked_mib{" in text and "} 20000.0" in text
+
+
+async def test_malformed_requests_answer_400(
+    setup: tuple[TestClient, FakeApi, asyncio.Event],
+) -> None:
+    client, _, synced = setup
+    synced.set()
+    r = await client.post("/filter", data=b"{not json")
+    assert r.status == 400 and "malformed filter" in (await r.json())["Error"]
+    r = await client.post("/filter", json=[1, 2])
+    assert r.status == 400
+    r = await client.post("/bind", json={"PodName": "x"})
+    assert r.status == 400
+
+
+async def test_bind_error_is_in_the_result(
+    setup: tuple[TestClient, FakeApi, asyncio.Event],
+) -> None:
+    client, api, synced = setup
+    synced.set()
+    api.fail_bind = True
+    p = api.add(pod("p"))
+    meta = p["metadata"]
+    r = await client.post("/bind", json={"PodName": "p", "PodNamespace": "default",
+                                         "PodUID": meta["uid"], "Node": "a"})
+    assert r.status == 200 and "binding failed" in (await r.json())["Error"]

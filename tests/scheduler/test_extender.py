@@ -1,0 +1,344 @@
+"""The extender verbs over a ClusterState, and the cluster view's bookkeeping (no HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from egpu.booking import CardBooking
+from egpu.config import Config
+from egpu.records import Allocation
+from egpu.requests import read_pod
+from scheduler.extender import BindError, Extender
+from scheduler.placement import Limits, Placement, PodDemand, fit
+from scheduler.state import Booking, ClusterState
+from tests.scheduler.helpers import NOW, cards, limits, node, pod
+
+CONFIG = Config(shares_per_card=4)
+
+
+class FakeApi:
+    """A pod store that plays the API server; ``watch`` feeds changes back to the state."""
+
+    def __init__(self, state: ClusterState, watch: bool = True) -> None:
+        self.state = state
+        self.watch = watch
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.fail_patch = False
+        self.fail_bind = False
+        self.delay = 0.0
+
+    def add(self, p: dict[str, Any]) -> dict[str, Any]:
+        self.pods[(p["metadata"]["namespace"], p["metadata"]["name"])] = p
+        self.state.observe_pod(copy.deepcopy(p))
+        return p
+
+    def _emit(self, p: dict[str, Any]) -> None:
+        if self.watch:
+            self.state.observe_pod(copy.deepcopy(p))
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.pods.get((namespace, name)))
+
+    async def set_allocation(self, namespace: str, name: str, uid: str, text: str) -> None:
+        self.calls.append(("patch", name))
+        await asyncio.sleep(self.delay)
+        if self.fail_patch:
+            raise BindError("HTTP 500: patch refused")
+        p = self.pods[(namespace, name)]
+        p["metadata"].setdefault("annotations", {})["egpu.io/allocation"] = text
+        self._emit(p)
+
+    async def clear_allocation(self, namespace: str, name: str, text: str) -> None:
+        self.calls.append(("clear", name))
+        p = self.pods[(namespace, name)]
+        if p["metadata"]["annotations"].get("egpu.io/allocation") == text:
+            del p["metadata"]["annotations"]["egpu.io/allocation"]
+        self._emit(p)
+
+    async def bind(self, namespace: str, name: str, uid: str, node_name: str) -> None:
+        self.calls.append(("bind", name))
+        await asyncio.sleep(self.delay)
+        if self.fail_bind:
+            raise BindError("HTTP 409: pod already bound")
+        p = self.pods[(namespace, name)]
+        p["spec"]["nodeName"] = node_name
+        self._emit(p)
+
+
+def make(nodes: list[dict[str, Any]], watch: bool = True) -> tuple[Extender, FakeApi]:
+    state = ClusterState(CONFIG)
+    state.replace_nodes(nodes)
+    api = FakeApi(state, watch)
+    return Extender(state, CONFIG, api, clock=lambda: NOW), api
+
+
+def args(p: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return {"Pod": p, "NodeNames": names}
+
+
+def bind_args(p: dict[str, Any], node_name: str) -> dict[str, Any]:
+    meta = p["metadata"]
+    return {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"],
+            "Node": node_name}
+
+
+# --- filter ------------------------------------------------------------------------------
+
+def test_filter_sorts_nodes_into_passed_failed_and_unresolvable() -> None:
+    ext, api = make([node("a10", cards(2)), node("t4", cards(8, "Tesla T4", 15360)),
+                     node("stale", cards(1), heartbeat=NOW - 600), node("cpu", None)])
+    busy = api.add(pod("busy", containers=[limits(memory=23028)],
+                       annotations={"egpu.io/use-gpu-type": "A10"}))
+    ext.state.reserve(_booking(ext, busy, "a10"))
+    p = pod(containers=[limits(memory=16000)])
+    result = ext.filter(args(p, ["a10", "t4", "stale", "cpu", "ghost"]))
+    assert result["NodeNames"] == ["a10"]
+    assert set(result["FailedAndUnresolvableNodes"]) == {"t4", "stale", "cpu", "ghost"}
+    assert "16000 MiB asked > 15360 MiB bookable" in result["FailedAndUnresolvableNodes"]["t4"]
+    assert "heartbeat" in result["FailedAndUnresolvableNodes"]["stale"]
+    assert "egpu.io/inventory missing" in result["FailedAndUnresolvableNodes"]["cpu"]
+    assert "no egpu inventory" in result["FailedAndUnresolvableNodes"]["ghost"]
+    # fill the second A10 card: now a resolvable failure naming the cards
+    other = api.add(pod("other", containers=[limits(memory=23028)]))
+    ext.state.reserve(_booking(ext, other, "a10"))
+    result = ext.filter(args(p, ["a10"]))
+    assert result["NodeNames"] == [] and "0 MiB free, 16000 MiB asked" in result["FailedNodes"][
+        "a10"]
+
+
+def _booking(ext: Extender, p: dict[str, Any], node_name: str) -> Booking:
+    """Fit ``p`` on ``node_name`` now: the booking a bind would reserve."""
+    request = read_pod(p, CONFIG).request
+    assert request is not None
+    placed = fit(ext.state.node(node_name), PodDemand.from_request(request),
+                 Limits.from_config(CONFIG), NOW)
+    assert isinstance(placed, Placement)
+    return Booking(p["metadata"]["uid"], "x", node_name, placed.allocation, placed.bookings)
+
+
+def test_filter_passes_pods_without_egpu_resources() -> None:
+    ext, _ = make([node("a", cards(1))])
+    p = pod(containers=[{"nvidia.com/gpu": 1}])
+    assert ext.filter(args(p, ["a", "b"]))["NodeNames"] == ["a", "b"]
+
+
+def test_filter_fails_invalid_pods_everywhere_with_the_reason() -> None:
+    ext, _ = make([node("a", cards(1))])
+    p = pod(containers=[limits(cores=150)])
+    result = ext.filter(args(p, ["a"]))
+    assert result["NodeNames"] == []
+    assert "egpu.io/gpu-cores='150'" in result["FailedAndUnresolvableNodes"]["a"]
+
+
+def test_filter_with_whole_nodes_when_not_node_cache_capable() -> None:
+    ext, _ = make([node("a", cards(1)), node("b", cards(1, "Tesla T4", 15360))])
+    p = pod(containers=[limits(memory=16000)])
+    nodes = {"items": [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]}
+    result = ext.filter({"Pod": p, "Nodes": nodes})
+    assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["a"]
+    assert "NodeNames" not in result
+
+
+def test_prioritize_scores_by_node_policy() -> None:
+    ext, api = make([node("full", cards(1, memory=10000)), node("empty", cards(1, memory=10000))])
+    filler = api.add(pod("f", containers=[limits(memory=8000)]))
+    ext.state.reserve(_booking(ext, filler, "full"))
+    binpack = pod(containers=[limits(memory=1000)])
+    spread = pod(containers=[limits(memory=1000)], annotations={"egpu.io/node-policy": "spread"})
+    assert ext.prioritize(args(binpack, ["full", "empty"])) == [
+        {"Host": "full", "Score": 9}, {"Host": "empty", "Score": 1}]
+    assert ext.prioritize(args(spread, ["full", "empty"])) == [
+        {"Host": "full", "Score": 1}, {"Host": "empty", "Score": 9}]
+
+
+def test_prioritize_reuses_filter_placements() -> None:
+    ext, _ = make([node("a", cards(2))])
+    p = pod()
+    ext.filter(args(p, ["a"]))
+    (memo,) = [m for _, m in ext._cache.values()]
+    cached = memo["a"]
+    ext.prioritize(args(p, ["a"]))
+    twin = pod(uid="twin")  # another replica of the same template
+    ext.filter(args(twin, ["a"]))
+    assert memo["a"][1] is cached[1] and len(ext._cache) == 1
+    ext.state.upsert_node(node("a", cards(3)))  # the node changed: computed again
+    ext.filter(args(p, ["a"]))
+    assert memo["a"][1] is not cached[1]
+
+
+# --- bind ----------------------------------------------------------------------------------
+
+async def test_bind_writes_the_allocation_before_the_binding() -> None:
+    ext, api = make([node("n", cards(2))])
+    p = api.add(pod("p", containers=[limits(memory=4000, cores=10)]))
+    assert await ext.bind(bind_args(p, "n")) == {"Error": ""}
+    assert api.calls == [("patch", "p"), ("bind", "p")]
+    stored = api.pods[("default", "p")]
+    allocation = Allocation.decode(stored["metadata"]["annotations"]["egpu.io/allocation"])
+    assert allocation.node == "n" and allocation.containers[0].cards[0].memory_mib == 4000
+    assert stored["spec"]["nodeName"] == "n"
+    assert sum(u.memory_mib for u in ext.state.usage("n").values()) == 4000
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01])
+async def test_fc10_concurrent_binds_never_double_book(delay: float) -> None:
+    """FC-10: the only free card has 24576 MiB; 3 pods of 12288 MiB bind at once: 2 win."""
+    for _ in range(10):
+        inv = cards(1, "NVIDIA L40", 24576)
+        ext, api = make([node("n", inv)])
+        api.delay = delay
+        pods = [api.add(pod(f"p{i}", containers=[limits(memory=12288)])) for i in range(3)]
+        # all three pass filter before any bind (what kube-scheduler does in a burst)
+        assert all(ext.filter(args(p, ["n"]))["NodeNames"] == ["n"] for p in pods)
+        results = await asyncio.gather(*(ext.bind(bind_args(p, "n")) for p in pods))
+        assert sum(1 for r in results if not r["Error"]) == 2
+        loser = next(r for r in results if r["Error"])
+        assert "no longer fits" in loser["Error"] and "0 MiB free" in loser["Error"]
+        assert ext.state.usage("n")[inv[0].uuid] == CardBooking(24576, 0, 2)
+
+
+async def test_fc10_eight_cards_sixteen_pods_at_once() -> None:
+    ext, api = make([node("n", cards(8, "NVIDIA H100 80GB HBM3", 81559))])
+    api.delay = 0.001
+    pods = [api.add(pod(f"p{i}", containers=[limits(memory=40000)])) for i in range(17)]
+    results = await asyncio.gather(*(ext.bind(bind_args(p, "n")) for p in pods))
+    assert sum(1 for r in results if not r["Error"]) == 16
+    assert all(u == CardBooking(80000, 0, 2) for u in ext.state.usage("n").values())
+
+
+async def test_filter_sees_binds_in_flight() -> None:
+    ext, api = make([node("n", cards(1, memory=24576))])
+    api.delay = 0.05
+    a = api.add(pod("a", containers=[limits(memory=20000)]))
+    b = api.add(pod("b", containers=[limits(memory=20000)]))
+    task = asyncio.create_task(ext.bind(bind_args(a, "n")))
+    await asyncio.sleep(0.01)  # a's PATCH is in flight
+    assert ext.filter(args(b, ["n"]))["NodeNames"] == []
+    assert (await task)["Error"] == ""
+
+
+async def test_failed_binding_rolls_back_booking_and_annotation() -> None:
+    ext, api = make([node("n", cards(1))])
+    api.fail_bind = True
+    p = api.add(pod("p", containers=[limits(memory=4000)]))
+    result = await ext.bind(bind_args(p, "n"))
+    assert "binding failed" in result["Error"]
+    assert api.calls == [("patch", "p"), ("bind", "p"), ("clear", "p")]
+    assert "egpu.io/allocation" not in api.pods[("default", "p")]["metadata"]["annotations"]
+    assert all(u == CardBooking() for u in ext.state.usage("n").values())
+
+
+async def test_failed_patch_drops_the_reservation() -> None:
+    ext, api = make([node("n", cards(1))])
+    api.fail_patch = True
+    p = api.add(pod("p"))
+    assert "writing the allocation failed" in (await ext.bind(bind_args(p, "n")))["Error"]
+    assert ("bind", "p") not in api.calls
+    assert ext.state.bookings() == {}
+
+
+async def test_bind_refuses_a_node_that_no_longer_fits() -> None:
+    ext, api = make([node("n", cards(1, memory=1000))])
+    p = api.add(pod("p", containers=[limits(memory=2000)]))
+    result = await ext.bind(bind_args(p, "n"))
+    assert "no longer fits" in result["Error"] and api.calls == []
+
+
+async def test_bind_of_an_unknown_pod() -> None:
+    ext, _ = make([node("n", cards(1))])
+    p = pod("ghost")
+    assert "not found" in (await ext.bind(bind_args(p, "n")))["Error"]
+
+
+async def test_reservation_survives_stale_watch_events() -> None:
+    """A watch event from before the PATCH (no annotation) must not release a fresh booking."""
+    ext, api = make([node("n", cards(1, memory=24576))], watch=False)
+    p = api.add(pod("p", containers=[limits(memory=20000)]))
+    assert (await ext.bind(bind_args(p, "n")))["Error"] == ""
+    ext.state.observe_pod(pod("p", uid=p["metadata"]["uid"], containers=[limits(memory=20000)]))
+    assert sum(u.memory_mib for u in ext.state.usage("n").values()) == 20000
+    # the watch catches up: the reservation is confirmed and replaced by the observed booking
+    ext.state.observe_pod(copy.deepcopy(api.pods[("default", "p")]))
+    assert ext.state._reserved == {}
+    assert sum(u.memory_mib for u in ext.state.usage("n").values()) == 20000
+
+
+async def test_a_pod_does_not_compete_with_its_own_earlier_booking() -> None:
+    """Extender killed between PATCH and Binding: the pod comes back with its annotation."""
+    ext, api = make([node("n", cards(1, memory=24576))])
+    p = api.add(pod("p", containers=[limits(memory=20000)]))
+    ext.state.reserve(_booking(ext, p, "n"))
+    text = ext.state.booking(p["metadata"]["uid"]).allocation.encode()
+    ext.state.unreserve(p["metadata"]["uid"])
+    p["metadata"]["annotations"]["egpu.io/allocation"] = text  # unbound, annotated
+    api.add(p)
+    assert sum(u.memory_mib for u in ext.state.usage("n").values()) == 20000
+    assert ext.filter(args(p, ["n"]))["NodeNames"] == ["n"]
+    other = pod("o", containers=[limits(memory=20000)])
+    assert ext.filter(args(other, ["n"]))["NodeNames"] == []
+    assert (await ext.bind(bind_args(p, "n")))["Error"] == ""
+    assert sum(u.memory_mib for u in ext.state.usage("n").values()) == 20000
+
+
+# --- the cluster view -------------------------------------------------------------------------
+
+def _annotated(name: str, ext: Extender, node_name: str, **kw: Any) -> dict[str, Any]:
+    p = pod(name, containers=[limits(memory=5000)], node=node_name, **kw)
+    booking = _booking(ext, p, node_name)
+    p["metadata"]["annotations"]["egpu.io/allocation"] = booking.allocation.encode()
+    return p
+
+
+def test_restart_rebuilds_the_same_bookings_from_the_api() -> None:
+    ext, _ = make([node("n", cards(2))])
+    pods = [_annotated(f"p{i}", ext, "n") for i in range(3)]
+    for p in pods:
+        ext.state.observe_pod(p)
+    before = ext.state.usage("n")
+    again = ClusterState(CONFIG)
+    again.replace_nodes([node("n", cards(2))])
+    again.replace_pods(json.loads(json.dumps(pods)))
+    assert again.usage("n") == before and sum(u.memory_mib for u in before.values()) == 15000
+
+
+def test_deleted_pod_is_released_by_uid_even_without_annotations() -> None:
+    ext, _ = make([node("n", cards(1))])
+    p = _annotated("p", ext, "n")
+    ext.state.observe_pod(p)
+    ext.state.delete_pod(p["metadata"]["uid"])  # the DELETE event's object is not read
+    assert ext.state.usage("n") == {"GPU-0": CardBooking()}
+
+
+def test_terminating_pod_keeps_its_booking_finished_pod_releases() -> None:
+    ext, _ = make([node("n", cards(1))])
+    p = _annotated("p", ext, "n")
+    ext.state.observe_pod(p)
+    p["metadata"]["deletionTimestamp"] = "2030-01-01T00:00:00Z"
+    ext.state.observe_pod(p)
+    assert ext.state.usage("n")["GPU-0"].memory_mib == 5000
+    ext.state.observe_pod({**p, "status": {"phase": "Succeeded"}})
+    assert ext.state.usage("n")["GPU-0"].memory_mib == 0
+
+
+def test_relist_releases_pods_that_vanished() -> None:
+    ext, _ = make([node("n", cards(1))])
+    a, b = _annotated("a", ext, "n"), _annotated("b", ext, "n")
+    ext.state.replace_pods([a, b])
+    ext.state.replace_pods([a])
+    assert ext.state.usage("n")["GPU-0"].memory_mib == 5000
+
+
+def test_node_annotation_changes_are_seen() -> None:
+    ext, _ = make([node("n", cards(1), heartbeat=NOW - 1000)])
+    p = pod()
+    assert ext.filter(args(p, ["n"]))["NodeNames"] == []
+    ext.state.upsert_node(node("n", cards(1), heartbeat=NOW))
+    assert ext.filter(args(p, ["n"]))["NodeNames"] == ["n"]
+    ext.state.delete_node("n")
+    assert ext.filter(args(p, ["n"]))["FailedAndUnresolvableNodes"]
