@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
@@ -159,7 +160,12 @@ _RANGES: dict[str, tuple[int, int | None]] = {
     RES_MEMORY_PERCENTAGE: (1, 100),
     RES_CORES: (1, 100),
 }
-_PLAIN_INTEGER = re.compile(r"^[+]?[0-9]+$")
+# A Kubernetes quantity without a binary suffix: the API server stores "3000" as "3k" (its
+# canonical form), so decimal SI suffixes and exponents must read as the whole numbers they
+# are. Binary suffixes (Ki, Mi, Gi, ...) stay refused: "24Gi" MiB is never what was meant.
+_DECIMAL_QUANTITY = re.compile(r"^\+?(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+                               r"(?:(?P<suffix>[kMGTPE])|[eE](?P<exp>[+-]?[0-9]{1,2}))?$")
+_SI_EXPONENTS = {"k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
 
 def _allowed_text(resource: str) -> str:
@@ -170,16 +176,26 @@ def _allowed_text(resource: str) -> str:
 
 
 def _parse_quantity(raw: Any) -> int | None:
-    """A plain integer quantity ("24000", 24000), or None for anything else (1.5, "24Gi")."""
+    """A whole-number quantity, or None for anything else.
+
+    Accepts ints, integral floats and strings in Kubernetes quantity syntax with a decimal
+    SI suffix or exponent ("24000", "24k", "3e3", "+5"), as long as the value is a whole
+    number; refuses fractions ("1.5", "500m"), binary suffixes ("24Gi") and anything else.
+    """
     if isinstance(raw, bool):
         return None
     if isinstance(raw, int):
         return raw
     if isinstance(raw, float) and raw.is_integer():
         return int(raw)
-    if isinstance(raw, str) and _PLAIN_INTEGER.match(raw.strip()):
-        return int(raw.strip())
-    return None
+    if not isinstance(raw, str):
+        return None
+    match = _DECIMAL_QUANTITY.match(raw.strip())
+    if match is None:
+        return None
+    exponent = _SI_EXPONENTS.get(match["suffix"] or "", 0) + int(match["exp"] or 0)
+    value = Decimal(match["number"]).scaleb(exponent)
+    return int(value) if value == value.to_integral_value() else None
 
 
 def _as_mapping(value: Any) -> Mapping[str, Any]:

@@ -1,0 +1,343 @@
+"""Benchmark the admission webhook (issue 4).
+
+1. AdmissionReviews per second and latency (p50, p99, milliseconds) over TLS on loopback:
+   the webhook runs as its own process (``python -m webhook.main``), 64 concurrent aiohttp
+   clients (keep-alive connections) POST the review of a 1-container and of a 10-container
+   GPU pod for ``--duration`` seconds each, after a warm-up.
+2. Pod creation latency through the real API server (the dev cluster) with the webhook
+   registered (by URL, the manifest's matchConditions) divided by the latency without it:
+   the median of ``--pods`` sequential creations each way, in one run.
+
+Targets: >= 1500 reviews/s, p99 <= 10 ms on 2 cores; ratio <= 1.2.
+The last line is exactly ``reviews_per_s=N p50_ms=N p99_ms=N create_latency_ratio=N`` (the
+1-container case); ``create_latency_ratio=nan`` when the dev cluster is not available, with
+the reason printed above it.
+
+Usage: ``.venv/bin/python bench/webhook.py [--duration 5] [--concurrency 64] [--pods 40]
+[--no-cluster]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing
+import os
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parent.parent
+# This file is named like the package it measures: keep bench/ off the import path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
+sys.path.insert(0, str(REPO))
+
+from certs.issue import create_ca, create_serving, write_bundle  # noqa: E402
+from webhook.registration import configuration_for_url  # noqa: E402
+
+
+def gpu_pod(containers: int, name: str = "bench") -> dict[str, Any]:
+    """A pod whose ``containers`` containers each ask for 1 card x 3000 MiB x 10% cores,
+    shaped as the API server sends it (defaulted fields included)."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "bench",
+                     "labels": {"app": "bench"}, "annotations": {"egpu.io/priority": "high"}},
+        "spec": {
+            "schedulerName": "default-scheduler", "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
+            "containers": [{
+                "name": f"c{i}", "image": "registry.example.internal/serve:1.0",
+                "imagePullPolicy": "IfNotPresent",
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File",
+                "env": [{"name": "MODEL", "value": "/models/m"}],
+                "resources": {
+                    "limits": {"cpu": "1", "memory": "2Gi", "egpu.io/gpu": "1",
+                               "egpu.io/gpu-memory": "3000", "egpu.io/gpu-cores": "10"},
+                    "requests": {"cpu": "1", "memory": "2Gi", "egpu.io/gpu": "1",
+                                 "egpu.io/gpu-memory": "3000", "egpu.io/gpu-cores": "10"}},
+            } for i in range(containers)],
+        },
+    }
+
+
+def admission_review(pod: dict[str, Any], uid: str = "bench") -> dict[str, Any]:
+    """The AdmissionReview (admission.k8s.io/v1) for creating ``pod``."""
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "bench", "operation": "CREATE", "object": pod,
+        "userInfo": {"username": "bench"}, "dryRun": False}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_webhook(certs: Path, port: int) -> subprocess.Popen[bytes]:
+    """Run the webhook as its own process; wait until /healthz answers."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "webhook.main", "--cert", str(certs / "tls.crt"),
+         "--key", str(certs / "tls.key"), "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "WARNING"], cwd=REPO)
+    context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=context,
+                                        timeout=1):
+                return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise SystemExit("bench: the webhook did not start") from None
+            time.sleep(0.1)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of sorted values, nearest rank."""
+    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+async def load(url: str, body: bytes, cafile: str, concurrency: int, duration_s: float,
+               interval_s: float = 0.0, warmup_s: float = 1.0) -> list[float]:
+    """Latencies (seconds) of ``concurrency`` keep-alive clients posting ``body`` for
+    ``duration_s`` seconds, after ``warmup_s`` seconds that are not counted. Each client
+    sends back to back (``interval_s`` 0: closed loop, the server's saturation) or one
+    request every ``interval_s`` seconds (paced: latency at a given offered load)."""
+    context = ssl.create_default_context(cafile=cafile)
+    connector = aiohttp.TCPConnector(ssl=context, limit=concurrency)
+    latencies: list[float] = []
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+        measure_from = start + warmup_s
+        stop = measure_from + duration_s
+
+        async def worker(offset: float) -> None:
+            due = start + offset
+            while True:
+                if interval_s:
+                    due += interval_s
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                t0 = time.perf_counter()
+                if t0 >= stop:
+                    return
+                async with session.post(url, data=body, headers=headers) as resp:
+                    payload = await resp.read()
+                    if resp.status != 200:
+                        raise SystemExit(f"bench: HTTP {resp.status}: {payload[:200]!r}")
+                t1 = time.perf_counter()
+                if t0 >= measure_from:
+                    latencies.append(t1 - t0)
+
+        await asyncio.gather(*(worker(interval_s * i / concurrency)
+                               for i in range(concurrency)))
+    return latencies
+
+
+def _load_process(job: tuple[str, bytes, str, int, float, float]) -> list[float]:
+    return asyncio.run(load(*job))
+
+
+def measure(url: str, body: bytes, cafile: str, concurrency: int, duration_s: float,
+            processes: int, offered_per_s: float = 0.0) -> tuple[float, float, float]:
+    """Reviews/s, p50 ms, p99 ms for ``concurrency`` clients spread over ``processes``
+    client processes (one Python process cannot keep a fast server busy on its own);
+    closed loop, or paced at ``offered_per_s`` reviews/s in all."""
+    shares = [concurrency // processes + (i < concurrency % processes)
+              for i in range(processes)]
+    interval = concurrency / offered_per_s if offered_per_s else 0.0
+    jobs = [(url, body, cafile, share, duration_s, interval) for share in shares if share]
+    with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
+        latencies = sorted(x for part in pool.map(_load_process, jobs) for x in part)
+    return (len(latencies) / duration_s, percentile(latencies, 0.5) * 1000,
+            percentile(latencies, 0.99) * 1000)
+
+
+def create_latency_ratio(url: str, ca_pem: bytes, pods: int) -> tuple[float, str]:
+    """Median pod-creation latency with the webhook / without, through the dev cluster's
+    API server. Returns (nan, reason) when the dev cluster is unavailable."""
+    try:
+        from devcluster import build as devbuild
+        from devcluster import cluster as devcluster
+    except ImportError as exc:
+        return math.nan, f"devcluster not importable ({exc})"
+    state_dir = devcluster.default_state_dir()
+    started = False
+    if not devcluster.status(state_dir).up:  # start a private one, stopped afterwards
+        if devbuild.missing():
+            return math.nan, ("dev cluster binaries not built yet: "
+                              f"{', '.join(devbuild.missing())} (python -m devcluster.build)")
+        state_dir = Path(tempfile.mkdtemp(prefix="egpu-bench-cluster-"))
+        try:
+            devcluster.up(devcluster.Config(state_dir=state_dir, build_missing=False))
+            started = True
+        except Exception as exc:
+            return math.nan, f"dev cluster did not start: {exc}"
+    try:
+        return _measure(devcluster.ClusterInfo.load(state_dir), url, ca_pem, pods), ""
+    finally:
+        if started:
+            devcluster.down(state_dir)
+
+
+def _measure(info: Any, url: str, ca_pem: bytes, pods: int) -> float:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    api = info.api_client()
+    core = client.CoreV1Api(api)
+    admission = client.AdmissionregistrationV1Api(api)
+    namespace = "egpu-bench-webhook"
+    with _suppress(ApiException):
+        core.create_namespace({"metadata": {"name": namespace}})
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            core.read_namespaced_service_account("default", namespace)
+            break
+        except ApiException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    config = configuration_for_url(url, ca_pem, name="egpu-bench-webhook")
+    for hook in config["webhooks"]:  # only the bench's namespace (the cluster may be shared)
+        hook["namespaceSelector"] = {"matchExpressions": [{
+            "key": "kubernetes.io/metadata.name", "operator": "In", "values": [namespace]}]}
+
+    def create_many(tag: str) -> list[float]:
+        times = []
+        for i in range(pods):
+            pod = gpu_pod(1, f"{tag}-{i}")
+            pod["metadata"]["namespace"] = namespace
+            t0 = time.perf_counter()
+            core.create_namespaced_pod(namespace, pod)
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def cleanup() -> None:
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+
+    try:
+        create_many("warm")
+        cleanup()
+        without = create_many("plain")
+        admission.create_mutating_webhook_configuration(config)
+        deadline = time.monotonic() + 30
+        i = 0
+        while True:  # until the API server calls the webhook
+            probe = gpu_pod(1, f"probe-{i}")
+            probe["metadata"]["namespace"] = namespace
+            created = core.create_namespaced_pod(namespace, probe)
+            if (created.metadata.labels or {}).get("egpu.io/priority"):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit("bench: the webhook was never called")
+            i += 1
+            time.sleep(0.2)
+        with_webhook = create_many("hooked")
+    finally:
+        with _suppress(ApiException):
+            admission.delete_mutating_webhook_configuration("egpu-bench-webhook")
+        with _suppress(ApiException):
+            core.delete_namespace(namespace)
+        api.close()
+    print(f"pod create median: without webhook {statistics.median(without) * 1000:.2f} ms, "
+          f"with {statistics.median(with_webhook) * 1000:.2f} ms ({pods} pods each)")
+    return statistics.median(with_webhook) / statistics.median(without)
+
+
+class _suppress:
+    def __init__(self, *kinds: type[BaseException]) -> None:
+        self.kinds = kinds
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
+        return value is not None and isinstance(value, self.kinds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per case")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--client-processes", type=int, default=2,
+                        help="processes the concurrent clients are spread over")
+    parser.add_argument("--paced", type=float, nargs="*", default=[200.0, 500.0],
+                        help="also measure latency at these offered rates (reviews/s)")
+    parser.add_argument("--pods", type=int, default=40, help="pods created each way")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the API server part")
+    args = parser.parse_args(argv)
+    print(f"cpus: {os.cpu_count()}, {args.concurrency} clients in {args.client_processes} "
+          f"processes, {args.duration:g}s per case, load average {os.getloadavg()[0]:.1f}")
+    with tempfile.TemporaryDirectory(prefix="egpu-bench-") as tmp:
+        certs = Path(tmp)
+        ca = create_ca()
+        write_bundle(certs, ca, create_serving(ca, ["127.0.0.1", "localhost"]))
+        port = free_port()
+        proc = start_webhook(certs, port)
+        url = f"https://127.0.0.1:{port}/mutate"
+        results = {}
+        try:
+            for containers in (10, 1):
+                body = json.dumps(admission_review(gpu_pod(containers))).encode()
+                cpu_before, wall_before = cpu_seconds(proc.pid), time.perf_counter()
+                rate, p50, p99 = measure(url, body, str(certs / "ca.crt"), args.concurrency,
+                                         args.duration, args.client_processes)
+                cpu = cpu_seconds(proc.pid) - cpu_before
+                wall = time.perf_counter() - wall_before
+                results[containers] = (rate, p50, p99)
+                # warm-up and measured requests both count: the rate covers the measured part
+                served = rate * args.duration * (1 + 1 / args.duration)
+                print(f"{containers}-container pod ({len(body)} bytes): reviews_per_s={rate:.0f} "
+                      f"p50_ms={p50:.2f} p99_ms={p99:.2f}; webhook process CPU "
+                      f"{cpu / wall * 100:.0f}% of one core, ~{cpu / served * 1e6:.0f} us CPU "
+                      f"per review (~{served / cpu:.0f} reviews/s per fully used core)")
+            body = json.dumps(admission_review(gpu_pod(1))).encode()
+            for offered in args.paced:
+                rate, p50, p99 = measure(url, body, str(certs / "ca.crt"), args.concurrency,
+                                         args.duration, args.client_processes, offered)
+                print(f"1-container pod, paced at {offered:g}/s offered by {args.concurrency} "
+                      f"clients: reviews_per_s={rate:.0f} p50_ms={p50:.2f} p99_ms={p99:.2f}")
+            if args.no_cluster:
+                ratio, why = math.nan, "--no-cluster given"
+            else:
+                ratio, why = create_latency_ratio(url, ca.cert_pem, args.pods)
+            if why:
+                print(f"create_latency_ratio=nan: {why}")
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    rate, p50, p99 = results[1]
+    print(f"reviews_per_s={rate:.0f} p50_ms={p50:.2f} p99_ms={p99:.2f} "
+          f"create_latency_ratio={ratio:.3f}" if not math.isnan(ratio) else
+          f"reviews_per_s={rate:.0f} p50_ms={p50:.2f} p99_ms={p99:.2f} create_latency_ratio=nan")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

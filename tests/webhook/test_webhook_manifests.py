@@ -1,0 +1,74 @@
+"""manifests/webhook: the settings issue 4 asks for, checked on the YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "webhook"
+
+
+def _objects() -> dict[str, dict[str, Any]]:
+    kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+    out: dict[str, dict[str, Any]] = {}
+    for name in kustomization["resources"]:
+        for doc in yaml.safe_load_all((MANIFESTS / name).read_text()):
+            if doc:
+                out[doc["kind"]] = doc
+    return out
+
+
+def test_every_object_present() -> None:
+    assert set(_objects()) == {"ServiceAccount", "Deployment", "PodDisruptionBudget", "Service",
+                               "MutatingWebhookConfiguration"}
+
+
+def test_webhook_configuration() -> None:
+    (webhook,) = _objects()["MutatingWebhookConfiguration"]["webhooks"]
+    assert webhook["failurePolicy"] == "Fail" and webhook["sideEffects"] == "None"
+    assert webhook["timeoutSeconds"] == 5 and webhook["reinvocationPolicy"] == "IfNeeded"
+    assert webhook["admissionReviewVersions"] == ["v1"]
+    assert webhook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"],
+                                 "operations": ["CREATE"], "resources": ["pods"],
+                                 "scope": "Namespaced"}]
+    assert webhook["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+         "values": ["kube-system", "egpu-system"]}]
+    service = webhook["clientConfig"]["service"]
+    assert service == {"name": "egpu-webhook", "namespace": "egpu-system", "path": "/mutate",
+                       "port": 443}
+    (condition,) = webhook["matchConditions"]
+    expression = condition["expression"]
+    for needle in ("object.spec.containers", "object.spec.initContainers", "limits",
+                   "requests", "'egpu.io/'", "'volcano.sh/vgpu-'"):
+        assert needle in expression
+    assert expression.count("(") == expression.count(")")
+
+
+def test_deployment_service_pdb_fit_together() -> None:
+    objects = _objects()
+    deployment = objects["Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert objects["Service"]["spec"]["selector"].items() <= labels.items()
+    assert objects["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"].items() <= (
+        labels.items())
+    assert pod["spec"]["serviceAccountName"] == objects["ServiceAccount"]["metadata"]["name"]
+    (container,) = pod["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["resources"]["requests"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "egpu-webhook-tls"
+    assert volumes["config"]["configMap"] == {"name": "egpu-config", "items": [
+        {"key": "config.yaml", "path": "config.yaml"}]}
+    args = " ".join(container["command"])
+    assert "--cert=/etc/egpu/tls/tls.crt" in args
+    assert "--config=/etc/egpu/config/config.yaml" in args
+    assert objects["Service"]["spec"]["ports"][0]["targetPort"] == "https"
+    for obj in objects.values():
+        if obj["kind"] != "MutatingWebhookConfiguration":
+            assert obj["metadata"]["namespace"] == "egpu-system"

@@ -1,0 +1,414 @@
+"""The webhook's pure core on AdmissionReview JSON: every mutation and denial rule."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import replace
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from egpu.config import Config, load_config
+from webhook.review import InvalidReview, review
+from webhook.reviews import AdmissionReview
+
+from .support import admission_review, admitted, answer, container, decoded_patch, make_pod
+
+GPU = {"egpu.io/gpu": "1", "egpu.io/gpu-memory": "3000"}
+ENV_HIGH = [
+    {"name": "EGPU_PRIORITY", "value": "high"},
+    {"name": "EGPU_COMPUTE_POLICY", "value": "strict"},
+    {"name": "EGPU_MEMORY_OVERSUBSCRIPTION", "value": "false"},
+]
+MOUNT = {"name": "egpu-runtime", "mountPath": "/var/run/egpu"}
+VOLUME = {"name": "egpu-runtime", "hostPath": {"path": "/var/run/egpu",
+                                               "type": "DirectoryOrCreate"}}
+
+
+def second_pass(pod: dict[str, Any], config: Config | None = None) -> dict[str, Any]:
+    """The answer for the admitted pod (reinvocation)."""
+    return answer(admitted(pod, config), config)
+
+
+# --- the envelope ---------------------------------------------------------------------
+
+
+def test_uid_echoed_and_api_version_kind_set() -> None:
+    result = review(admission_review(make_pod(container(limits=GPU)), uid="abc-123"), Config())
+    assert result["apiVersion"] == "admission.k8s.io/v1"
+    assert result["kind"] == "AdmissionReview"
+    assert result["response"]["uid"] == "abc-123"
+    assert "request" not in result
+
+
+def test_patch_is_base64_json_patch_with_patch_type() -> None:
+    response = answer(make_pod(container(limits=GPU)))
+    assert response["allowed"] is True and response["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(response["patch"], validate=True))
+    assert isinstance(ops, list) and all({"op", "path"} <= set(op) for op in ops)
+    assert "status" not in response and "warnings" not in response
+
+
+def test_no_patch_no_patch_type() -> None:
+    response = answer(make_pod(container(limits={"cpu": "1"})))
+    assert response == {"uid": "uid-1", "allowed": True}
+
+
+def test_denial_has_status_and_no_patch() -> None:
+    response = answer(make_pod(container(limits={"egpu.io/gpu-cores": "150"})))
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 400 and response["status"]["reason"] == "BadRequest"
+    assert "patch" not in response and "patchType" not in response
+
+
+def test_v1beta1_answered_in_kind() -> None:
+    body = admission_review(make_pod(container(limits=GPU)))
+    body["apiVersion"] = "admission.k8s.io/v1beta1"
+    assert review(body, Config())["apiVersion"] == "admission.k8s.io/v1beta1"
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ([], "body"), ("x", "body"), (None, "body"),
+    ({"apiVersion": "v1", "kind": "AdmissionReview", "request": {}}, "apiVersion"),
+    ({"apiVersion": "admission.k8s.io/v1", "kind": "Pod", "request": {}}, "kind"),
+    ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "request"),
+    ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": []}, "request"),
+    ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+      "request": {"operation": "CREATE"}}, "request.uid"),
+    ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+      "request": {"uid": "", "operation": "CREATE"}}, "request.uid"),
+    ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+      "request": {"uid": 5, "operation": "CREATE"}}, "request.uid"),
+    ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+      "request": {"uid": "u", "operation": "CREATE"}}, "request.kind"),
+    ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+      "request": {"uid": "u", "kind": {"group": "", "kind": "Pod"}}}, "request.operation"),
+])
+def test_not_an_admission_review_is_invalid_naming_the_field(body: Any, needle: str) -> None:
+    with pytest.raises(InvalidReview, match=needle.replace(".", r"\.")):
+        review(body, Config())
+
+
+def test_create_without_object_is_invalid() -> None:
+    body = admission_review(None)
+    with pytest.raises(InvalidReview, match=r"request\.object"):
+        review(body, Config())
+
+
+# --- what is left alone ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("operation", ["UPDATE", "DELETE", "CONNECT"])
+def test_other_operations_allowed_untouched(operation: str) -> None:
+    pod = make_pod(container(limits={"egpu.io/gpu-cores": "150"}), nodeName="n1")
+    assert answer(pod, operation=operation) == {"uid": "uid-1", "allowed": True}
+
+
+def test_other_kinds_and_subresources_allowed_untouched() -> None:
+    pod = make_pod(container(limits=GPU))
+    body = admission_review(pod, kind="Deployment")
+    assert review(body, Config())["response"] == {"uid": "uid-1", "allowed": True}
+    body = admission_review(pod, sub_resource="ephemeralcontainers")
+    assert review(body, Config())["response"] == {"uid": "uid-1", "allowed": True}
+
+
+@pytest.mark.parametrize("namespace", ["kube-system", "egpu-system"])
+def test_ignored_namespaces_allowed_untouched(namespace: str) -> None:
+    pod = make_pod(container(limits={"egpu.io/gpu-cores": "150"}), namespace=namespace)
+    assert answer(pod) == {"uid": "uid-1", "allowed": True}
+    pod = make_pod(container(limits=GPU), namespace=namespace)
+    assert answer(pod) == {"uid": "uid-1", "allowed": True}
+
+
+def test_ignored_namespaces_from_config() -> None:
+    config = load_config("ignoredNamespaces: [batch]")
+    assert answer(make_pod(container(limits=GPU), namespace="batch"), config) == {
+        "uid": "uid-1", "allowed": True}
+    assert "patch" in answer(make_pod(container(limits=GPU), namespace="kube-system"), config)
+
+
+def test_non_egpu_pod_with_egpu_annotations_allowed_untouched() -> None:
+    pod = make_pod(container(limits={"nvidia.com/gpu": "1"}),
+                   annotations={"egpu.io/priority": "urgent", "egpu.io/gpu-policy": "x"},
+                   nodeName="n1")
+    assert answer(pod) == {"uid": "uid-1", "allowed": True}
+
+
+def test_dry_run_answered_the_same() -> None:
+    pod = make_pod(container(limits=GPU))
+    assert answer(pod, dry_run=True) == answer(pod)
+    bad = make_pod(container(limits={"egpu.io/gpu": "0"}))
+    assert answer(bad, dry_run=True) == answer(bad)
+
+
+# --- FC-08: routing ---------------------------------------------------------------------
+
+
+def test_fc08a_default_scheduler_rewritten_to_egpu_scheduler() -> None:
+    pod = make_pod(container(limits={"egpu.io/gpu-memory": "3000"}),
+                   schedulerName="default-scheduler")
+    response = answer(pod)
+    assert {"op": "replace", "path": "/spec/schedulerName",
+            "value": "egpu-scheduler"} in decoded_patch(response)
+    assert "warnings" not in response
+
+
+@pytest.mark.parametrize("given", [None, ""])
+def test_fc08a_absent_or_empty_scheduler_set(given: str | None) -> None:
+    spec = {} if given is None else {"schedulerName": given}
+    assert admitted(make_pod(container(limits=GPU), **spec))["spec"]["schedulerName"] == (
+        "egpu-scheduler")
+
+
+def test_fc08a_configured_scheduler_name() -> None:
+    config = load_config("schedulerName: gpu-share")
+    pod = make_pod(container(limits=GPU), schedulerName="default-scheduler")
+    assert admitted(pod, config)["spec"]["schedulerName"] == "gpu-share"
+
+
+def test_other_scheduler_kept_with_a_warning() -> None:
+    pod = make_pod(container(limits=GPU), schedulerName="volcano")
+    response = answer(pod)
+    assert response["allowed"]
+    assert admitted(pod)["spec"]["schedulerName"] == "volcano"
+    assert len(response["warnings"]) == 1
+    assert "volcano" in response["warnings"][0] and "egpu-scheduler" in response["warnings"][0]
+
+
+def test_fc08c_second_pass_changes_nothing() -> None:
+    pod = make_pod(container("a", limits={"volcano.sh/vgpu-memory": "3000"}),
+                   init=(container("i", limits=GPU),),
+                   annotations={"egpu.io/priority": "low"}, schedulerName="default-scheduler")
+    once = admitted(pod)
+    assert once != pod
+    response = answer(once)
+    assert response == {"uid": "uid-1", "allowed": True}
+
+
+def test_fc08c_second_pass_keeps_warning_but_no_patch() -> None:
+    response = second_pass(make_pod(container(limits=GPU), schedulerName="volcano"))
+    assert "patch" not in response and response["warnings"]
+
+
+def test_fc08d_cpu_and_memory_only_no_patch() -> None:
+    pod = make_pod(container(limits={"cpu": "500m", "memory": "256Mi"}),
+                   schedulerName="default-scheduler")
+    assert answer(pod) == {"uid": "uid-1", "allowed": True}
+
+
+# --- the mutation -----------------------------------------------------------------------
+
+
+def test_label_env_volume_and_mount_added() -> None:
+    pod = admitted(make_pod(container(limits=GPU), container("cpu", limits={"cpu": "1"})))
+    assert pod["metadata"]["labels"] == {"egpu.io/priority": "high"}
+    gpu, cpu = pod["spec"]["containers"]
+    assert gpu["env"] == ENV_HIGH and gpu["volumeMounts"] == [MOUNT]
+    assert "env" not in cpu and "volumeMounts" not in cpu
+    assert pod["spec"]["volumes"] == [VOLUME]
+
+
+def test_label_key_escaped_as_json_pointer_and_maps_created() -> None:
+    ops = decoded_patch(answer(make_pod(container(limits=GPU), labels={"app": "x"})))
+    assert {"op": "add", "path": "/metadata/labels/egpu.io~1priority", "value": "high"} in ops
+    ops = decoded_patch(answer(make_pod(container(limits=GPU))))
+    assert {"op": "add", "path": "/metadata/labels",
+            "value": {"egpu.io/priority": "high"}} in ops
+
+
+def test_resolved_priority_from_annotation_and_priority_class() -> None:
+    pod = make_pod(container(limits=GPU), annotations={"egpu.io/priority": "low",
+                                                       "egpu.io/compute-policy": "elastic",
+                                                       "egpu.io/memory-oversubscription": "true"})
+    admitted_pod = admitted(pod)
+    assert admitted_pod["metadata"]["labels"]["egpu.io/priority"] == "low"
+    assert admitted_pod["spec"]["containers"][0]["env"] == [
+        {"name": "EGPU_PRIORITY", "value": "low"},
+        {"name": "EGPU_COMPUTE_POLICY", "value": "elastic"},
+        {"name": "EGPU_MEMORY_OVERSUBSCRIPTION", "value": "true"},
+    ]
+    config = load_config("priorityClasses: {batch-low: low}")
+    pod = make_pod(container(limits=GPU), priorityClassName="batch-low")
+    assert admitted(pod, config)["metadata"]["labels"]["egpu.io/priority"] == "low"
+
+
+def test_existing_label_with_wrong_priority_replaced() -> None:
+    pod = make_pod(container(limits=GPU), labels={"egpu.io/priority": "low"})
+    ops = decoded_patch(answer(pod))
+    assert {"op": "replace", "path": "/metadata/labels/egpu.io~1priority", "value": "high"} in ops
+
+
+def test_env_updated_when_wrong_added_when_missing_others_kept() -> None:
+    env = [
+        {"name": "HOME", "value": "/root"},
+        {"name": "EGPU_PRIORITY", "value": "low"},
+        {"name": "EGPU_COMPUTE_POLICY",
+         "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    pod = admitted(make_pod(container(limits=GPU, env=env)))
+    assert pod["spec"]["containers"][0]["env"] == [
+        {"name": "HOME", "value": "/root"},
+        {"name": "EGPU_PRIORITY", "value": "high"},
+        {"name": "EGPU_COMPUTE_POLICY", "value": "strict"},
+        {"name": "EGPU_MEMORY_OVERSUBSCRIPTION", "value": "false"},
+    ]
+
+
+def test_correct_env_mount_volume_left_as_written() -> None:
+    pod = make_pod(container(limits=GPU, env=list(reversed(ENV_HIGH)),
+                             volumeMounts=[{"name": "data", "mountPath": "/data"}, MOUNT]),
+                   labels={"egpu.io/priority": "high"}, schedulerName="egpu-scheduler",
+                   volumes=[VOLUME, {"name": "data", "emptyDir": {}}])
+    assert answer(pod) == {"uid": "uid-1", "allowed": True}
+
+
+def test_conflicting_mount_and_volume_replaced() -> None:
+    pod = make_pod(container(limits=GPU, volumeMounts=[
+        {"name": "mine", "mountPath": "/var/run/egpu", "readOnly": True},
+        {"name": "egpu-runtime", "mountPath": "/var/run/egpu/"}]),
+        volumes=[{"name": "egpu-runtime", "emptyDir": {}}, {"name": "mine", "emptyDir": {}}])
+    out = admitted(pod)
+    assert out["spec"]["containers"][0]["volumeMounts"] == [MOUNT]
+    assert out["spec"]["volumes"] == [VOLUME, {"name": "mine", "emptyDir": {}}]
+    assert second_pass(pod) == {"uid": "uid-1", "allowed": True}
+
+
+def test_aliases_rewritten_in_limits_and_requests() -> None:
+    limits = {"cpu": "1", "volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "3000",
+              "volcano.sh/vgpu-cores": "30"}
+    c = container(limits=limits)
+    c["resources"]["requests"] = dict(limits)
+    resources = admitted(make_pod(c))["spec"]["containers"][0]["resources"]
+    expected = {"cpu": "1", "egpu.io/gpu": "1", "egpu.io/gpu-memory": "3000",
+                "egpu.io/gpu-cores": "30"}
+    assert resources == {"limits": expected, "requests": expected}
+
+
+def test_configured_alias_rewritten() -> None:
+    config = load_config("resourceAliases: {example.com/vmem: egpu.io/gpu-memory}")
+    out = admitted(make_pod(container(limits={"example.com/vmem": "2000"})), config)
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {"egpu.io/gpu-memory": "2000"}
+    # with this config the Volcano names are not ours any more
+    assert answer(make_pod(container(limits={"volcano.sh/vgpu-memory": "1"})), config) == {
+        "uid": "uid-1", "allowed": True}
+
+
+def test_sidecar_counts() -> None:
+    sidecar = container("proxy", limits=GPU, restartPolicy="Always")
+    pod = admitted(make_pod(container("app", limits={"cpu": "1"}), init=(sidecar,)))
+    assert pod["spec"]["initContainers"][0]["env"] == ENV_HIGH
+    assert pod["spec"]["schedulerName"] == "egpu-scheduler"
+
+
+# --- FC-07: a GPU only in an init container ------------------------------------------------
+
+
+def test_fc07_init_container_gpu_routed_and_mutated() -> None:
+    init = container("compile", limits={"egpu.io/gpu": "1", "egpu.io/gpu-memory": "12000",
+                                        "egpu.io/gpu-cores": "100"})
+    app = container("ocr", limits={"egpu.io/gpu": "1", "egpu.io/gpu-memory": "8000"})
+    pod = admitted(make_pod(app, init=(init,)))
+    assert pod["spec"]["schedulerName"] == "egpu-scheduler"
+    for c in (*pod["spec"]["initContainers"], *pod["spec"]["containers"]):
+        assert c["env"] == ENV_HIGH and c["volumeMounts"] == [MOUNT]
+
+
+def test_fc07_variant_app_container_without_gpu() -> None:
+    init = container("warmup", limits={"egpu.io/gpu-memory": "12000"})
+    pod = admitted(make_pod(container("server", limits={"cpu": "2"}), init=(init,)))
+    assert pod["spec"]["schedulerName"] == "egpu-scheduler"
+    assert pod["metadata"]["labels"]["egpu.io/priority"] == "high"
+    assert pod["spec"]["initContainers"][0]["volumeMounts"] == [MOUNT]
+    assert "volumeMounts" not in pod["spec"]["containers"][0]
+    assert "env" not in pod["spec"]["containers"][0]
+    assert pod["spec"]["volumes"] == [VOLUME]
+
+
+# --- FC-09 and other denials ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("limits", "needle"), [
+    ({"egpu.io/gpu": "1", "egpu.io/gpu-memory-percentage": "0"},
+     "egpu.io/gpu-memory-percentage='0'"),
+    ({"egpu.io/gpu": "1", "egpu.io/gpu-memory-percentage": "101"},
+     "egpu.io/gpu-memory-percentage='101'"),
+    ({"egpu.io/gpu": "1", "egpu.io/gpu-memory-percentage": "150"},
+     "egpu.io/gpu-memory-percentage='150'"),
+    ({"egpu.io/gpu": "1", "egpu.io/gpu-memory": "0"}, "egpu.io/gpu-memory='0'"),
+    ({"egpu.io/gpu": "1", "egpu.io/gpu-cores": "150"}, "egpu.io/gpu-cores='150'"),
+])
+def test_fc09_out_of_range_denied_naming_container_resource_value_range(
+        limits: dict[str, str], needle: str) -> None:
+    response = answer(make_pod(container("trainer", limits=limits)))
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert "container 'trainer'" in message and needle in message
+    assert "allowed: an integer 1.." in message or "allowed: an integer >= 1" in message
+
+
+def test_all_request_errors_joined_in_one_message() -> None:
+    pod = make_pod(container("a", limits={"egpu.io/gpu-cores": "150"}),
+                   container("b", limits={"egpu.io/gpu": "0"}),
+                   annotations={"egpu.io/priority": "urgent"})
+    message = answer(pod)["status"]["message"]
+    assert message.count("; ") >= 2
+    assert "container 'a'" in message and "container 'b'" in message and "urgent" in message
+
+
+def test_node_name_denied() -> None:
+    response = answer(make_pod(container(limits=GPU), nodeName="gpu-node-1"))
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 403 and response["status"]["reason"] == "Forbidden"
+    assert "spec.nodeName='gpu-node-1'" in response["status"]["message"]
+
+
+def test_node_name_with_request_errors_is_a_400_naming_both() -> None:
+    response = answer(make_pod(container(limits={"egpu.io/gpu": "0"}), nodeName="n"))
+    assert response["status"]["code"] == 400
+    assert "nodeName" in response["status"]["message"]
+    assert "egpu.io/gpu='0'" in response["status"]["message"]
+
+
+def test_privileged_container_with_share_denied_unless_allowed() -> None:
+    priv = {"privileged": True}
+    pod = make_pod(container("gpu", limits=GPU, securityContext=priv))
+    response = answer(pod)
+    assert response["allowed"] is False and "container 'gpu'" in response["status"]["message"]
+    assert "privileged" in response["status"]["message"]
+    assert answer(pod, replace(Config(), allow_privileged=True))["allowed"] is True
+    # a privileged container without a share does not matter
+    pod = make_pod(container("gpu", limits=GPU),
+                   container("net", limits={"cpu": "1"}, securityContext=priv))
+    assert answer(pod)["allowed"] is True
+
+
+def test_response_is_json_serializable_typed_dict() -> None:
+    result: AdmissionReview = review(admission_review(make_pod(container(limits=GPU))), Config())
+    assert json.loads(json.dumps(result)) == result
+
+
+def test_patch_applies_to_the_original_object() -> None:
+    pod = make_pod(container(limits=GPU))
+    ops = decoded_patch(answer(pod))
+    jsonpatch.JsonPatch(ops).apply(pod)  # raises if any op does not apply
+
+
+@pytest.mark.parametrize(("written", "mib"), [("3k", 3000), ("24k", 24000), ("3e3", 3000),
+                                              ("1500", 1500), ("1M", 1_000_000)])
+def test_api_server_canonical_quantities_are_whole_numbers(written: str, mib: int) -> None:
+    """The API server stores 3000 as "3k": the webhook sees canonical quantities."""
+    from egpu.requests import read_pod
+
+    pod = make_pod(container(limits={"egpu.io/gpu": "1", "egpu.io/gpu-memory": written}))
+    assert answer(pod)["allowed"] is True
+    request = read_pod(pod).request
+    assert request is not None and request.containers[0].share.memory_mib == mib
+
+
+@pytest.mark.parametrize("written", ["24Gi", "1.5", "500m", "1.5k1"])
+def test_binary_suffixes_and_fractions_still_denied(written: str) -> None:
+    response = answer(make_pod(container(limits={"egpu.io/gpu-memory": written})))
+    assert response["allowed"] is False and f"egpu.io/gpu-memory='{written}'" in (
+        response["status"]["message"])

@@ -1,0 +1,67 @@
+"""``egpu-webhook``: serve the admission webhook over HTTPS.
+
+Usage: ``egpu-webhook --cert tls.crt --key tls.key [--port 8443] [--host 0.0.0.0]
+[--config config.yaml] [--reload-interval 10]``. The config defaults to the file named by
+``$EGPU_CLUSTER_CONFIG``, else built-in defaults. The certificate, key and config are
+re-read when they change on disk. Exit status: 0 after SIGTERM/SIGINT, 2 for a bad config,
+certificate or key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import ssl
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from egpu.config import ConfigError
+from egpu.contract import CONFIG_FILE_ENV
+from webhook.server import DEFAULT_RELOAD_INTERVAL_S, ConfigSource, Settings, create_app
+from webhook.tls import CertReloader
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Arguments of ``egpu-webhook``."""
+    parser = argparse.ArgumentParser(prog="egpu-webhook", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cert", required=True, help="serving certificate (PEM, chain)")
+    parser.add_argument("--key", required=True, help="its private key (PEM)")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8443, help="port (default 8443)")
+    parser.add_argument("--config", default=os.environ.get(CONFIG_FILE_ENV),
+                        help=f"egpu config YAML (default ${CONFIG_FILE_ENV} or built-ins)")
+    parser.add_argument("--reload-interval", type=float, default=DEFAULT_RELOAD_INTERVAL_S,
+                        help="seconds between checks of the cert, key and config files")
+    parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, load config and TLS, serve until signalled."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = ConfigSource(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"egpu-webhook: config {args.config}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        tls = CertReloader(args.cert, args.key)
+    except (ssl.SSLError, OSError) as exc:
+        print(f"egpu-webhook: TLS {args.cert}, {args.key}: {exc}", file=sys.stderr)
+        return 2
+    settings = Settings(config=config, tls=tls, reload_interval_s=args.reload_interval)
+    web.run_app(create_app(settings), host=args.host, port=args.port,
+                ssl_context=tls.context, access_log=None, shutdown_timeout=5,
+                print=lambda *_: logging.getLogger("webhook").info(
+                    "serving https://%s:%d/mutate", args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,497 @@
+"""Answer an AdmissionReview for a pod: the webhook's pure core (no HTTP, no API calls).
+
+``review(admission_review, config) -> AdmissionReview`` takes the JSON object the API server
+POSTs (admission.k8s.io/v1 ``AdmissionReview``; shapes in ``webhook.reviews``) and returns the
+answer. ``InvalidReview`` is raised when the input is not an AdmissionReview this webhook can
+answer (the HTTP edge turns it into a 400).
+
+What it decides, for ``CREATE`` of a ``Pod`` outside ``config.ignored_namespaces``
+(../shared/CONTRACT.md sections 1 and 2):
+
+- not an egpu pod (no ``egpu.io/*`` or alias resource in any container): allowed, no patch,
+  whatever its annotations say;
+- an egpu pod with mistakes (every ``RequestError`` of ``egpu.requests.read_pod``): denied,
+  code 400, reason ``BadRequest``, the errors' messages joined with ``"; "``;
+- an egpu pod that sets ``spec.nodeName`` (it would bypass card placement) or has a
+  privileged container with a share while ``config.allow_privileged`` is false: denied,
+  code 403, reason ``Forbidden`` (together with any request errors: then code 400);
+- otherwise allowed with a JSON Patch that brings the pod to the contract's shape
+  (``mutate_pod``). A second pass over the patched pod yields no patch (idempotent), which is
+  what ``reinvocationPolicy: IfNeeded`` relies on.
+
+Every other operation or resource is allowed untouched. ``dryRun`` requests are answered the
+same way (the review has no side effects).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import jsonpatch
+
+from egpu.config import Config
+from egpu.contract import (
+    EGPU_RESOURCES,
+    ENV_COMPUTE_POLICY,
+    ENV_MEMORY_OVERSUBSCRIPTION,
+    ENV_PRIORITY,
+    KUBE_DEFAULT_SCHEDULER,
+    LABEL_PRIORITY,
+    RUNTIME_DIR,
+    RUNTIME_VOLUME_NAME,
+)
+from egpu.requests import PodRequest, read_pod
+from webhook.reviews import (
+    API_VERSION_V1,
+    API_VERSIONS,
+    KIND,
+    PATCH_TYPE_JSON,
+    AdmissionResponse,
+    AdmissionReview,
+    Status,
+)
+
+HOSTPATH_TYPE: Final = "DirectoryOrCreate"
+RUNTIME_VOLUME: Final[dict[str, Any]] = {
+    "name": RUNTIME_VOLUME_NAME,
+    "hostPath": {"path": RUNTIME_DIR, "type": HOSTPATH_TYPE},
+}
+RUNTIME_MOUNT: Final[dict[str, Any]] = {"name": RUNTIME_VOLUME_NAME, "mountPath": RUNTIME_DIR}
+
+# Result labels (also the values of the metrics' ``result`` label).
+RESULT_ALLOWED: Final = "allowed"  # allowed, nothing to change
+RESULT_PATCHED: Final = "patched"  # allowed with a patch
+RESULT_DENIED: Final = "denied"  # allowed: false
+
+# Denial kinds (values of the denial metric's ``reason`` label).
+DENY_INVALID_REQUEST: Final = "invalid-request"
+DENY_NODE_NAME: Final = "node-name"
+DENY_PRIVILEGED: Final = "privileged"
+
+
+class InvalidReview(ValueError):
+    """The body is not an AdmissionReview egpu can answer; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the webhook says about one object.
+
+    allowed: admit or not. patch: JSON Patch operations (RFC 6902), empty for none.
+    warnings: shown to the client. code/reason/message: the denial's ``Status`` (allowed
+    false only). denials: the kinds of denial (``DENY_*``), for metrics.
+    """
+
+    allowed: bool
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    warnings: tuple[str, ...] = ()
+    code: int = 200
+    reason: str = ""
+    message: str = ""
+    denials: tuple[str, ...] = ()
+
+    @property
+    def result(self) -> str:
+        """``allowed``, ``patched`` or ``denied`` (the metrics' ``result`` label)."""
+        if not self.allowed:
+            return RESULT_DENIED
+        return RESULT_PATCHED if self.patch else RESULT_ALLOWED
+
+
+ALLOW: Final = Decision(allowed=True)
+
+
+# --- Reading the pod ---------------------------------------------------------------------
+
+
+def _mapping(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def _pod_containers(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Init containers (sidecars included), then app containers: the dicts, in pod order."""
+    out: list[dict[str, Any]] = []
+    for key in ("initContainers", "containers"):
+        items = spec.get(key)
+        if isinstance(items, list):
+            out.extend(c for c in items if isinstance(c, dict))
+    return out
+
+
+def _resource_names(container: Mapping[str, Any]) -> set[str]:
+    resources = _mapping(container.get("resources")) or {}
+    names: set[str] = set()
+    for key in ("limits", "requests"):
+        values = _mapping(resources.get(key))
+        if values:
+            names.update(str(k) for k in values)
+    return names
+
+
+def has_share(container: Mapping[str, Any], config: Config) -> bool:
+    """True when the container asks for an egpu resource (an ``egpu.io/`` name or an alias).
+
+    For a pod that ``read_pod`` found valid, these are exactly the containers with a share.
+    """
+    return any(n in EGPU_RESOURCES or n in config.resource_aliases
+               for n in _resource_names(container))
+
+
+def _is_privileged(container: Mapping[str, Any]) -> bool:
+    context = _mapping(container.get("securityContext")) or {}
+    return bool(context.get("privileged"))
+
+
+def policy_problems(pod: Mapping[str, Any], config: Config) -> list[tuple[str, str]]:
+    """Reasons to refuse an egpu pod beyond its requests: ``[(DENY_*, message), ...]``.
+
+    - ``spec.nodeName`` set: the pod skips the scheduler, so no card is chosen or booked;
+    - a privileged container with a share (unless ``config.allow_privileged``): it sees
+      every card of the node, and no limit would hold.
+    """
+    spec = _mapping(pod.get("spec")) or {}
+    problems: list[tuple[str, str]] = []
+    node_name = spec.get("nodeName")
+    if node_name:
+        problems.append((DENY_NODE_NAME, (
+            f"spec.nodeName={str(node_name)!r} is not allowed for a pod with an egpu share "
+            "(it bypasses card placement); allowed: no nodeName (use a nodeSelector or node "
+            "affinity)")))
+    if not config.allow_privileged:
+        for container in _pod_containers(spec):
+            if has_share(container, config) and _is_privileged(container):
+                problems.append((DENY_PRIVILEGED, (
+                    f"container {str(container.get('name', ''))!r}: "
+                    "securityContext.privileged=true is not allowed with an egpu share "
+                    "(a privileged container sees every card and escapes its limits); "
+                    "allowed: false (or allowPrivileged: true in the egpu config)")))
+    return problems
+
+
+# --- Mutation ------------------------------------------------------------------------------
+
+
+def _child(parent: dict[str, Any], key: str, kind: type) -> Any:
+    """``parent[key]``, replaced by an empty ``kind`` when absent or of another type."""
+    value = parent.get(key)
+    if not isinstance(value, kind):
+        value = kind()
+        parent[key] = value
+    return value
+
+
+def _set_env(container: dict[str, Any], values: Mapping[str, str]) -> None:
+    """Every ``env`` entry named like a key of ``values`` gets exactly that value; missing
+    names are appended. A ``valueFrom`` is replaced by the literal value."""
+    env = _child(container, "env", list)
+    for name, value in values.items():
+        wanted = {"name": name, "value": value}
+        found = False
+        for index, entry in enumerate(env):
+            if isinstance(entry, dict) and entry.get("name") == name:
+                found = True
+                if entry != wanted:
+                    env[index] = dict(wanted)
+        if not found:
+            env.append(dict(wanted))
+
+
+def _mount_ok(mount: Mapping[str, Any]) -> bool:
+    return (mount.get("name") == RUNTIME_VOLUME_NAME and mount.get("mountPath") == RUNTIME_DIR
+            and not mount.get("readOnly") and not mount.get("subPath")
+            and not mount.get("subPathExpr"))
+
+
+def _set_mount(container: dict[str, Any]) -> None:
+    """Exactly one writable mount of the runtime volume at ``RUNTIME_DIR``: an acceptable one
+    is kept as written; one that differs is replaced; others at that path are dropped."""
+    mounts = _child(container, "volumeMounts", list)
+    at_path = [i for i, m in enumerate(mounts) if isinstance(m, dict)
+               and str(m.get("mountPath", "")).rstrip("/") == RUNTIME_DIR]
+    if not at_path:
+        mounts.append(dict(RUNTIME_MOUNT))
+        return
+    first = at_path[0]
+    if not _mount_ok(mounts[first]):
+        mounts[first] = dict(RUNTIME_MOUNT)
+    for index in reversed(at_path[1:]):
+        del mounts[index]
+
+
+def _volume_ok(volume: Mapping[str, Any]) -> bool:
+    return set(volume) == {"name", "hostPath"} and volume["hostPath"] == RUNTIME_VOLUME["hostPath"]
+
+
+def _set_volume(spec: dict[str, Any]) -> None:
+    """Exactly one volume named ``egpu-runtime``: the node's ``RUNTIME_DIR`` (hostPath)."""
+    volumes = _child(spec, "volumes", list)
+    named = [i for i, v in enumerate(volumes) if isinstance(v, dict)
+             and v.get("name") == RUNTIME_VOLUME_NAME]
+    if not named:
+        volumes.append({"name": RUNTIME_VOLUME_NAME, "hostPath": dict(RUNTIME_VOLUME["hostPath"])})
+        return
+    if not _volume_ok(volumes[named[0]]):
+        volumes[named[0]] = {"name": RUNTIME_VOLUME_NAME,
+                             "hostPath": dict(RUNTIME_VOLUME["hostPath"])}
+    for index in reversed(named[1:]):
+        del volumes[index]
+
+
+def _rename_aliases(container: dict[str, Any], aliases: Mapping[str, str]) -> None:
+    """Rewrite alias resource names to their ``egpu.io/`` names in limits and requests."""
+    resources = _mapping(container.get("resources"))
+    if resources is None:
+        return
+    for key in ("limits", "requests"):
+        values = _mapping(resources.get(key))
+        if not values:
+            continue
+        for written in [k for k in values if k in aliases]:
+            values.setdefault(aliases[written], values[written])
+            del values[written]
+
+
+def scheduler_warning(current: str, config: Config) -> str:
+    """The warning for a pod that names another scheduler (kept as written)."""
+    return (f"spec.schedulerName {current!r} kept: egpu shares are placed only by "
+            f"{config.scheduler_name!r}; this pod's cards will not be booked by egpu")
+
+
+def mutate_pod(
+    pod: Mapping[str, Any], request: PodRequest, config: Config
+) -> tuple[dict[str, Any], list[str]]:
+    """The pod as egpu wants it, and warnings. ``pod`` is not changed (a deep copy is).
+
+    ``request`` is ``read_pod(pod, config).request`` (a valid egpu pod). Changes
+    (CONTRACT.md section 2): ``spec.schedulerName`` (absent, empty or ``default-scheduler``
+    becomes ``config.scheduler_name``; another name is kept with a warning); label
+    ``egpu.io/priority``; env ``EGPU_PRIORITY``, ``EGPU_COMPUTE_POLICY``,
+    ``EGPU_MEMORY_OVERSUBSCRIPTION`` and a mount of the ``egpu-runtime`` hostPath volume
+    (``/var/run/egpu``, DirectoryOrCreate) on every container with a share (init containers
+    and sidecars included); alias resource names rewritten to ``egpu.io/`` names.
+    """
+    new = json_copy(pod)
+    warnings: list[str] = []
+    spec = _child(new, "spec", dict)
+    metadata = _child(new, "metadata", dict)
+
+    current = spec.get("schedulerName")
+    if not current or current == KUBE_DEFAULT_SCHEDULER:
+        spec["schedulerName"] = config.scheduler_name
+    elif current != config.scheduler_name:
+        warnings.append(scheduler_warning(str(current), config))
+
+    labels = _child(metadata, "labels", dict)
+    labels[LABEL_PRIORITY] = request.priority
+
+    env = {
+        ENV_PRIORITY: request.priority,
+        ENV_COMPUTE_POLICY: request.compute_policy,
+        ENV_MEMORY_OVERSUBSCRIPTION: "true" if request.memory_oversubscription else "false",
+    }
+    any_share = False
+    for container in _pod_containers(spec):
+        if not has_share(container, config):
+            continue
+        any_share = True
+        _rename_aliases(container, config.resource_aliases)
+        _set_env(container, env)
+        _set_mount(container)
+    if any_share:
+        _set_volume(spec)
+    return new, warnings
+
+
+def json_copy(value: Any) -> Any:
+    """A deep copy of JSON data (dicts, lists, scalars); faster than ``copy.deepcopy``."""
+    if isinstance(value, dict):
+        return {k: json_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_copy(v) for v in value]
+    return value
+
+
+def make_patch(old: Any, new: Any) -> list[dict[str, Any]]:
+    """JSON Patch operations (RFC 6902) that turn ``old`` into ``new`` (``jsonpatch``), with
+    keys escaped as JSON Pointers (``egpu.io/priority`` -> ``egpu.io~1priority``)."""
+    ops: list[dict[str, Any]] = jsonpatch.make_patch(old, new).patch
+    return ops
+
+
+# What mutate_pod may change, relative to a parent object: (parent path, member names).
+_POD_SCOPES: Final = ((("metadata",), ("labels",)), (("spec",), ("schedulerName", "volumes")))
+_CONTAINER_MEMBERS: Final = ("env", "volumeMounts", "resources")
+
+
+def _pointer(parts: tuple[str | int, ...]) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _diff_member(old: Any, new: Any, path: str) -> list[dict[str, Any]]:
+    """Ops turning member value ``old`` (``_ABSENT``: no such member) into ``new`` at ``path``.
+
+    Plain cases are written directly: a new member (one ``add``), a scalar (``replace``),
+    items appended to a list (one ``add`` each). Anything else (maps, lists changed in place,
+    renamed keys) goes through ``jsonpatch.make_patch``, which escapes keys as JSON Pointers.
+    """
+    if old is _ABSENT:
+        return [{"op": "add", "path": path, "value": new}]
+    if not isinstance(old, dict | list) and not isinstance(new, dict | list):
+        return [{"op": "replace", "path": path, "value": new}]
+    if isinstance(old, list) and isinstance(new, list) and new[:len(old)] == old:
+        return [{"op": "add", "path": f"{path}/{index}", "value": new[index]}
+                for index in range(len(old), len(new))]
+    ops = make_patch(old, new)
+    for op in ops:
+        op["path"] = path + op["path"]
+        if "from" in op:
+            op["from"] = path + op["from"]
+    return ops
+
+
+_ABSENT: Final = object()
+
+
+def _diff_members(old: Any, new: Any, parent: tuple[str | int, ...],
+                  members: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The ops for the named members of two parent objects, as ops on the pod."""
+    prefix = _pointer(parent)
+    if not isinstance(old, dict):  # the parent itself is new (or was not an object)
+        return [] if old == new else [{"op": "add", "path": prefix, "value": new}]
+    ops: list[dict[str, Any]] = []
+    for member in members:
+        before, after = old.get(member, _ABSENT), new.get(member, _ABSENT)
+        if after is _ABSENT or before == after:
+            continue  # mutate_pod never removes a member
+        ops += _diff_member(before, after, prefix + _pointer((member,)))
+    return ops
+
+
+def pod_patch(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON Patch from ``old`` to ``new = mutate_pod(old, ...)[0]``.
+
+    The same as ``make_patch(old, new)`` in effect, but diffs only what ``mutate_pod`` may
+    change (``metadata.labels``; ``spec.schedulerName``, ``spec.volumes``; each container's
+    ``env``, ``volumeMounts``, ``resources``), each member on its own: a whole-pod diff costs
+    ~10x more time, and never replaces a container wholesale this way either.
+    """
+    ops: list[dict[str, Any]] = []
+    for parent, members in _POD_SCOPES:
+        ops += _diff_members(old.get(parent[0]), new[parent[0]], parent, members)
+    old_spec, new_spec = old.get("spec"), new["spec"]
+    if not isinstance(old_spec, dict):
+        return ops
+    for kind in ("initContainers", "containers"):
+        old_list, new_list = old_spec.get(kind), new_spec.get(kind)
+        if not isinstance(old_list, list) or not isinstance(new_list, list):
+            continue
+        for index, (before, after) in enumerate(zip(old_list, new_list, strict=True)):
+            if isinstance(before, dict) and before != after:
+                ops += _diff_members(before, after, ("spec", kind, index), _CONTAINER_MEMBERS)
+    return ops
+
+
+# --- Decisions -----------------------------------------------------------------------------
+
+
+def decide_pod(pod: Mapping[str, Any], config: Config) -> Decision:
+    """The decision for creating ``pod`` (a Pod as JSON); see the module docstring."""
+    reading = read_pod(pod, config)
+    if not reading.is_egpu_pod:
+        return ALLOW
+    messages = [error.message for error in reading.errors]
+    denials = [DENY_INVALID_REQUEST] if reading.errors else []
+    for kind, message in policy_problems(pod, config):
+        denials.append(kind)
+        messages.append(message)
+    if messages:
+        invalid = bool(reading.errors)
+        return Decision(
+            allowed=False,
+            code=400 if invalid else 403,
+            reason="BadRequest" if invalid else "Forbidden",
+            message="; ".join(messages),
+            denials=tuple(dict.fromkeys(denials)),
+        )
+    assert reading.request is not None
+    new, warnings = mutate_pod(pod, reading.request, config)
+    return Decision(allowed=True, patch=pod_patch(dict(pod), new),
+                    warnings=tuple(warnings))
+
+
+def _field(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, kind):
+        expected = {dict: "an object", str: "a string"}.get(kind, kind.__name__)
+        raise InvalidReview(f"{where}{key}: expected {expected}, got {_short(value)}")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = "missing" if value is None else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def decide(admission_review: Any, config: Config) -> tuple[str, str, Decision]:
+    """Check the AdmissionReview's shape and decide: ``(apiVersion, uid, Decision)``.
+
+    Raises InvalidReview naming the first field that is wrong (or an object nested deeper
+    than Python's recursion limit).
+    """
+    if not isinstance(admission_review, dict):
+        raise InvalidReview("body: expected an AdmissionReview object, "
+                            f"got {_short(admission_review)}")
+    api_version = admission_review.get("apiVersion")
+    if api_version not in API_VERSIONS:
+        raise InvalidReview(f"apiVersion: {_short(api_version)} is not supported; "
+                            f"allowed: {', '.join(API_VERSIONS)}")
+    if admission_review.get("kind") != KIND:
+        raise InvalidReview(f"kind: {_short(admission_review.get('kind'))} is not {KIND}")
+    request = _field(admission_review, "request", dict, "")
+    uid = _field(request, "uid", str, "request.")
+    if not uid:
+        raise InvalidReview("request.uid: empty")
+    operation = _field(request, "operation", str, "request.")
+    kind = _field(request, "kind", dict, "request.")
+    sub_resource = request.get("subResource") or ""
+    if kind.get("group") or kind.get("kind") != "Pod" or sub_resource:
+        return api_version, uid, ALLOW  # not a pod: not ours to judge
+    if operation != "CREATE":
+        return api_version, uid, ALLOW
+    pod = _field(request, "object", dict, "request.")
+    metadata = _mapping(pod.get("metadata")) or {}
+    namespace = request.get("namespace") or metadata.get("namespace") or ""
+    if namespace in config.ignored_namespaces:
+        return api_version, uid, ALLOW
+    try:
+        return api_version, uid, decide_pod(pod, config)
+    except RecursionError:  # no Pod nests this deep; Python's stack cannot walk it
+        raise InvalidReview("request.object: nested too deeply") from None
+
+
+def response_for(api_version: str, uid: str, decision: Decision) -> AdmissionReview:
+    """The AdmissionReview answer: ``uid`` echoed; ``patch`` (base64 of the JSON Patch text)
+    and ``patchType`` only with a patch; ``warnings`` only when there are some."""
+    response: AdmissionResponse = {"uid": uid, "allowed": decision.allowed}
+    if not decision.allowed:
+        status: Status = {"code": decision.code, "message": decision.message}
+        if decision.reason:
+            status["reason"] = decision.reason
+        response["status"] = status
+    if decision.patch:
+        text = json.dumps(decision.patch, separators=(",", ":"))
+        response["patch"] = base64.b64encode(text.encode("utf-8")).decode("ascii")
+        response["patchType"] = PATCH_TYPE_JSON
+    if decision.warnings:
+        response["warnings"] = list(decision.warnings)
+    return {"apiVersion": api_version or API_VERSION_V1, "kind": KIND, "response": response}
+
+
+def review(admission_review: Any, config: Config) -> AdmissionReview:
+    """Answer one AdmissionReview (parsed JSON). Raises InvalidReview for malformed input."""
+    api_version, uid, decision = decide(admission_review, config)
+    return response_for(api_version, uid, decision)

@@ -1,0 +1,214 @@
+"""The webhook's HTTP edge: an aiohttp app that maps AdmissionReviews to ``review.review``.
+
+Routes:
+- ``POST /mutate``: body an AdmissionReview (admission.k8s.io/v1), answer an AdmissionReview
+  (HTTP 200). Not an AdmissionReview (bad JSON, wrong shape): HTTP 400, JSON
+  ``{"reason": ...}``. Body over ``max_body_bytes``: HTTP 413. A bug while reviewing a valid
+  AdmissionReview is logged and answered as a denial (code 500 in the Status, HTTP 200), so
+  that no body ever gets a 5xx and the pod is refused rather than admitted unchanged.
+- ``GET /healthz``: 200 while the process serves. ``GET /readyz``: 200 when a certificate
+  and a config are loaded and the app is not shutting down, else 503.
+- ``GET /metrics``: Prometheus text format (``webhook.metrics``).
+
+``create_app(settings)`` builds the app; a ``cleanup_ctx`` runs the watcher that reloads the
+certificate (``CertReloader.check``) and the config file when they change on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from egpu.config import Config, ConfigError, load_config_file
+from webhook.metrics import Metrics, new_metrics
+from webhook.review import InvalidReview, decide, response_for
+from webhook.reviews import API_VERSION_V1
+from webhook.tls import CertReloader, file_signature
+
+log = logging.getLogger(__name__)
+
+# The API server caps a request body at 3 MiB; an AdmissionReview wraps one object, so
+# 4 MiB leaves room for the envelope.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_RELOAD_INTERVAL_S = 10.0
+
+
+class ConfigSource:
+    """The current egpu Config, and the file it came from (None: built-in defaults).
+
+    ``check()`` reloads the file when its signature changes; an invalid new file is logged
+    and the previous config kept.
+    """
+
+    def __init__(self, path: str | None = None, config: Config | None = None) -> None:
+        self.path = path
+        self._signature = file_signature(path) if path else None
+        self.config = config if config is not None else load_config_file(path)
+
+    def check(self) -> bool:
+        """Reload when the file changed; True when a new config is now in use."""
+        if not self.path:
+            return False
+        signature = file_signature(self.path)
+        if signature is None or signature == self._signature:
+            return False
+        try:
+            config = load_config_file(self.path)
+        except (ConfigError, OSError) as exc:
+            log.warning("config: keeping the current config; %s: %s", self.path, exc)
+            self._signature = signature  # do not log again until it changes
+            return False
+        self._signature = signature
+        self.config = config
+        log.info("config: reloaded %s", self.path)
+        return True
+
+
+@dataclass
+class Settings:
+    """What ``create_app`` needs: the config source, the TLS reloader (None when TLS is
+    terminated elsewhere, as in tests), limits and the watch interval (seconds)."""
+
+    config: ConfigSource = field(default_factory=ConfigSource)
+    tls: CertReloader | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S
+    metrics: Metrics = field(default_factory=new_metrics)
+    ready: bool = True
+
+
+SETTINGS = web.AppKey("settings", Settings)
+
+
+def _problem(status: int, reason: str) -> web.Response:
+    return web.Response(status=status, body=json.dumps({"reason": reason}).encode(),
+                        content_type="application/json")
+
+
+def _uid_of(data: Any) -> str | None:
+    request = data.get("request") if isinstance(data, dict) else None
+    uid = request.get("uid") if isinstance(request, dict) else None
+    return uid if isinstance(uid, str) and uid else None
+
+
+async def mutate(request: web.Request) -> web.Response:
+    """POST /mutate: one AdmissionReview in, one out (see the module docstring)."""
+    settings = request.app[SETTINGS]
+    metrics = settings.metrics
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        metrics.requests.labels("too_large").inc()
+        return _problem(413, f"body over {settings.max_body_bytes} bytes")
+    started = time.perf_counter()
+    try:
+        data = json.loads(body.decode("utf-8"))  # the API server sends UTF-8
+    except (ValueError, RecursionError) as exc:
+        metrics.requests.labels("invalid").inc()
+        return _problem(400, f"body: not valid JSON ({str(exc)[:200]})")
+    try:
+        api_version, uid, decision = decide(data, settings.config.config)
+        answer = response_for(api_version, uid, decision)
+        text = json.dumps(answer, separators=(",", ":"))
+    except InvalidReview as exc:
+        metrics.requests.labels("invalid").inc()
+        return _problem(400, str(exc))
+    except RecursionError:
+        metrics.requests.labels("invalid").inc()
+        return _problem(400, "body: nested too deeply")
+    except Exception:  # a bug: refuse the pod instead of failing the request
+        log.exception("review failed")
+        metrics.requests.labels("error").inc()
+        uid = _uid_of(data)
+        if uid is None:
+            return _problem(400, "body: not an AdmissionReview egpu can answer")
+        version = data.get("apiVersion") if isinstance(data.get("apiVersion"), str) else ""
+        answer = {"apiVersion": version or API_VERSION_V1, "kind": "AdmissionReview",
+                  "response": {"uid": uid, "allowed": False, "status": {
+                      "code": 500, "reason": "InternalError",
+                      "message": "egpu webhook: internal error (see the webhook's log)"}}}
+        return web.Response(body=json.dumps(answer).encode(), content_type="application/json")
+    metrics.latency.observe(time.perf_counter() - started)
+    metrics.requests.labels(decision.result).inc()
+    for reason in decision.denials:
+        metrics.denials.labels(reason).inc()
+    if not decision.allowed:
+        log.info("denied %s: %s", uid, decision.message)
+    return web.Response(body=text.encode(), content_type="application/json")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """GET /healthz: the process answers."""
+    return web.Response(text="ok")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """GET /readyz: 200 with a certificate (or no TLS) and a config loaded, else 503."""
+    settings = request.app[SETTINGS]
+    if settings.ready:
+        return web.Response(text="ok")
+    return web.Response(status=503, text="not ready")
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus text exposition of the app's registry."""
+    body = generate_latest(request.app[SETTINGS].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _record_cert(settings: Settings) -> None:
+    if settings.tls is not None and settings.tls.not_after is not None:
+        settings.metrics.cert_expiry.set(settings.tls.not_after.timestamp())
+
+
+def check_files(settings: Settings) -> None:
+    """One watch step: reload the certificate and the config when they changed on disk."""
+    if settings.tls is not None:
+        result = settings.tls.check()
+        if result.changed:
+            settings.metrics.cert_reloads.labels("ok" if result.loaded else "error").inc()
+            _record_cert(settings)
+    settings.config.check()
+
+
+async def _watch(settings: Settings, sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+    while True:
+        await sleep(settings.reload_interval_s)
+        try:
+            check_files(settings)
+        except Exception:  # keep watching whatever happens
+            log.exception("file watch step failed")
+
+
+async def _watcher_ctx(app: web.Application) -> AsyncIterator[None]:
+    """cleanup_ctx: run the file watcher while the app runs; readiness off at shutdown."""
+    settings = app[SETTINGS]
+    _record_cert(settings)
+    task = asyncio.create_task(_watch(settings), name="egpu-webhook-watch")
+    yield
+    settings.ready = False
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def create_app(settings: Settings | None = None) -> web.Application:
+    """The webhook app: routes, body size limit, file watcher (see the module docstring)."""
+    settings = settings or Settings()
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app.router.add_post("/mutate", mutate)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_handler)
+    app.cleanup_ctx.append(_watcher_ctx)
+    return app
