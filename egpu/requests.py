@@ -198,6 +198,12 @@ def _parse_quantity(raw: Any) -> int | None:
     return int(value) if value == value.to_integral_value() else None
 
 
+def _shown(raw: Any) -> str:
+    """The value as the author wrote it: the API server stores 4000 as "4k", so show 4000."""
+    value = _parse_quantity(raw)
+    return str(value) if value is not None else str(raw)
+
+
 def _as_mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -258,14 +264,14 @@ def _share(name: str, found: dict[str, tuple[str, Any]]) -> tuple[Share | None, 
             errors.append(RequestError(name, written, str(raw), _allowed_text(resource),
                                        f"not a whole number{hint}"))
         elif value < low or (high is not None and value > high):
-            errors.append(RequestError(name, written, str(raw), _allowed_text(resource),
+            errors.append(RequestError(name, written, _shown(raw), _allowed_text(resource),
                                        "out of range"))
         else:
             values[resource] = value
     if RES_MEMORY in found and RES_MEMORY_PERCENTAGE in found:
         errors.append(RequestError(
             name, f"{found[RES_MEMORY][0]} and {found[RES_MEMORY_PERCENTAGE][0]}",
-            f"{found[RES_MEMORY][1]} and {found[RES_MEMORY_PERCENTAGE][1]}",
+            f"{_shown(found[RES_MEMORY][1])} and {_shown(found[RES_MEMORY_PERCENTAGE][1])}",
             "one of the two: memory in MiB or memory as % of the card",
             "both given"))
     if errors:

@@ -1,0 +1,51 @@
+"""Run egpu end to end on this machine: a local cluster with simulated GPU nodes, the webhook,
+the scheduler extender, one node agent per node on the fake GPU, every workload of the demo's
+inputs, a placement table, and one real runc container with a share.
+
+  egpu demo             # (re)start the demo; it stays up
+  egpu demo --down      # stop it
+
+`make demo` builds what is missing first (the Kubernetes binaries, the interposer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+COMMAND = "demo"
+HELP = "run egpu end to end on a local cluster with simulated GPU nodes"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register --down, --inputs, --state-dir, --wait, --no-container."""
+    parser.add_argument("--down", action="store_true", help="stop the demo")
+    parser.add_argument("--inputs", type=Path, default=None,
+                        help="folder with cluster.yaml and pods/ (default: the embedded copy "
+                             "of ../shared/inputs)")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="default: $EGPU_DEMO_DIR or ~/.cache/egpu/demo")
+    parser.add_argument("--wait", type=float, default=90.0, help="seconds to wait for pods")
+    parser.add_argument("--no-container", action="store_true",
+                        help="skip the runc container at the end")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start (or stop) the demo; 1 when a step fails, with the reason."""
+    from demo import run as demo
+    from devcluster.cluster import DevClusterError
+
+    state_dir = args.state_dir or demo.default_state_dir()
+    try:
+        if args.down:
+            demo.down(state_dir)
+            return 0
+        options = demo.Options(state_dir=state_dir, wait_s=args.wait,
+                               container=not args.no_container)
+        if args.inputs:
+            options.inputs = args.inputs
+        return demo.up(options)
+    except (demo.DemoError, DevClusterError) as exc:
+        print(f"egpu demo: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,390 @@
+"""``egpu demo``: every part of egpu on a local cluster, in one command.
+
+``up(options)`` builds nothing itself (``make demo`` builds first) and then:
+
+1. starts the local control plane (devcluster) with the nodes of ``inputs/cluster.yaml``,
+   its egpu-scheduler profile pointed at the extender;
+2. starts the scheduler extender, the webhook (TLS, registered with the API server by URL and
+   caBundle) and one node agent per simulated node on the fake GPU (each with its node's
+   cards, so the inventory the extender places on is what NVML reports);
+3. applies every workload of ``inputs/pods``, waits until each pod is placed or clearly not,
+   and prints the placement table and the denials with their messages;
+4. runs one real runc container with a 4096 MiB share under the fake driver and prints what
+   the container sees.
+
+The processes keep running after ``up`` returns; ``down(state_dir)`` stops them. State,
+logs and the kubeconfig live in ``~/.cache/egpu/demo`` (``$EGPU_DEMO_DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devcluster import cluster as devcluster
+from devcluster import nodes as devnodes
+from egpu.cluster_view import cluster_view
+from egpu.config import Config, load_config_file
+
+REPO = Path(__file__).resolve().parent.parent
+INPUTS = Path(__file__).resolve().parent / "inputs"
+FAKEGPU = REPO / "fakegpu" / "build"
+BIN = Path(sys.executable).parent
+DEMO_CONFIG = """\
+# egpu's configuration for the demo (docs/design.md, Configuration).
+schedulerName: egpu-scheduler
+sharesPerCard: 10
+memoryOversubscriptionRatio: 1.5
+heartbeatTimeoutSeconds: 120
+"""
+
+
+def default_state_dir() -> Path:
+    """``$EGPU_DEMO_DIR``, else ``~/.cache/egpu/demo``."""
+    env = os.environ.get("EGPU_DEMO_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "egpu" / "demo"
+
+
+@dataclass
+class Options:
+    """What ``up`` runs: the inputs folder (cluster.yaml, pods/), where state goes, and how
+    long to wait for pods (s)."""
+
+    inputs: Path = INPUTS
+    state_dir: Path = field(default_factory=default_state_dir)
+    wait_s: float = 90.0
+    container: bool = True
+    say: Callable[[str], None] = print
+
+
+class DemoError(RuntimeError):
+    """A step of the demo failed; the message names the step and where its log is."""
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+def _start(state_dir: Path, name: str, argv: list[str], env: dict[str, str] | None = None
+           ) -> dict[str, Any]:
+    """Start a detached process (its own session, so it outlives ``egpu demo``)."""
+    logs = state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"{name}.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+                                start_new_session=True, cwd=REPO)
+    return {"name": name, "pid": proc.pid, "argv": argv, "log": str(log)}
+
+
+def _alive(entry: dict[str, Any]) -> bool:
+    try:
+        cmdline = Path(f"/proc/{entry['pid']}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    # A console script runs as "python <script> ...": the program is the first or second word.
+    return entry["argv"][0].encode() in cmdline[:2]
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _wait(what: str, probe: Callable[[], bool], timeout_s: float, entry: dict[str, Any] | None
+          ) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if probe():
+            return
+        if entry is not None and not _alive(entry):
+            raise DemoError(f"{what}: the process exited; last lines of {entry['log']}:\n"
+                            f"{_tail(entry['log'])}")
+        time.sleep(0.3)
+    log = f"; see {entry['log']}" if entry else ""
+    raise DemoError(f"{what}: not ready after {timeout_s:.0f}s{log}")
+
+
+def _http_ok(url: str, ca: Path | None = None) -> bool:
+    import ssl
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _record(state_dir: Path, processes: list[dict[str, Any]]) -> None:
+    (state_dir / "processes.json").write_text(json.dumps(processes, indent=1))
+
+
+def down(state_dir: Path | None = None, say: Callable[[str], None] = print) -> None:
+    """Stop the demo's processes and its control plane (only what this state folder recorded)."""
+    state_dir = state_dir or default_state_dir()
+    recorded = state_dir / "processes.json"
+    if recorded.exists():
+        for entry in json.loads(recorded.read_text()):
+            if _alive(entry):
+                os.killpg(entry["pid"], signal.SIGTERM)
+                say(f"stopped {entry['name']} (pid {entry['pid']})")
+        recorded.unlink()
+    stopped = devcluster.down(state_dir / "cluster")
+    if stopped:
+        say(f"stopped the control plane: {', '.join(stopped)}")
+
+
+# --- the steps ---------------------------------------------------------------------------
+
+
+def _kubectl(info: devcluster.ClusterInfo, *args: str, stdin: str | None = None
+             ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(info.kubectl_argv(*args), input=stdin, capture_output=True, text=True,
+                          timeout=60)
+
+
+def _fake_gpu_config(path: Path, spec: dict[str, Any]) -> None:
+    """The fake NVML/CUDA ini file with the node's cards (the same UUIDs as its inventory)."""
+    sections = []
+    for card in devnodes.inventory(spec).cards:
+        sections.append(f"[card]\nuuid = {card.uuid}\nname = {card.model}\n"
+                        f"memory_mib = {card.memory_mib}\nnuma_node = {card.numa_node}\n")
+    path.write_text("\n".join(sections))
+
+
+def _start_node_agents(options: Options, info: devcluster.ClusterInfo, config_file: Path,
+                       specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    started = []
+    for spec in specs:
+        name = spec["name"]
+        home = options.state_dir / "nodes" / name
+        for sub in ("device-plugins", "run", "private", "fakegpu"):
+            (home / sub).mkdir(parents=True, exist_ok=True)
+        _fake_gpu_config(home / "fakegpu.ini", spec)
+        argv = [str(BIN / "egpu-node-agent"), "--node-name", name, "--kubeconfig", info.kubeconfig,
+                "--config", str(config_file), "--nvml-library", str(FAKEGPU / "libnvidia-ml.so.1"),
+                "--plugin-dir", str(home / "device-plugins"), "--runtime-dir", str(home / "run"),
+                "--private-dir", str(home / "private"),
+                "--metrics-port", str(devcluster.free_port()), "--heartbeat-seconds", "10"]
+        env = {"FAKEGPU_CONFIG": str(home / "fakegpu.ini"),
+               "FAKEGPU_STATE_DIR": str(home / "fakegpu")}
+        started.append(_start(options.state_dir, f"node-agent-{name}", argv, env))
+    return started
+
+
+def _start_webhook(options: Options, info: devcluster.ClusterInfo, config_file: Path
+                   ) -> dict[str, Any]:
+    from certs import issue
+    from webhook.registration import configuration_for_url
+
+    ca = issue.create_ca()
+    paths = issue.write_bundle(options.state_dir / "certs", ca,
+                               issue.create_serving(ca, ["127.0.0.1", "localhost"]))
+    port = devcluster.free_port()
+    entry = _start(options.state_dir, "webhook", [
+        str(BIN / "egpu-webhook"), "--cert", str(paths[issue.CERT_FILE]),
+        "--key", str(paths[issue.KEY_FILE]), "--host", "127.0.0.1", "--port", str(port),
+        "--config", str(config_file)])
+    base = f"https://127.0.0.1:{port}"
+    _wait("webhook", lambda: _http_ok(f"{base}/healthz", paths[issue.CA_FILE]), 30, entry)
+    registration = configuration_for_url(f"{base}/mutate", ca.cert_pem, name="egpu-webhook")
+    result = _kubectl(info, "apply", "-f", "-", stdin=json.dumps(registration))
+    if result.returncode != 0:
+        raise DemoError(f"registering the webhook: {result.stderr.strip()}")
+    return entry
+
+
+def _apply_workloads(options: Options, info: devcluster.ClusterInfo) -> list[tuple[str, str]]:
+    """kubectl apply every file of inputs/pods; returns (file, denial message) pairs."""
+    files = sorted((options.inputs / "pods").glob("*.yaml"))
+    namespaces = sorted({str((d.get("metadata") or {}).get("namespace", "default"))
+                         for f in files for d in yaml.safe_load_all(f.read_text()) if d})
+    for namespace in namespaces:
+        _kubectl(info, "create", "namespace", namespace)
+    _wait("default service accounts", lambda: all(
+        _kubectl(info, "get", "serviceaccount", "default", "-n", ns).returncode == 0
+        for ns in namespaces), 60, None)
+    denials = []
+    for path in files:
+        for document in yaml.safe_load_all(path.read_text()):
+            if not document:
+                continue
+            result = _kubectl(info, "apply", "-f", "-", stdin=json.dumps(document))
+            name = f"{document.get('kind')} {document['metadata'].get('name')}"
+            if result.returncode != 0:
+                denials.append((f"{path.name}: {name}", result.stderr.strip()))
+            else:
+                options.say(f"  applied {path.name}: {name}")
+    return denials
+
+
+def _pods(info: devcluster.ClusterInfo, namespaces: set[str]) -> list[dict[str, Any]]:
+    result = _kubectl(info, "get", "pods", "-A", "-o", "json")
+    items = json.loads(result.stdout)["items"] if result.returncode == 0 else []
+    return [p for p in items if p["metadata"]["namespace"] in namespaces]
+
+
+def _settled(pod: dict[str, Any]) -> bool:
+    """Placed and running, or Pending with the scheduler's reason recorded."""
+    if pod["spec"].get("nodeName"):
+        return pod.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed")
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conditions)
+
+
+def placement_rows(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], config: Config
+                   ) -> list[tuple[str, ...]]:
+    """(pod, container, node, card, model, MiB, cores, priority) per container and card."""
+    rows = []
+    for view in cluster_view(nodes, pods, config):
+        for card in view.cards:
+            for share in card.shares:
+                kind = " (init)" if share.init else ""
+                rows.append((f"{share.namespace}/{share.pod}", f"{share.container}{kind}",
+                             view.name, str(card.card.index), card.card.model,
+                             str(share.memory_mib), f"{share.cores}%", share.priority))
+    return sorted(rows)
+
+
+def format_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Left-aligned columns, one space apart."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in [header, *rows])
+
+
+def _report(options: Options, info: devcluster.ClusterInfo, config: Config,
+            denials: list[tuple[str, str]], namespaces: set[str]) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = []
+    deadline = time.monotonic() + options.wait_s
+    while time.monotonic() < deadline:
+        pods = _pods(info, namespaces)
+        if pods and all(_settled(p) for p in pods):
+            break
+        time.sleep(1)
+    nodes = json.loads(_kubectl(info, "get", "nodes", "-o", "json").stdout)["items"]
+    header = ("POD", "CONTAINER", "NODE", "CARD", "MODEL", "MiB", "CORES", "PRIORITY")
+    options.say("\nPlacement (egpu shares, card by card):")
+    options.say(format_table(header, placement_rows(nodes, pods, config)))
+    others = [p for p in pods if not p["metadata"].get("annotations", {}).get("egpu.io/allocation")]
+    if others:
+        options.say("\nOther pods (no egpu share):")
+        rows = []
+        for pod in sorted(others, key=lambda p: p["metadata"]["name"]):
+            reason = next((c.get("message", "") for c in pod["status"].get("conditions") or []
+                           if c.get("type") == "PodScheduled" and c.get("status") == "False"), "")
+            rows.append((f"{pod['metadata']['namespace']}/{pod['metadata']['name']}",
+                         pod["spec"].get("schedulerName", ""), pod["spec"].get("nodeName") or "-",
+                         pod["status"].get("phase", ""), reason[:90]))
+        options.say(format_table(("POD", "SCHEDULER", "NODE", "PHASE", "WHY"), rows))
+    options.say("\nDenied at admission:")
+    for what, message in denials:
+        options.say(f"  {what}\n    {message}")
+    return pods
+
+
+def _container_demo(options: Options) -> None:
+    """One runc container with a 4096 MiB share on the fake 24576 MiB card."""
+    from demo.sandbox import FAKE_DEFAULT_UUID, INTERPOSER, RuncWorld, missing_prerequisite
+    from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
+
+    reason = missing_prerequisite()
+    if reason:
+        options.say(f"\n(runc container skipped: {reason})")
+        return
+    base = options.state_dir / "runc"
+    subprocess.run(["rm", "-rf", str(base)], check=False)
+    base.mkdir(parents=True)
+    world = RuncWorld(base, INTERPOSER)
+    uid = "demo0000-0000-0000-0000-000000000001"
+    entry = ContainerAllocation("main", False, (CardShare(FAKE_DEFAULT_UUID, 0, 4096, 30),))
+    record = PodShares("demo", "runc-demo", uid, "high", "strict", False,
+                       Allocation(containers=(entry,), node="this-machine"))
+    (world.private_dir / "allocations").mkdir(parents=True, exist_ok=True)
+    (world.private_dir / "allocations" / f"{uid}.json").write_text(record.encode())
+    annotations = {"io.kubernetes.cri.sandbox-uid": uid, "io.kubernetes.cri.container-name":
+                   "main", "io.kubernetes.cri.sandbox-name": "runc-demo",
+                   "io.kubernetes.cri.sandbox-namespace": "demo"}
+    env = {"NVIDIA_VISIBLE_DEVICES": FAKE_DEFAULT_UUID}
+    result, _ = world.run(["/probe", "8192"], env, annotations)
+    values = result.values
+    options.say("\nA real runc container with a 4096 MiB share of a 24576 MiB card (fake driver):")
+    if result.returncode != 0 or not values:
+        options.say(f"  failed: {result.stderr.strip() or result.stdout.strip()}")
+        return
+    options.say(f"  cuMemGetInfo in the container: total {values.get('total_mib')} MiB, "
+                f"free {values.get('free_mib')} MiB")
+    verdict = "CUDA_ERROR_OUT_OF_MEMORY" if values.get("alloc") == 2 else values.get("alloc")
+    options.say(f"  cuMemAlloc(8192 MiB) in the container: {verdict}")
+    writable = "no" if values.get("config_write_errno") else "yes"
+    options.say(f"  /run/egpu/config.json writable from inside: {writable}")
+
+
+def up(options: Options | None = None) -> int:
+    """Run the demo (module docstring); returns 0, or raises DemoError naming the failed step."""
+    options = options or Options()
+    say = options.say
+    state = options.state_dir
+    if (state / "processes.json").exists() or (state / "cluster" / "cluster.json").exists():
+        say("==> stopping the previous demo")
+        down(state, say)
+    state.mkdir(parents=True, exist_ok=True)
+    config_file = state / "config.yaml"
+    config_file.write_text(DEMO_CONFIG)
+    config = load_config_file(str(config_file))
+    cluster_file = options.inputs / "cluster.yaml"
+    specs = devnodes.load_cluster(cluster_file)
+    extender_port = devcluster.free_port()
+    extender_url = f"http://127.0.0.1:{extender_port}"
+
+    say("==> starting the control plane (etcd, kube-apiserver, kube-controller-manager, "
+        "kube-scheduler, kwok)")
+    info = devcluster.up(devcluster.Config(
+        state_dir=state / "cluster", nodes_file=cluster_file,
+        shares_per_card=config.shares_per_card, extender_url=extender_url))
+    processes: list[dict[str, Any]] = []
+    try:
+        say(f"==> starting the scheduler extender on {extender_url}")
+        extender = _start(state, "extender", [
+            str(BIN / "egpu-extender"), "--kubeconfig", info.kubeconfig, "--host", "127.0.0.1",
+            "--port", str(extender_port), "--config", str(config_file)])
+        processes.append(extender)
+        _wait("extender", lambda: _http_ok(f"{extender_url}/healthz"), 60, extender)
+        say("==> starting the admission webhook (TLS) and registering it")
+        processes.append(_start_webhook(options, info, config_file))
+        say(f"==> starting {len(specs)} node agents on the fake GPU")
+        processes += _start_node_agents(options, info, config_file, specs)
+        _record(state, processes)
+        say("==> applying the workloads of inputs/pods")
+        denials = _apply_workloads(options, info)
+        namespaces = {str((d.get("metadata") or {}).get("namespace", "default"))
+                      for f in (options.inputs / "pods").glob("*.yaml")
+                      for d in yaml.safe_load_all(f.read_text()) if d}
+        say(f"==> waiting up to {options.wait_s:.0f}s for the pods to be placed")
+        _report(options, info, config, denials, namespaces)
+    finally:
+        _record(state, processes)
+    if options.container:
+        _container_demo(options)
+    say(f"""
+The cluster is still up. To look around:
+  export KUBECONFIG={info.kubeconfig}
+  {info.kubectl} get pods -A -o wide
+  PATH={BIN}:$PATH kubectl egpu          # or: {BIN}/egpu top --kubeconfig $KUBECONFIG
+Logs: {state / 'logs'} and {state / 'cluster' / 'logs'}
+To stop it:  {BIN}/egpu demo --down""")
+    return 0
