@@ -74,6 +74,9 @@ class DemoError(RuntimeError):
 # --- processes ---------------------------------------------------------------------------
 
 
+_CHILDREN: dict[str, subprocess.Popen[bytes]] = {}
+
+
 def _start(state_dir: Path, name: str, argv: list[str], env: dict[str, str] | None = None
            ) -> dict[str, Any]:
     """Start a detached process (its own session, so it outlives ``egpu demo``)."""
@@ -81,7 +84,7 @@ def _start(state_dir: Path, name: str, argv: list[str], env: dict[str, str] | No
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"{name}.log"
     with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+        proc = _CHILDREN[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
                                 start_new_session=True, cwd=REPO)
     return {"name": name, "pid": proc.pid, "argv": argv, "log": str(log)}
@@ -110,7 +113,10 @@ def _wait(what: str, probe: Callable[[], bool], timeout_s: float, entry: dict[st
         if probe():
             return
         if entry is not None and not _alive(entry):
-            raise DemoError(f"{what}: the process exited; last lines of {entry['log']}:\n"
+            child = _CHILDREN.get(entry["name"])
+            status = child.poll() if child else None
+            raise DemoError(f"{what}: the process exited (status {status}); last lines of "
+                            f"{entry['log']}:\n"
                             f"{_tail(entry['log'])}")
         time.sleep(0.3)
     log = f"; see {entry['log']}" if entry else ""
