@@ -10,9 +10,15 @@ gets of one card: MiB of device memory and % of compute.
 
 from __future__ import annotations
 
-from typing import Final
+# No import at run time: the runtime hook (runtime_hook, run for every container a node
+# creates) imports this module on its hot path, and ``typing`` alone costs it milliseconds.
+# ``Final`` is for readers and type checkers only (annotations are never evaluated here).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Final
 
 DOMAIN: Final = "egpu.io"
+RECORD_VERSION: Final = 1  # the "version" of every JSON record egpu writes (egpu.records)
 
 # --- Extended resources a pod author writes (container limits; requests == limits) ---------
 RES_GPU: Final = "egpu.io/gpu"  # cards, integer 1..16
@@ -127,9 +133,12 @@ METRIC_CARD_MEMORY_USED: Final = "egpu_card_memory_used_bytes"
 METRIC_CARD_MEMORY_BOOKED: Final = "egpu_card_memory_booked_bytes"
 METRIC_CARD_CORES_BOOKED: Final = "egpu_card_cores_booked_percent"
 METRIC_CARD_COMPUTE_USED: Final = "egpu_card_compute_used_percent"
+# unix seconds of the node agent's last successful inventory heartbeat (PATCH of the node)
+METRIC_NODE_HEARTBEAT: Final = "egpu_node_heartbeat_timestamp_seconds"
 # dcgm-exporter label names where they overlap, then ours.
 LABELS_CARD: Final = ("gpu", "UUID", "modelName", "Hostname")
 LABELS_CONTAINER: Final = (*LABELS_CARD, "namespace", "pod", "container")
+LABELS_NODE: Final = ("Hostname",)
 
 
 def container_dir_name(pod_uid: str, container: str) -> str:

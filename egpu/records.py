@@ -15,9 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from egpu.contract import COMPUTE_POLICIES, PRIORITIES
-
-RECORD_VERSION = 1
+from egpu.contract import COMPUTE_POLICIES, PRIORITIES, RECORD_VERSION
 
 
 class RecordError(ValueError):

@@ -1,6 +1,7 @@
-"""The node annotations ``egpu.io/inventory`` and ``egpu.io/inventory-heartbeat``.
+"""The node annotations ``egpu.io/inventory``, ``egpu.io/inventory-heartbeat`` and
+``egpu.io/usage`` (measured use, node_agent.usage), sent together in one PATCH.
 
-``inventory_patch(cards, now)`` is the pure merge patch; ``publish`` sends it with the
+``inventory_patch(cards, now, usage)`` is the pure merge patch; ``publish`` sends it with the
 kubernetes client (PATCH nodes/<name>, needs RBAC ``nodes: patch``).
 """
 
@@ -9,8 +10,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from egpu.contract import ANN_INVENTORY, ANN_INVENTORY_HEARTBEAT
-from egpu.records import Card, Inventory
+from egpu.contract import ANN_INVENTORY, ANN_INVENTORY_HEARTBEAT, ANN_USAGE
+from egpu.records import Card, Inventory, NodeUsage
 
 
 def rfc3339(moment: datetime) -> str:
@@ -18,14 +19,20 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def inventory_patch(cards: tuple[Card, ...], now: datetime) -> dict[str, Any]:
-    """The strategic-merge patch body that sets both annotations."""
-    return {"metadata": {"annotations": {
+def inventory_patch(cards: tuple[Card, ...], now: datetime,
+                    usage: NodeUsage | None = None) -> dict[str, Any]:
+    """The strategic-merge patch body that sets the annotations (usage: left as it is when
+    None, e.g. when it could not be measured this time)."""
+    annotations = {
         ANN_INVENTORY: Inventory(cards=tuple(cards)).encode(),
         ANN_INVENTORY_HEARTBEAT: rfc3339(now),
-    }}}
+    }
+    if usage is not None:
+        annotations[ANN_USAGE] = usage.encode()
+    return {"metadata": {"annotations": annotations}}
 
 
-def publish(core_v1: Any, node: str, cards: tuple[Card, ...]) -> None:
+def publish(core_v1: Any, node: str, cards: tuple[Card, ...],
+            usage: NodeUsage | None = None) -> None:
     """PATCH the node's annotations now. Raises kubernetes ApiException on failure."""
-    core_v1.patch_node(node, inventory_patch(cards, datetime.now(UTC)))
+    core_v1.patch_node(node, inventory_patch(cards, datetime.now(UTC), usage))

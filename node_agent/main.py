@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -25,12 +26,15 @@ from egpu.contract import (
     NODE_PRIVATE_DIR,
     RUNTIME_DIR,
 )
-from egpu.records import Card
+from egpu.records import Card, NodeUsage
 from node_agent import discovery, inventory
 from node_agent.deviceplugin.service import DEFAULT_PLUGIN_DIR, EgpuDevicePlugin, PluginServer
 from node_agent.health import HealthWatcher
+from node_agent.metrics.card_region import scan_cards
 from node_agent.metrics.collector import EgpuCollector, Sources, regions_under
+from node_agent.metrics.region import scan
 from node_agent.pods import PodRegistry, watch_pods
+from node_agent.usage import node_usage
 
 log = logging.getLogger("egpu-node-agent")
 
@@ -129,17 +133,34 @@ def run(argv: Sequence[str] | None = None) -> int:
     if core_v1 is not None:
         threading.Thread(target=watch_pods, args=(core_v1, registry, stop), daemon=True,
                          name="egpu-pods").start()
+    last_beat: list[float] = []  # unix time of the last successful heartbeat
+
+    def card_regions() -> dict:
+        return scan_cards(args.runtime_dir)
+
     if args.metrics_port:
         from prometheus_client import REGISTRY, start_http_server
 
         REGISTRY.register(EgpuCollector(Sources(
             args.node_name, cards.get, registry.shares, regions_under(args.runtime_dir),
-            discovery.memory_used_bytes, discovery.utilization_percent)))
+            discovery.memory_used_bytes, discovery.utilization_percent,
+            card_regions=card_regions, heartbeat=lambda: last_beat[-1] if last_beat else None)))
         start_http_server(args.metrics_port)
+
+    def usage() -> NodeUsage | None:
+        try:
+            return node_usage(cards.get(), scan(args.runtime_dir), card_regions(),
+                              discovery.memory_used_bytes, discovery.utilization_percent,
+                              time.monotonic_ns())
+        except Exception as exc:  # never let a measurement stop the heartbeat
+            log.warning("usage: %s", exc)
+            return None
+
     while not stop.is_set():
         if core_v1 is not None:
             try:
-                inventory.publish(core_v1, args.node_name, cards.get())
+                inventory.publish(core_v1, args.node_name, cards.get(), usage())
+                last_beat[:] = [time.time()]
             except Exception as exc:  # the API server may be away; retry at the next beat
                 log.warning("inventory heartbeat: %s", exc)
         heartbeat_now.wait(args.heartbeat_seconds)

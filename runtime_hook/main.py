@@ -21,11 +21,9 @@ why; the runtime fails the container's creation with it); 2 the hook could not d
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
 
 from egpu.contract import (
     ALLOCATIONS_SUBDIR,
@@ -39,48 +37,127 @@ from egpu.contract import (
     INTERPOSER_PATH_IN_CONTAINER,
     LD_SO_PRELOAD,
     NODE_PRIVATE_DIR,
+    OCI_ANN_CONTAINER_TYPE,
     RUNTIME_DIR,
     allocation_file_name,
 )
-from egpu.records import PodShares, RecordError
-from runtime_hook import rootfs
 from runtime_hook.oci import OciError, Spec, State, load_spec, parse_state
 from runtime_hook.plan import Apply, Inputs, Refuse, Skip, decide, identify, preload_text
+
+TYPE_CHECKING = False  # startup time: no typing, argparse, dataclasses, json on this path
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from runtime_hook.shares import PodShares
 
 ENV_INTERPOSER: str = "EGPU_INTERPOSER"  # host path of the interposer library (hook option)
 ENV_HOOK_LOG: str = "EGPU_HOOK_LOG"  # file to append one line per run to (hook option)
 
+USAGE = ("usage: egpu-hook [-h] [--runtime-dir RUNTIME_DIR] [--private-dir PRIVATE_DIR]\n"
+         "                 [--interposer INTERPOSER] [--log LOG] [stage]\n")
+OPTIONS = """
+positional arguments:
+  stage                 hook stage, for the log only (createRuntime, prestart, ...)
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="egpu-hook", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", nargs="?", default="createRuntime",
-                        help="hook stage, for the log only (createRuntime, prestart, ...)")
-    parser.add_argument("--runtime-dir", default=os.environ.get(ENV_RUNTIME_DIR, RUNTIME_DIR),
-                        help="host folder of the accounting regions (default %(default)s)")
-    parser.add_argument("--private-dir",
-                        default=os.environ.get(ENV_NODE_PRIVATE_DIR, NODE_PRIVATE_DIR),
-                        help="host folder of allocation files and hook files (root only)")
-    parser.add_argument("--interposer", default=os.environ.get(ENV_INTERPOSER,
-                                                               HOST_INTERPOSER_PATH),
-                        help="host path of libegpu_interpose.so (default %(default)s)")
-    parser.add_argument("--log", default=os.environ.get(ENV_HOOK_LOG, ""),
-                        help="append one line per run to this file")
-    return parser
+options:
+  -h, --help            show this help message and exit
+  --runtime-dir RUNTIME_DIR
+                        host folder of the accounting regions (default $EGPU_RUNTIME_DIR,
+                        else /var/run/egpu)
+  --private-dir PRIVATE_DIR
+                        host folder of allocation files and hook files (root only; default
+                        $EGPU_NODE_PRIVATE_DIR, else /var/run/egpu-node)
+  --interposer INTERPOSER
+                        host path of libegpu_interpose.so (default $EGPU_INTERPOSER, else
+                        /usr/local/egpu/lib/libegpu_interpose.so)
+  --log LOG             append one line per run to this file (default $EGPU_HOOK_LOG)
+"""
+
+
+class Args:
+    """The hook's options (argparse's command line, parsed by hand: argparse alone costs the
+    hook more than its work)."""
+
+    __slots__ = ("interposer", "log", "private_dir", "runtime_dir", "stage")
+
+    def __init__(self) -> None:
+        self.stage = "createRuntime"
+        self.runtime_dir = os.environ.get(ENV_RUNTIME_DIR, RUNTIME_DIR)
+        self.private_dir = os.environ.get(ENV_NODE_PRIVATE_DIR, NODE_PRIVATE_DIR)
+        self.interposer = os.environ.get(ENV_INTERPOSER, HOST_INTERPOSER_PATH)
+        self.log = os.environ.get(ENV_HOOK_LOG, "")
+
+
+_VALUED = ("--runtime-dir", "--private-dir", "--interposer", "--log")
+
+
+def _usage_error(message: str) -> SystemExit:
+    sys.stderr.write(f"{USAGE}egpu-hook: error: {message}\n")
+    return SystemExit(2)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Args:
+    """The command line as argparse read it: ``[stage] [--opt VALUE | --opt=VALUE]...``, long
+    options abbreviated to any unique prefix, ``-h``/``--help``. Raises SystemExit (2 on a
+    usage error, 0 after the help)."""
+    args = Args()
+    words = list(sys.argv[1:] if argv is None else argv)
+    positional: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word == "--":
+            positional.extend(words[i:])
+            break
+        if word in ("-h", "--help") or (len(word) > 2 and "--help".startswith(word)
+                                        and word.startswith("--")):
+            sys.stdout.write(USAGE + "\n" + (__doc__ or "") + OPTIONS)
+            raise SystemExit(0)
+        if not word.startswith("-") or word == "-":
+            positional.append(word)
+            continue
+        name, eq, value = word.partition("=")
+        matches = [o for o in _VALUED if o.startswith(name)] if name.startswith("--") else []
+        if name in _VALUED:
+            matches = [name]
+        if len(matches) != 1:
+            if len(matches) > 1:
+                raise _usage_error(f"ambiguous option: {name} could match "
+                                   f"{', '.join(matches)}")
+            raise _usage_error(f"unrecognized arguments: {word}")
+        if not eq:
+            if i >= len(words) or (words[i].startswith("-") and words[i] != "-"):
+                raise _usage_error(f"argument {matches[0]}: expected one argument")
+            value = words[i]
+            i += 1
+        setattr(args, matches[0][2:].replace("-", "_"), value)
+    if len(positional) > 1:
+        raise _usage_error(f"unrecognized arguments: {' '.join(positional[1:])}")
+    if positional:
+        args.stage = positional[0]
+    return args
 
 
 def load_shares(private_dir: str, pod_uid: str) -> tuple[PodShares | None, str | None]:
     """The pod's allocation file: (record, None), (None, None) when absent, or
-    (None, reason) when unreadable or malformed."""
+    (None, reason) when unreadable or malformed. An absent file costs one open(2) and no
+    import: most containers of a node have none."""
     if not pod_uid or "/" in pod_uid or pod_uid in (".", ".."):
         return None, None if not pod_uid else f"bad pod uid {pod_uid!r}"
     path = os.path.join(private_dir, ALLOCATIONS_SUBDIR, allocation_file_name(pod_uid))
     try:
         with open(path, "rb") as handle:
-            return PodShares.decode(handle.read()), None
+            data = handle.read()
     except FileNotFoundError:
         return None, None
-    except (OSError, RecordError) as exc:
+    except OSError as exc:
+        return None, f"{path}: {exc}"
+    from runtime_hook.shares import ShareError, decode_pod_shares
+
+    try:
+        return decode_pod_shares(data), None
+    except ShareError as exc:
         return None, f"{path}: {exc}"
 
 
@@ -107,9 +184,11 @@ def _make_dir(path: str, mode: int) -> None:
     os.chmod(path, mode)
 
 
-def apply(plan: Apply, state: State, spec: Spec, args: argparse.Namespace) -> None:
+def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
     """Write the host files and bind-mount them into the container (module docstring).
     Raises OSError (MountError, EscapeError) on failure."""
+    from runtime_hook import mounts, rootfs  # ctypes and libc: only for containers with a share
+
     if not os.path.isfile(args.interposer):
         raise FileNotFoundError(f"interposer library {args.interposer} is missing on the node")
     region_host = os.path.join(args.runtime_dir, CONTAINERS_SUBDIR, plan.dir_name)
@@ -125,8 +204,6 @@ def apply(plan: Apply, state: State, spec: Spec, args: argparse.Namespace) -> No
     root = spec.rootfs
 
     def inside() -> None:
-        from runtime_hook import mounts
-
         _write_file(preload_host, preload_text(rootfs.read_in_root(root, LD_SO_PRELOAD)), 0o444)
         rootfs.make_file_in_root(root, INTERPOSER_PATH_IN_CONTAINER)
         mounts.bind(args.interposer, root, INTERPOSER_PATH_IN_CONTAINER, read_only=True)
@@ -141,8 +218,6 @@ def apply(plan: Apply, state: State, spec: Spec, args: argparse.Namespace) -> No
         cards_in = f"{RUNTIME_DIR}/{CARDS_SUBDIR}"
         rootfs.make_dirs_in_root(root, cards_in)
         mounts.bind(cards_host, root, cards_in, read_only=False)
-
-    from runtime_hook import mounts  # ctypes and libc: loaded only for containers with a share
 
     mounts.in_mount_namespace(state.pid, inside)
 
@@ -159,33 +234,39 @@ def _log(path: str, line: str) -> None:
 
 def run(argv: Sequence[str] | None = None, stdin: bytes | None = None) -> int:
     """Run the hook; returns the exit status (module docstring)."""
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
     started = time.monotonic()
     try:
         state = parse_state(stdin if stdin is not None else sys.stdin.buffer.read())
-        spec = load_spec(state.bundle)
+        if state.annotations.get(OCI_ANN_CONTAINER_TYPE) == "sandbox":
+            decision = Skip("sandbox container")  # the pause container: not even its bundle
+            spec = None
+        else:
+            spec = load_spec(state.bundle)
     except OciError as exc:
         print(f"egpu-hook: {exc}", file=sys.stderr)
         return 2
-    annotations = {**spec.annotations, **state.annotations}
-    pod_uid, _ = identify(spec.env, annotations)
-    shares, shares_error = load_shares(args.private_dir, pod_uid)
-    decision = decide(Inputs(state.id, spec.env, annotations, shares, shares_error))
+    if spec is not None:
+        annotations = {**spec.annotations, **state.annotations}
+        pod_uid, _ = identify(spec.env, annotations)
+        shares, shares_error = load_shares(args.private_dir, pod_uid)
+        decision = decide(Inputs(state.id, spec.env, annotations, shares, shares_error))
     status = 0
     if isinstance(decision, Refuse):
         print(decision.message, file=sys.stderr)
         status = 1
-    elif isinstance(decision, Apply):
+    elif isinstance(decision, Apply) and spec is not None:
         try:
             apply(decision, state, spec, args)
         except OSError as exc:
             print(f"egpu-hook: container {state.id}: cannot install its egpu share: {exc}",
                   file=sys.stderr)
             status = 2
-    took = (time.monotonic() - started) * 1000
-    what = decision.reason if isinstance(decision, Skip) else type(decision).__name__.lower()
-    _log(args.log, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {args.stage} {state.id} "
-                   f"{what} status={status} {took:.1f}ms")
+    if args.log:
+        took = (time.monotonic() - started) * 1000
+        what = decision.reason if isinstance(decision, Skip) else type(decision).__name__.lower()
+        _log(args.log, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {args.stage} {state.id} "
+                       f"{what} status={status} {took:.1f}ms")
     return status
 
 

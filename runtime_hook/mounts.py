@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Callable
 
 from runtime_hook.rootfs import open_in_root
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY = 0x1

@@ -10,43 +10,60 @@ Only the fields egpu uses are typed; everything else passes through untouched.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
-from typing import Any
+
+from runtime_hook.fastjson import loads
+
+TYPE_CHECKING = False  # the hook imports no typing, dataclasses, json (startup time)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class OciError(ValueError):
     """The state or the bundle's config.json is unreadable or lacks a field the hook needs."""
 
 
-@dataclass(frozen=True)
 class State:
     """The container state a hook receives on stdin. pid: the container's init, in the
     runtime's pid namespace (0 when the runtime gave none)."""
 
-    id: str
-    pid: int
-    bundle: str
-    status: str = ""
-    annotations: dict[str, str] = field(default_factory=dict)
+    __slots__ = ("annotations", "bundle", "id", "pid", "status")
+
+    def __init__(self, id: str, pid: int, bundle: str, status: str = "",
+                 annotations: dict[str, str] | None = None) -> None:
+        self.id = id
+        self.pid = pid
+        self.bundle = bundle
+        self.status = status
+        self.annotations = {} if annotations is None else annotations
+
+    def __repr__(self) -> str:
+        return (f"State(id={self.id!r}, pid={self.pid!r}, bundle={self.bundle!r}, "
+                f"status={self.status!r}, annotations={self.annotations!r})")
 
 
-@dataclass(frozen=True)
 class Spec:
     """The parts of the bundle's config.json the hook reads. rootfs: absolute host path."""
 
-    rootfs: str
-    env: dict[str, str]
-    annotations: dict[str, str]
-    uid: int = 0
-    gid: int = 0
+    __slots__ = ("annotations", "env", "gid", "rootfs", "uid")
+
+    def __init__(self, rootfs: str, env: dict[str, str], annotations: dict[str, str],
+                 uid: int = 0, gid: int = 0) -> None:
+        self.rootfs = rootfs
+        self.env = env
+        self.annotations = annotations
+        self.uid = uid
+        self.gid = gid
+
+    def __repr__(self) -> str:
+        return (f"Spec(rootfs={self.rootfs!r}, env={self.env!r}, "
+                f"annotations={self.annotations!r}, uid={self.uid!r}, gid={self.gid!r})")
 
 
 def parse_state(text: str | bytes) -> State:
     """Parse the state JSON. Raises OciError when it is not an object with id and bundle."""
     try:
-        data = json.loads(text)
+        data = loads(text)
     except ValueError as exc:
         raise OciError(f"state on stdin: not JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -81,7 +98,7 @@ def parse_env(entries: list[Any]) -> dict[str, str]:
 def parse_spec(text: str | bytes, bundle: str) -> Spec:
     """Parse the bundle's config.json. Raises OciError when root.path is missing."""
     try:
-        data = json.loads(text)
+        data = loads(text)
     except ValueError as exc:
         raise OciError(f"{bundle}/config.json: not JSON ({exc})") from None
     if not isinstance(data, dict):

@@ -19,9 +19,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-
 from egpu.contract import (
     CARDS_SUBDIR,
     CONTAINER_REGION_FILE,
@@ -43,45 +40,76 @@ from egpu.contract import (
     RUNTIME_DIR,
     container_dir_name,
 )
-from egpu.records import ConfigCard, ContainerConfig, PodShares
+
+TYPE_CHECKING = False  # plain classes, no dataclasses/typing: the hook's startup time
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from egpu.records import PodShares as RecordPodShares
+    from runtime_hook.shares import ContainerConfig, PodShares
 
 RAW_CONTAINER: str = "raw"  # container part of a raw share's folder name: <oci-id>_raw
 
 
-@dataclass(frozen=True)
-class Inputs:
-    """Everything the decision reads. shares: the pod's allocation file (None: no file);
-    shares_error: why the file could not be read (None: fine or absent)."""
+class _Value:
+    """Equality and repr over ``__slots__`` (what the frozen dataclasses gave)."""
 
-    container_id: str
-    env: Mapping[str, str]
-    annotations: Mapping[str, str]
-    shares: PodShares | None = None
-    shares_error: str | None = None
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(
+            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, k) for k in self.__slots__))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        return f"{type(self).__name__}({fields})"
 
 
-@dataclass(frozen=True)
-class Skip:
+class Inputs(_Value):
+    """Everything the decision reads. shares: the pod's allocation file (None: no file;
+    runtime_hook.shares.PodShares or egpu.records.PodShares); shares_error: why the file could
+    not be read (None: fine or absent)."""
+
+    __slots__ = ("annotations", "container_id", "env", "shares", "shares_error")
+
+    def __init__(self, container_id: str, env: Mapping[str, str],
+                 annotations: Mapping[str, str],
+                 shares: PodShares | RecordPodShares | None = None,
+                 shares_error: str | None = None) -> None:
+        self.container_id, self.env, self.annotations = container_id, env, annotations
+        self.shares, self.shares_error = shares, shares_error
+
+
+class Skip(_Value):
     """Leave the container untouched."""
 
-    reason: str
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
-@dataclass(frozen=True)
-class Refuse:
+class Refuse(_Value):
     """Fail the container's creation; ``message`` is what the user sees."""
 
-    message: str
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
 
 
-@dataclass(frozen=True)
-class Apply:
+class Apply(_Value):
     """Give the container its share. dir_name: ``<pod-uid>_<container>`` (the accounting
     region's folder and the hook's private folder). config: the interposer's config file
     (None for a raw share: the interposer reads the environment)."""
 
-    dir_name: str
-    config: ContainerConfig | None
+    __slots__ = ("config", "dir_name")
+
+    def __init__(self, dir_name: str, config: ContainerConfig | None) -> None:
+        self.dir_name, self.config = dir_name, config
 
 
 Decision = Skip | Refuse | Apply
@@ -107,12 +135,15 @@ def visible_uuids(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
-def container_config(shares: PodShares, container: str) -> ContainerConfig | None:
+def container_config(shares: PodShares | RecordPodShares,
+                     container: str) -> ContainerConfig | None:
     """The interposer's config for ``container`` of the pod, or None when it has no share.
     Region paths are the in-container paths under ``RUNTIME_DIR``."""
     entry = shares.allocation.for_container(container)
     if entry is None:
         return None
+    from runtime_hook.shares import ConfigCard, ContainerConfig  # only a pod with a share
+
     folder = f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{container_dir_name(shares.pod_uid, container)}"
     return ContainerConfig(
         namespace=shares.namespace,

@@ -11,10 +11,8 @@ for a symlink between the walk and the open is caught there).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
-from collections import deque
 
 MAX_SYMLINKS = 40  # as the kernel's path walk (ELOOP beyond)
 
@@ -29,11 +27,11 @@ def resolve_in_root(root: str, path: str) -> str:
     Missing components are taken literally. Raises EscapeError on a symlink loop.
     """
     root = os.path.abspath(root)
-    todo = deque(path.split("/"))
+    todo = path.split("/")[::-1]  # a stack: the next component last (no deque: startup time)
     done: list[str] = []
     links = 0
     while todo:
-        part = todo.popleft()
+        part = todo.pop()
         if part in ("", "."):
             continue
         if part == "..":
@@ -55,7 +53,7 @@ def resolve_in_root(root: str, path: str) -> str:
             target = os.readlink(candidate)
             if target.startswith("/"):
                 done = []
-            todo.extendleft(reversed(target.split("/")))
+            todo.extend(reversed(target.split("/")))
             continue
         done.append(part)
     return os.path.join(root, *done)
@@ -78,8 +76,10 @@ def make_dirs_in_root(root: str, path: str, mode: int = 0o755) -> str:
     relative = os.path.relpath(host, root)
     for part in [] if relative == "." else relative.split("/"):
         current = os.path.join(current, part)
-        with contextlib.suppress(FileExistsError):
+        try:  # noqa: SIM105 - contextlib costs the hook's startup
             os.mkdir(current, mode)
+        except FileExistsError:
+            pass
         if not stat.S_ISDIR(os.lstat(current).st_mode):
             raise EscapeError(f"{path}: {current} is not a folder (under {root})")
     return host

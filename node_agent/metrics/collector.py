@@ -5,18 +5,22 @@ card metrics carry ``gpu`` (index), ``UUID``, ``modelName``, ``Hostname``; conta
 add ``namespace``, ``pod``, ``container``. Units: bytes and percent.
 
 - Per container share (from its accounting region, and its allocation for the cores):
-  memory limit and used bytes, cores limit %. Compute used % per container is exported once
-  the interposer records it (region v1 does not): the family is declared without samples.
+  memory limit and used bytes, cores limit %; compute used % from the card's region
+  (card_region: the share's slot, measured GPU time), where the card has one.
 - Per card (inventory, NVML, allocations of the node's active pods): memory total / used /
-  booked bytes, cores booked %, compute used %.
+  booked bytes, cores booked %, compute used % (NVML; else the shares' measured use from the
+  card region).
+- Per node: ``egpu_node_heartbeat_timestamp_seconds{Hostname}``, the last successful
+  inventory heartbeat (unix seconds), once there is one.
 
 The collector's inputs are callables, so that it is tested without NVML or the API server.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -24,6 +28,7 @@ from prometheus_client.registry import Collector
 from egpu.contract import (
     LABELS_CARD,
     LABELS_CONTAINER,
+    LABELS_NODE,
     METRIC_CARD_COMPUTE_USED,
     METRIC_CARD_CORES_BOOKED,
     METRIC_CARD_MEMORY_BOOKED,
@@ -33,8 +38,10 @@ from egpu.contract import (
     METRIC_CONTAINER_CORES_LIMIT,
     METRIC_CONTAINER_MEMORY_LIMIT,
     METRIC_CONTAINER_MEMORY_USED,
+    METRIC_NODE_HEARTBEAT,
 )
 from egpu.records import Card, PodShares
+from node_agent.metrics.card_region import CardRegion, share_owner
 from node_agent.metrics.region import RegionUsage, scan, split_dir_name
 
 MIB = 1 << 20
@@ -44,7 +51,9 @@ MIB = 1 << 20
 class Sources:
     """Where the collector reads. cards: the node's cards; shares: pod uid -> PodShares of
     the node's active pods; regions: folder name -> usage; memory_used / compute_used:
-    NVML per card UUID (None: unknown)."""
+    NVML per card UUID (None: unknown); card_regions: card UUID -> its card region;
+    heartbeat: unix time of the last successful heartbeat (None: none yet); now_ns: the
+    CLOCK_MONOTONIC clock of the card regions."""
 
     hostname: str
     cards: Callable[[], tuple[Card, ...]]
@@ -52,6 +61,27 @@ class Sources:
     regions: Callable[[], dict[str, RegionUsage]]
     memory_used: Callable[[str], int | None]
     compute_used: Callable[[str], int | None]
+    card_regions: Callable[[], dict[str, CardRegion]] = field(default=lambda: {})
+    heartbeat: Callable[[], float | None] = field(default=lambda: None)
+    now_ns: Callable[[], int] = field(default=time.monotonic_ns)
+
+
+def share_compute(card_regions: dict[str, CardRegion], dir_name: str, uuid: str,
+                  now_ns: int) -> float | None:
+    """Compute used by the share of folder ``dir_name`` on card ``uuid``, % of the card; None
+    when the card has no region or the share no slot (it never launched work there)."""
+    region = card_regions.get(uuid)
+    slot = region.slots.get(share_owner(dir_name)) if region else None
+    return slot.used_percent(now_ns) if slot else None
+
+
+def card_compute(card_regions: dict[str, CardRegion], nvml_percent: float | None, uuid: str,
+                 now_ns: int) -> float | None:
+    """The card's compute use, %: NVML's when it has one, else the shares' measured use."""
+    if nvml_percent is not None:
+        return float(nvml_percent)
+    region = card_regions.get(uuid)
+    return region.used_percent(now_ns) if region else None
 
 
 def regions_under(runtime_dir: str) -> Callable[[], dict[str, RegionUsage]]:
@@ -73,6 +103,8 @@ class EgpuCollector(Collector):
         src = self.sources
         cards = {c.uuid: c for c in src.cards()}
         shares = src.shares()
+        card_regions = src.card_regions()
+        now_ns = src.now_ns()
 
         def card_labels(uuid: str) -> list[str]:
             card = cards.get(uuid)
@@ -103,6 +135,9 @@ class EgpuCollector(Collector):
                 c_used.add_metric(labels, card.used_bytes)
                 if card.uuid in cores:
                     c_cores.add_metric(labels, cores[card.uuid])
+                used_pct = share_compute(card_regions, name, card.uuid, now_ns)
+                if used_pct is not None:
+                    c_compute.add_metric(labels, used_pct)
         yield from (c_limit, c_used, c_cores, c_compute)
 
         booked_mib: dict[str, int] = {}
@@ -123,7 +158,8 @@ class EgpuCollector(Collector):
                                          "Compute booked by shares on the card, %",
                                          labels=LABELS_CARD)
         compute = GaugeMetricFamily(METRIC_CARD_COMPUTE_USED,
-                                    "Card compute utilisation (NVML), %", labels=LABELS_CARD)
+                                    "Card compute utilisation (NVML, else measured by the "
+                                    "shares), %", labels=LABELS_CARD)
         for uuid, card in sorted(cards.items(), key=lambda kv: kv[1].index):
             labels = card_labels(uuid)
             total.add_metric(labels, card.memory_mib * MIB)
@@ -132,7 +168,14 @@ class EgpuCollector(Collector):
             mem = src.memory_used(uuid)
             if mem is not None:
                 used.add_metric(labels, mem)
-            util = src.compute_used(uuid)
+            util = card_compute(card_regions, src.compute_used(uuid), uuid, now_ns)
             if util is not None:
                 compute.add_metric(labels, util)
         yield from (total, used, booked, cores_booked, compute)
+        heartbeat = GaugeMetricFamily(METRIC_NODE_HEARTBEAT,
+                                      "Last successful inventory heartbeat, unix seconds",
+                                      labels=LABELS_NODE)
+        beat = src.heartbeat()
+        if beat is not None:
+            heartbeat.add_metric([src.hostname], beat)
+        yield heartbeat

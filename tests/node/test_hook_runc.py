@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 
 import pytest
-from demo.sandbox import FAKE_DEFAULT_MIB, FAKE_DEFAULT_UUID, RuncWorld
 
+from demo.sandbox import FAKE_DEFAULT_MIB, FAKE_DEFAULT_UUID, RuncWorld
 from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
 
 pytestmark = pytest.mark.runc

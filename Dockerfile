@@ -1,0 +1,33 @@
+# The one egpu image, ghcr.io/egpu/egpu:0.1.0: every Python part (egpu-webhook, egpu-extender,
+# egpu-node-agent, egpu-hook's build, the egpu CLI) and the interposer library, which the node
+# DaemonSet's init container copies from /opt/egpu/lib to the host (manifests/node).
+#
+#   docker build -t ghcr.io/egpu/egpu:0.1.0 .
+
+# --- the interposer (C, no CUDA toolkit needed), built on the runtime image's Debian --------
+FROM python:3.11-slim AS interposer
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev make \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY libinterpose/ libinterpose/
+RUN make -C libinterpose build/libegpu_interpose.so
+
+# --- the Python parts -------------------------------------------------------------------------
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY egpu/ egpu/
+COPY cli/ cli/
+COPY demo/ demo/
+COPY webhook/ webhook/
+COPY scheduler/ scheduler/
+COPY node_agent/ node_agent/
+COPY runtime_hook/ runtime_hook/
+COPY certs/ certs/
+COPY devcluster/ devcluster/
+RUN pip install . && rm -rf /src
+WORKDIR /
+COPY --from=interposer /src/libinterpose/build/libegpu_interpose.so /opt/egpu/lib/libegpu_interpose.so
+CMD ["egpu", "--help"]
