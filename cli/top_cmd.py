@@ -1,7 +1,8 @@
 """Show, per node and card, the booked and used memory and cores and the shares on it.
 
-Works against any cluster through the kubeconfig (as `kubectl egpu`, too). Usage comes from
-the node agents' egpu.io/usage annotation; "-" where no agent has published it yet.
+Works against any cluster through the kubeconfig (as `kubectl egpu`, too). BOOKED is what the
+scheduler extender placed (MiB, % cores); USED and COMPUTE come from the node agents'
+egpu.io/usage annotation, "-" where no agent has published it yet.
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ def format_views(views: list[NodeView]) -> str:
         for card in node.cards:
             used = card.compute_used_percent
             compute = "-" if used is None else f"{used:.0f}%"
+            # Booked past the card: only shares that opted into memory oversubscription.
+            over = " (memory oversubscribed)" if card.booked_mib > card.card.memory_mib else ""
+            health = "" if card.card.healthy else " UNHEALTHY"
             lines.append(
                 f"{node.name:<14} {card.card.index:>3} {card.card.model[:24]:<24} "
                 f"{card.card.memory_mib:>8} {card.booked_mib:>8} {_mib(card.used_mib):>8} "
-                f"{card.booked_cores:>5}% {compute:>8} {len(card.shares)}")
+                f"{card.booked_cores:>5}% {compute:>8} {len(card.shares)}{over}{health}")
             for share in card.shares:
                 kind = " (init)" if share.init else ""
                 lines.append(f"{'':<14} {'':>3}   {share.namespace}/{share.pod}/{share.container}"

@@ -87,16 +87,25 @@ def _start(state_dir: Path, name: str, argv: list[str], env: dict[str, str] | No
         proc = _CHILDREN[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
                                 start_new_session=True, cwd=REPO)
-    return {"name": name, "pid": proc.pid, "argv": argv, "log": str(log)}
+    entry = {"name": name, "pid": proc.pid, "argv": argv, "log": str(log)}
+    # Recorded at once, so that `down` stops it even when a later step fails.
+    recorded = state_dir / "processes.json"
+    known = json.loads(recorded.read_text()) if recorded.exists() else []
+    recorded.write_text(json.dumps([*known, entry], indent=1))
+    return entry
 
 
 def _alive(entry: dict[str, Any]) -> bool:
+    """Whether the recorded process still runs (our child: poll it; else: its cmdline)."""
+    child = _CHILDREN.get(entry["name"])
+    if child is not None and child.pid == entry["pid"]:
+        return child.poll() is None
     try:
         cmdline = Path(f"/proc/{entry['pid']}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    # A console script runs as "python <script> ...": the program is the first or second word.
-    return entry["argv"][0].encode() in cmdline[:2]
+    # A console script runs as "python <script> ...": the program is one of the first words.
+    return entry["argv"][0].encode() in cmdline[:3]
 
 
 def _tail(path: str, lines: int = 15) -> str:
@@ -133,10 +142,6 @@ def _http_ok(url: str, ca: Path | None = None) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
-
-
-def _record(state_dir: Path, processes: list[dict[str, Any]]) -> None:
-    (state_dir / "processes.json").write_text(json.dumps(processes, indent=1))
 
 
 def down(state_dir: Path | None = None, say: Callable[[str], None] = print) -> None:
@@ -232,7 +237,9 @@ def _apply_workloads(options: Options, info: devcluster.ClusterInfo) -> list[tup
             result = _kubectl(info, "apply", "-f", "-", stdin=json.dumps(document))
             name = f"{document.get('kind')} {document['metadata'].get('name')}"
             if result.returncode != 0:
-                denials.append((f"{path.name}: {name}", result.stderr.strip()))
+                # kubectl wraps the API server's answer; keep the webhook's own message.
+                message = result.stderr.strip().split("denied the request: ", 1)[-1]
+                denials.append((f"{path.name}: {name}", message))
             else:
                 options.say(f"  applied {path.name}: {name}")
     return denials
@@ -295,7 +302,7 @@ def _report(options: Options, info: devcluster.ClusterInfo, config: Config,
                            if c.get("type") == "PodScheduled" and c.get("status") == "False"), "")
             rows.append((f"{pod['metadata']['namespace']}/{pod['metadata']['name']}",
                          pod["spec"].get("schedulerName", ""), pod["spec"].get("nodeName") or "-",
-                         pod["status"].get("phase", ""), reason[:90]))
+                         pod["status"].get("phase", ""), reason.split(" preemption:")[0]))
         options.say(format_table(("POD", "SCHEDULER", "NODE", "PHASE", "WHY"), rows))
     options.say("\nDenied at admission:")
     for what, message in denials:
@@ -362,19 +369,16 @@ def up(options: Options | None = None) -> int:
     info = devcluster.up(devcluster.Config(
         state_dir=state / "cluster", nodes_file=cluster_file,
         shares_per_card=config.shares_per_card, extender_url=extender_url))
-    processes: list[dict[str, Any]] = []
     try:
         say(f"==> starting the scheduler extender on {extender_url}")
         extender = _start(state, "extender", [
             str(BIN / "egpu-extender"), "--kubeconfig", info.kubeconfig, "--host", "127.0.0.1",
             "--port", str(extender_port), "--config", str(config_file)])
-        processes.append(extender)
         _wait("extender", lambda: _http_ok(f"{extender_url}/healthz"), 60, extender)
         say("==> starting the admission webhook (TLS) and registering it")
-        processes.append(_start_webhook(options, info, config_file))
+        _start_webhook(options, info, config_file)
         say(f"==> starting {len(specs)} node agents on the fake GPU")
-        processes += _start_node_agents(options, info, config_file, specs)
-        _record(state, processes)
+        _start_node_agents(options, info, config_file, specs)
         say("==> applying the workloads of inputs/pods")
         denials = _apply_workloads(options, info)
         namespaces = {str((d.get("metadata") or {}).get("namespace", "default"))
@@ -382,15 +386,16 @@ def up(options: Options | None = None) -> int:
                       for d in yaml.safe_load_all(f.read_text()) if d}
         say(f"==> waiting up to {options.wait_s:.0f}s for the pods to be placed")
         _report(options, info, config, denials, namespaces)
-    finally:
-        _record(state, processes)
+    except BaseException:
+        down(state, say)
+        raise
     if options.container:
         _container_demo(options)
     say(f"""
 The cluster is still up. To look around:
   export KUBECONFIG={info.kubeconfig}
   {info.kubectl} get pods -A -o wide
-  PATH={BIN}:$PATH kubectl egpu          # or: {BIN}/egpu top --kubeconfig $KUBECONFIG
+  PATH={BIN}:{Path(info.kubectl).parent}:$PATH kubectl egpu   # or: {BIN}/egpu top
 Logs: {state / 'logs'} and {state / 'cluster' / 'logs'}
 To stop it:  {BIN}/egpu demo --down""")
     return 0

@@ -269,11 +269,12 @@ def _share(name: str, found: dict[str, tuple[str, Any]]) -> tuple[Share | None, 
         else:
             values[resource] = value
     if RES_MEMORY in found and RES_MEMORY_PERCENTAGE in found:
+        memory_name, memory_raw = found[RES_MEMORY]
+        pct_name, pct_raw = found[RES_MEMORY_PERCENTAGE]
         errors.append(RequestError(
-            name, f"{found[RES_MEMORY][0]} and {found[RES_MEMORY_PERCENTAGE][0]}",
-            f"{_shown(found[RES_MEMORY][1])} and {_shown(found[RES_MEMORY_PERCENTAGE][1])}",
-            "one of the two: memory in MiB or memory as % of the card",
-            "both given"))
+            name, pct_name, _shown(pct_raw),
+            f"{memory_name} alone (MiB) or {pct_name} alone (% of the card), not both",
+            f"{memory_name}={_shown(memory_raw)} is given too"))
     if errors:
         return None, errors
     memory_mib = values.get(RES_MEMORY)

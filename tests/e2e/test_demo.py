@@ -137,7 +137,8 @@ def test_the_four_mistakes_are_denied_with_actionable_messages(outcome: Outcome)
         assert name not in outcome.pods
     text = outcome.text
     assert "container 'c': egpu.io/gpu-cores='150' is not allowed (out of range)" in text
-    assert "egpu.io/gpu-memory and egpu.io/gpu-memory-percentage='4000 and 50'" in text
+    assert "egpu.io/gpu-memory-percentage='50' is not allowed (egpu.io/gpu-memory=4000 is " \
+        "given too)" in text
     assert "egpu.io/gpu-memory-percentage='0' is not allowed" in text
     assert "pod annotation egpu.io/priority='urgent' is not allowed; allowed: high, low" in text
 

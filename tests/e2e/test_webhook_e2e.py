@@ -205,7 +205,7 @@ def test_fc08d_cpu_and_native_gpu_pods_never_reach_the_webhook(
 
 def test_bad_pods_denied_with_our_message(cluster: Any, webhook: WebhookProcess) -> None:
     expected = {"bad-cores": "egpu.io/gpu-cores='150'",
-                "bad-both-memory": "egpu.io/gpu-memory and egpu.io/gpu-memory-percentage",
+                "bad-both-memory": "egpu.io/gpu-memory=4000 is given too",
                 "bad-zero-percentage": "egpu.io/gpu-memory-percentage='0'",
                 "bad-priority": "egpu.io/priority='urgent'"}
     pods = _input_pods(cluster, "10-bad-requests.yaml")

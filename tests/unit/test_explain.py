@@ -50,8 +50,10 @@ def test_the_four_mistakes_are_explained(shared_dir: Path, capsys: Any) -> None:
     assert errors["Pod research/bad-cores"] == [
         "container 'c': egpu.io/gpu-cores='150' is not allowed (out of range); "
         "allowed: an integer 1..100 (%)"]
-    assert "egpu.io/gpu-memory and egpu.io/gpu-memory-percentage" in \
-        errors["Pod research/bad-both-memory"][0]
+    assert errors["Pod research/bad-both-memory"] == [
+        "container 'c': egpu.io/gpu-memory-percentage='50' is not allowed (egpu.io/gpu-memory=4000 "
+        "is given too); allowed: egpu.io/gpu-memory alone (MiB) or "
+        "egpu.io/gpu-memory-percentage alone (% of the card), not both"]
     assert "egpu.io/gpu-memory-percentage='0'" in errors["Pod research/bad-zero-percentage"][0]
     assert "egpu.io/priority='urgent'" in errors["Pod research/bad-priority"][0]
     assert "high, low" in errors["Pod research/bad-priority"][0]

@@ -66,7 +66,8 @@ def test_fc09_out_of_range_names_container_resource_value_and_range(resource: st
 def test_memory_and_percentage_together_is_an_error() -> None:
     reading = read_pod(pod(c(limits={"egpu.io/gpu-memory": 4000,
                                      "egpu.io/gpu-memory-percentage": 50})))
-    assert "one of the two" in reading.errors[0].message
+    assert "egpu.io/gpu-memory=4000 is given too" in reading.errors[0].message
+    assert "not both" in reading.errors[0].message
 
 
 def test_requests_must_equal_limits() -> None:
