@@ -81,6 +81,9 @@ def agent(cluster) -> Iterator[tuple[Agent, str]]:
     agent = Agent(core, node)
     yield agent, namespace
     agent.close()
+    # Pods bound to a node without a kubelet are only removed with grace 0; without this they
+    # would linger (with allocations on a node that does not exist) while the namespace goes.
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     core.delete_namespace(namespace)
 
 
