@@ -4,8 +4,10 @@
 
 On the dev cluster (reused when ``egpu dev-cluster`` reports one up, else started and stopped
 here): adds N kwok nodes of C cards each with both ``nvidia.com/gpu: C`` and ``egpu.io/gpu:
-C x sharesPerCard`` and the node agent's inventory annotations; starts the extender and runs
-the dev cluster's kube-scheduler with it (as tests/e2e/test_scheduler_e2e.py does). Then, in
+C x sharesPerCard`` and the node agent's inventory annotations, and waits until they are
+Ready and untainted (``devcluster.nodes.wait_nodes_ready``); starts the extender (``python -m
+scheduler.main``) and points the dev cluster's kube-scheduler at it
+(``devcluster.set_extender``, restored at the end). Then, in
 one run, for each scheduler: P whole-card pods (``nvidia.com/gpu: 1`` for default-scheduler,
 ``egpu.io/gpu: 1`` = a whole card's memory for egpu-scheduler) are created with a scheduling
 gate, the gates are lifted from 16 threads, and the rate is P / (last bind - first ungate).
@@ -21,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import socket
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -50,6 +55,49 @@ def _wait(what: str, check: Any, timeout: float = 120, interval: float = 0.25) -
     raise SystemExit(f"timed out waiting for {what}")
 
 
+class ExtenderProcess:
+    """``python -m scheduler.main`` on 127.0.0.1:<free port>, as a child of this process."""
+
+    def __init__(self, kubeconfig: str, config: Path, log: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.kubeconfig, self.config, self.log = kubeconfig, config, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise SystemExit(f"extender exited ({self.proc.returncode}):\n"
+                             + self.log.read_text()[-3000:])
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "scheduler.main", "--kubeconfig", self.kubeconfig,
+                 "--host", "127.0.0.1", "--port", str(self.port), "--config", str(self.config)],
+                stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        _wait("the extender's /healthz", self._healthy, timeout=120)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
 def add_nodes(api: RawApi, n: int, cards: int) -> list[str]:
     """N kwok nodes ``bench-NNNN`` with C H100-sized cards and both GPU resources."""
     def one(i: int) -> str:
@@ -67,7 +115,10 @@ def add_nodes(api: RawApi, n: int, cards: int) -> list[str]:
         return name
 
     with ThreadPoolExecutor(16) as pool:
-        return list(pool.map(one, range(n)))
+        names = list(pool.map(one, range(n)))
+    # a new Node carries the not-ready taint until kwok reports it Ready
+    devnodes.wait_nodes_ready(api.client, names, timeout_s=300, interval_s=1.0)
+    return names
 
 
 def delete_nodes(api: RawApi, n: int) -> None:
@@ -142,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="egpu-bench-"))
     api = RawApi(info.api_client())
     extender = None
+    previous = (info.extender_url, info.extender_ca_file)
     try:
         with contextlib.suppress(ApiStatusError):
             api.json("POST", "/api/v1/namespaces", body={"metadata": {"name": NS}})
@@ -152,22 +204,20 @@ def main(argv: list[str] | None = None) -> int:
         config.write_text(yaml.safe_dump({"sharesPerCard": SHARES,
                                           "heartbeatTimeoutSeconds": 3600}))
         heartbeat(api, names)
-        sys.path.insert(0, str(REPO))
-        from tests.e2e.test_scheduler_e2e import Extender, scheduler_with_extender
-
-        extender = Extender(info.kubeconfig, config, work / "extender.log")
+        extender = ExtenderProcess(info.kubeconfig, config, work / "extender.log")
         extender.start()
-        with scheduler_with_extender(info, extender.url, work):
-            default_rate, default_ungate = run(api, "default-scheduler", args.pods)
-            print(f"default-scheduler: {default_rate:.1f} pods/s "
-                  f"(gates lifted at {default_ungate:.0f}/s)", flush=True)
-            egpu_rate, egpu_ungate = run(api, devcluster.EGPU_SCHEDULER, args.pods)
-            print(f"egpu-scheduler: {egpu_rate:.1f} pods/s "
-                  f"(gates lifted at {egpu_ungate:.0f}/s; extender log {extender.log})",
-                  flush=True)
+        devcluster.set_extender(info, extender.url)
+        default_rate, default_ungate = run(api, "default-scheduler", args.pods)
+        print(f"default-scheduler: {default_rate:.1f} pods/s "
+              f"(gates lifted at {default_ungate:.0f}/s)", flush=True)
+        egpu_rate, egpu_ungate = run(api, devcluster.EGPU_SCHEDULER, args.pods)
+        print(f"egpu-scheduler: {egpu_rate:.1f} pods/s "
+              f"(gates lifted at {egpu_ungate:.0f}/s; extender log {extender.log})",
+              flush=True)
     finally:
         if extender is not None:
             extender.stop()
+            devcluster.set_extender(info, *previous)
         delete_nodes(api, args.nodes)
         if started:
             devcluster.down(state_dir)

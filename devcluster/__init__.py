@@ -5,6 +5,9 @@ See docs/devcluster.md. Entry points for the CLI (``egpu dev-cluster``):
     devcluster.up(config: Config | None = None) -> ClusterInfo
     devcluster.down(state_dir: Path | str | None = None) -> list[str]
     devcluster.status(state_dir: Path | str | None = None) -> ClusterStatus
+    devcluster.set_extender(info: ClusterInfo, extender_url: str | None,
+                            extender_ca_file=None) -> ClusterInfo
+        (restart only kube-scheduler, with or without the egpu scheduler extender)
     devcluster.main(argv: list[str] | None = None) -> int      # ``python -m devcluster``
 """
 
@@ -20,6 +23,7 @@ _CLUSTER_NAMES = (
     "DevClusterError",
     "default_state_dir",
     "down",
+    "set_extender",
     "status",
     "up",
 )
@@ -49,6 +53,7 @@ __all__ = [
     "default_state_dir",
     "down",
     "main",
+    "set_extender",
     "status",
     "up",
 ]

@@ -6,6 +6,8 @@ Public API (the CLI's ``egpu dev-cluster up|down|status`` calls these):
     up(config: Config | None = None) -> ClusterInfo     raises DevClusterError
     down(state_dir: Path | str | None = None) -> list[str]      names of processes stopped
     status(state_dir: Path | str | None = None) -> ClusterStatus
+    set_extender(info, extender_url, extender_ca_file=None) -> ClusterInfo
+        restart only kube-scheduler with (or without: None) the egpu scheduler extender
     ClusterInfo.load(state_dir) -> ClusterInfo                 raises DevClusterError
 
 State folder (default ``${EGPU_STATE_DIR:-~/.cache/egpu/dev-cluster}``):
@@ -130,6 +132,7 @@ class ClusterInfo:
     extender_url: str | None = None
     started_at: float = 0.0
     startup_s: float = 0.0
+    extender_ca_file: str | None = None
 
     @property
     def kubectl(self) -> str:
@@ -629,6 +632,7 @@ def up(config: Config | None = None) -> ClusterInfo:
             processes=dict(starter.started),
             extender_url=config.extender_url,
             started_at=time.time(),
+            extender_ca_file=str(config.extender_ca_file) if config.extender_ca_file else None,
         )
         info.startup_s = round(time.monotonic() - t0, 1)
         info.save()
@@ -642,6 +646,49 @@ def up(config: Config | None = None) -> ClusterInfo:
             )
         except Exception as exc:
             raise DevClusterError(f"cluster is up but creating nodes failed: {exc}") from exc
+    return info
+
+
+def set_extender(
+    info: ClusterInfo,
+    extender_url: str | None,
+    extender_ca_file: str | Path | None = None,
+    timeout_s: float = 90.0,
+) -> ClusterInfo:
+    """Point the ``egpu-scheduler`` profile at a scheduler extender (None: no extender).
+
+    Rewrites ``<state>/scheduler-config.yaml`` (``scheduler_config``), restarts only the
+    kube-scheduler process (same command line, port and log; the old one is stopped first,
+    so two schedulers never run at once), waits until its ``/healthz`` answers 200, and saves
+    the ClusterInfo (new pid, ``extender_url``, ``extender_ca_file``). Updates ``info`` in
+    place and returns it. The other processes, the nodes and the pods are left alone.
+
+    Raises DevClusterError when no kube-scheduler is recorded, when another ``up``/``down``
+    holds the state folder (AlreadyRunning), or when the new kube-scheduler exits or is not
+    healthy within ``timeout_s`` (quoting its log).
+    """
+    state_dir = Path(info.state_dir)
+    old = info.processes.get("kube-scheduler")
+    if old is None:
+        raise DevClusterError(f"no kube-scheduler recorded in {state_dir / 'cluster.json'}")
+    config_arg = next((a for a in old.argv if a.startswith("--config=")), None)
+    sched_cfg = Path(config_arg.split("=", 1)[1]) if config_arg else (
+        state_dir / "scheduler-config.yaml")
+    argv = list(old.argv) if config_arg else [*old.argv, f"--config={sched_cfg}"]
+    port = info.ports["kube-scheduler"]
+    ca_file = str(extender_ca_file) if extender_ca_file else None
+    with _locked(state_dir):
+        sched_cfg.write_text(scheduler_config(info.kubeconfig, extender_url, ca_file))
+        _stop(old)
+        starter = _Starter(state_dir, timeout_s)
+        new = starter.start("kube-scheduler", argv)
+        url = f"https://{HOST}:{port}/healthz"
+        insecure = _insecure_context()
+        starter.wait(new, lambda: _get(url, insecure)[0] == 200, f"GET {url}")
+        info.processes["kube-scheduler"] = new
+        info.extender_url = extender_url
+        info.extender_ca_file = ca_file
+        info.save()
     return info
 
 

@@ -5,23 +5,34 @@ labels of the file, capacity/allocatable cpu 64, memory 512Gi, pods 110 and
 ``egpu.io/gpu`` = cards x shares_per_card, and the node agent's annotations
 ``egpu.io/inventory`` (deterministic card UUIDs) and ``egpu.io/inventory-heartbeat``.
 
-    create_nodes(api_client, cluster_file, shares_per_card=4) -> list[str]
+    create_nodes(api_client, cluster_file, shares_per_card=4, ready_timeout_s=60) -> list[str]
     node_manifest(spec, shares_per_card=4, now=None) -> dict
+    wait_nodes_ready(api_client, names, timeout_s=60) -> None
     refresh_heartbeats(api_client, names) -> None
     HeartbeatRefresher(api_client, names, interval_s=10.0)   # context manager / thread
+
+A new Node is born with the ``node.kubernetes.io/not-ready:NoSchedule`` taint (admission
+plugin TaintNodesByCondition); the node lifecycle controller removes it once kwok reports the
+node Ready. ``create_nodes`` waits for that (``wait_nodes_ready``), so callers never race it.
+
+Requests go through the ``kubernetes`` ApiClient as plain JSON (``api_request``): its
+connection, TLS and credentials, none of its model classes (whose validation of request and
+answer bodies varies between client releases).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from devcluster.cluster import KWOK_NODE_ANNOTATION, KWOK_NODE_ANNOTATION_VALUE
+from devcluster.cluster import KWOK_NODE_ANNOTATION, KWOK_NODE_ANNOTATION_VALUE, DevClusterError
 from egpu.contract import ANN_INVENTORY, ANN_INVENTORY_HEARTBEAT, RES_GPU
 from egpu.records import Card, Inventory
 
@@ -30,6 +41,52 @@ NODE_MEMORY = "512Gi"
 NODE_PODS = "110"
 DEFAULT_SHARES_PER_CARD = 4
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "devcluster.egpu.io")
+# Taints of the node lifecycle controller (not-ready, unreachable, pressure conditions...).
+LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class ApiError(DevClusterError):
+    """A non-2xx answer of the API server: ``status`` (HTTP code) and its message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+def api_request(
+    api_client: Any,
+    method: str,
+    path: str,
+    body: Any = None,
+    content_type: str | None = None,
+    query: dict[str, Any] | None = None,
+    timeout: float = 30.0,
+) -> Any:
+    """Send one request through a kubernetes ``ApiClient``; the decoded JSON answer.
+
+    Raises ``ApiError`` for a non-2xx answer."""
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type or "application/json"
+    method, url, headers, body, _ = api_client.param_serialize(
+        method=method,
+        resource_path=path,
+        query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = api_client.call_api(method, url, header_params=headers, body=body,
+                                   _request_timeout=timeout)
+    text = response.read().decode("utf-8", "replace")
+    if not 200 <= response.status < 300:
+        try:
+            message = json.loads(text).get("message", text)
+        except ValueError:
+            message = text
+        raise ApiError(response.status, message)
+    return json.loads(text) if text else None
 
 
 def card_uuid(node: str, index: int) -> str:
@@ -112,46 +169,96 @@ def node_manifest(
 
 
 def create_nodes(
-    api_client: Any, cluster_file: Path | str, shares_per_card: int = DEFAULT_SHARES_PER_CARD
+    api_client: Any,
+    cluster_file: Path | str,
+    shares_per_card: int = DEFAULT_SHARES_PER_CARD,
+    ready_timeout_s: float = 60.0,
 ) -> list[str]:
-    """Create (or update) the nodes of ``cluster_file``; returns their names."""
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
+    """Create (or update) the nodes of ``cluster_file`` and wait until each is Ready and
+    without lifecycle taints (``wait_nodes_ready``); returns their names.
 
-    core = client.CoreV1Api(api_client)
+    ``ready_timeout_s=0`` returns without waiting. Raises ``DevClusterError``."""
     names = []
     for spec in load_cluster(cluster_file):
-        body = node_manifest(spec, shares_per_card)
-        name = body["metadata"]["name"]
-        try:
-            core.create_node(body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            core.patch_node(name, {"metadata": body["metadata"]})
-        # The create keeps status on most versions; set it explicitly so the resources are
-        # there whatever the apiserver does with status on create.
-        core.patch_node_status(
-            name,
-            {
-                "status": {
-                    "capacity": body["status"]["capacity"],
-                    "allocatable": body["status"]["allocatable"],
-                }
-            },
-        )
-        names.append(name)
+        names.append(put_node(api_client, node_manifest(spec, shares_per_card)))
+    if ready_timeout_s:
+        wait_nodes_ready(api_client, names, ready_timeout_s)
     return names
+
+
+def put_node(api_client: Any, body: dict[str, Any]) -> str:
+    """Create the Node ``body`` (``node_manifest``), or update the metadata of an existing
+    one, then set its capacity and allocatable (status subresource); returns its name."""
+    name = body["metadata"]["name"]
+    try:
+        api_request(api_client, "POST", "/api/v1/nodes", body)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        api_request(api_client, "PATCH", f"/api/v1/nodes/{name}",
+                    {"metadata": body["metadata"]}, MERGE_PATCH)
+    # The create keeps status on most versions; set it explicitly so the resources are
+    # there whatever the apiserver does with status on create (and on an update).
+    status = {"status": {k: body["status"][k] for k in ("capacity", "allocatable")}}
+    api_request(api_client, "PATCH", f"/api/v1/nodes/{name}/status", status, MERGE_PATCH)
+    return name
+
+
+def _not_ready(node: dict[str, Any]) -> str:
+    """Why a Node object is not usable yet ("" when it is Ready and has no lifecycle taint)."""
+    why = []
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = next((c.get("status") for c in conditions if c.get("type") == "Ready"), None)
+    if ready != "True":
+        why.append(f"Ready={ready or 'missing'}")
+    taints = [f"{t.get('key')}:{t.get('effect')}" for t in (node.get("spec") or {}).get(
+        "taints") or [] if str(t.get("key", "")).startswith(LIFECYCLE_TAINT_PREFIX)]
+    if taints:
+        why.append(f"taints {', '.join(taints)}")
+    return ", ".join(why)
+
+
+def wait_nodes_ready(
+    api_client: Any, names: list[str] | tuple[str, ...], timeout_s: float = 60.0,
+    interval_s: float = 0.25,
+) -> None:
+    """Wait until every node of ``names`` has condition Ready=True and no taint of the node
+    lifecycle controller (``node.kubernetes.io/...``, e.g. ``not-ready:NoSchedule``).
+
+    Raises ``DevClusterError`` after ``timeout_s`` naming each node still not usable and why
+    (a missing node, ``Ready=Unknown``, the taints left)."""
+    wanted = set(names)
+    deadline = time.monotonic() + timeout_s
+    problems: dict[str, str] = {}
+    while True:
+        items = api_request(api_client, "GET", "/api/v1/nodes")["items"]
+        found = {item["metadata"]["name"]: item for item in items}
+        problems = {}
+        for name in wanted:
+            node = found.get(name)
+            why = "missing" if node is None else _not_ready(node)
+            if why:
+                problems[name] = why
+        if not problems:
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(interval_s)
+    shown = "; ".join(f"{n}: {why}" for n, why in sorted(problems.items())[:10])
+    more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+    raise DevClusterError(
+        f"{len(problems)} of {len(wanted)} nodes not Ready and untainted after {timeout_s:.0f}s:"
+        f" {shown}{more}. kwok marks its nodes Ready and the controller manager then removes"
+        " the not-ready taint: are both running (python -m devcluster status; logs in"
+        " <state>/logs/kwok.log, kube-controller-manager.log)?"
+    )
 
 
 def refresh_heartbeats(api_client: Any, names: list[str] | tuple[str, ...]) -> None:
     """Set ``egpu.io/inventory-heartbeat`` to now on each node (as the node agent would)."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api_client)
-    stamp = now_rfc3339()
+    body = {"metadata": {"annotations": {ANN_INVENTORY_HEARTBEAT: now_rfc3339()}}}
     for name in names:
-        core.patch_node(name, {"metadata": {"annotations": {ANN_INVENTORY_HEARTBEAT: stamp}}})
+        api_request(api_client, "PATCH", f"/api/v1/nodes/{name}", body, MERGE_PATCH)
 
 
 class HeartbeatRefresher:

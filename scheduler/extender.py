@@ -3,7 +3,8 @@
 No HTTP here (``scheduler.app`` is the edge) and no Kubernetes client (bind talks to the API
 through the small ``BindApi`` protocol, ``scheduler.kube`` implements it).
 
-- filter: for each candidate node, ``placement.fit`` on the node's cards with every booking
+- filter: for each candidate node, ``placement.utilization_checker`` (the answer of
+  ``placement.fit``, fast path for one-share pods) on the node's cards with every booking
   (reservations of binds in flight included, the pod's own earlier booking excluded). Pods
   without egpu resources pass everywhere; pods with invalid requests fail everywhere, as
   unresolvable, with the request errors as the reason.
@@ -11,11 +12,14 @@ through the small ``BindApi`` protocol, ``scheduler.kube`` implements it).
   what filter computed when the node has not changed since (answers are memoized per pod
   demand and node view, so replicas of one template reuse them too).
 - bind: serialized per node: fit again (cards chosen by the pod's card policy), reserve the
-  booking, then write the ``egpu.io/allocation`` annotation (PATCH), then POST the Binding.
-  A failed PATCH or Binding drops the reservation and (Binding) removes the annotation again.
-  The per-node lock covers the decision and the reservation, which take no await: the
-  network calls run outside it, and a concurrent bind on that node already sees the
-  reservation, so no card is booked past its bound whatever the interleaving.
+  booking, then POST ONE Binding that carries the ``egpu.io/allocation`` annotation: the API
+  server copies a Binding's annotations onto the pod in the same write that sets
+  ``spec.nodeName`` (pods/binding, ``BindingREST.setPodNodeAndMetadata``), so the pod is never
+  annotated without being bound or bound without its annotation. A failed Binding drops the
+  reservation (nothing was written). The per-node lock covers the decision and the
+  reservation, which take no await: the network call runs outside it, and a concurrent bind
+  on that node already sees the reservation, so no card is booked past its bound whatever
+  the interleaving.
 """
 
 from __future__ import annotations
@@ -28,17 +32,17 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from egpu.config import Config
+from egpu.contract import ANN_ALLOCATION
 from egpu.requests import PodReading, read_pod
 from scheduler import strategies
 from scheduler.placement import (
-    Fits,
     Limits,
     NodeState,
     Placement,
     PodDemand,
     Unfit,
-    checker,
     fit,
+    utilization_checker,
 )
 from scheduler.state import Booking, ClusterState, pod_key
 from scheduler.wire import (
@@ -67,16 +71,10 @@ class BindApi(Protocol):
         """The pod object, or None when it does not exist."""
         ...
 
-    async def set_allocation(self, namespace: str, name: str, uid: str, text: str) -> None:
-        """Write the allocation annotation on the pod. Raises BindError."""
-        ...
-
-    async def clear_allocation(self, namespace: str, name: str, text: str) -> None:
-        """Remove the annotation if it still holds ``text``. Raises BindError."""
-        ...
-
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST the pod's Binding to ``node``. Raises BindError."""
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: Mapping[str, str] | None = None) -> None:
+        """POST the pod's Binding to ``node`` (pod UID as precondition); ``annotations`` are
+        set on the pod in the same write. Raises BindError."""
         ...
 
 
@@ -101,17 +99,21 @@ class Extender:
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
         self._cache: OrderedDict[
-            tuple[PodDemand, str], tuple[float, dict[str, tuple[NodeState, Fits | Unfit]]]
+            tuple[PodDemand, str],
+            tuple[float, dict[str, NodeState], dict[str, float | Unfit]],
         ] = OrderedDict()
 
     # --- filter and prioritize -------------------------------------------------------------
     def _fit_all(self, pod: Mapping[str, Any], demand: PodDemand,
-                 names: list[str]) -> dict[str, Fits | Unfit]:
-        """``check`` on each node, memoized per (demand, node view) for ``CACHE_TTL_S``.
+                 names: list[str]) -> list[float | Unfit]:
+        """For each node of ``names``: the utilization with the pod placed (a float) when the
+        pod fits, else the ``Unfit``; memoized per (demand, node view) for ``CACHE_TTL_S``.
 
         Replicas of one template have equal demands, and a node's view object is replaced
         whenever its cards or bookings change, so a hit is exact; the time bound keeps
-        heartbeat staleness (which depends on the clock, not on the view) current.
+        heartbeat staleness (which depends on the clock, not on the view) current. The memo
+        holds two flat dicts per demand (view and answer by node name, answers as plain
+        floats when the pod fits): few objects for the garbage collector to walk.
         """
         uid = _uid(pod)
         now = self.clock()
@@ -119,27 +121,24 @@ class Extender:
         key = (demand, excluding or "")
         entry = self._cache.get(key)
         if entry is None or now - entry[0] > CACHE_TTL_S:
-            entry = self._cache[key] = (now, {})
+            entry = self._cache[key] = (now, {}, {})
             while len(self._cache) > CACHE_DEMANDS:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
-        memo = entry[1]
-        out: dict[str, Fits | Unfit] = {}
-        node = self.state.node
-        run = checker(demand, self.limits, now)
-        for name in names:
-            view = node(name, excluding)
+        _, seen, answers = entry
+        run = utilization_checker(demand, self.limits, now)
+        out: list[float | Unfit] = []
+        append = out.append
+        for name, view in zip(names, self.state.node_views(names, excluding), strict=True):
             if view is None:
-                out[name] = Unfit(name, UNKNOWN_NODE, unresolvable=True)
-                continue
-            hit = memo.get(name)
-            if hit is not None and hit[0] is view:
-                out[name] = hit[1]
-                continue
-            result = run(view)
-            memo[name] = (view, result)
-            out[name] = result
+                append(Unfit(name, UNKNOWN_NODE, unresolvable=True))
+            elif seen.get(name) is view:
+                append(answers[name])
+            else:
+                result = answers[name] = run(view)
+                seen[name] = view
+                append(result)
         return out
 
     @staticmethod
@@ -178,13 +177,14 @@ class Extender:
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for name, result in self._fit_all(pod, demand, names).items():
-            if isinstance(result, Fits):
+        for name, result in zip(names, self._fit_all(pod, demand, names), strict=True):
+            if result.__class__ is float:
                 passed.append(name)
-            elif result.unresolvable:
-                unresolvable[name] = result.reason
-            else:
-                failed[name] = result.reason
+            elif isinstance(result, Unfit):
+                if result.unresolvable:
+                    unresolvable[name] = result.reason
+                else:
+                    failed[name] = result.reason
         return self._result(args, passed, failed, unresolvable)
 
     def prioritize(self, args: ExtenderArgs) -> HostPriorityList:
@@ -196,9 +196,8 @@ class Extender:
             return [{"Host": name, "Score": 0} for name in names]
         demand = PodDemand.from_request(reading.request)
         node_score = strategies.get(demand.node_policy).node_score
-        return [{"Host": name,
-                 "Score": node_score(r.utilization) if isinstance(r, Fits) else 0}
-                for name, r in self._fit_all(pod, demand, names).items()]
+        return [{"Host": name, "Score": 0 if isinstance(r, Unfit) else node_score(r)}
+                for name, r in zip(names, self._fit_all(pod, demand, names), strict=True)]
 
     # --- bind ------------------------------------------------------------------------------
     def _lock(self, node: str) -> asyncio.Lock:
@@ -207,9 +206,9 @@ class Extender:
             lock = self._locks[node] = asyncio.Lock()
         return lock
 
-    def _decide(self, pod: Mapping[str, Any], uid: str, node: str) -> Placement | str:
+    def _decide(self, pod: Mapping[str, Any], reading: PodReading, uid: str,
+                node: str) -> Placement | str:
         """Fit the pod on ``node`` now and reserve; the chosen placement or an error text."""
-        reading = read_pod(pod, self.config)
         if reading.request is None:
             return _errors_text(reading)
         view = self.state.node(node, excluding=uid)
@@ -222,7 +221,7 @@ class Extender:
         return result
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
-        """Choose the cards, annotate the pod, bind it; ``Error`` says what failed."""
+        """Choose the cards and bind the pod with its allocation; ``Error`` says what failed."""
         namespace, name = args["PodNamespace"], args["PodName"]
         uid, node = str(args["PodUID"]), args["Node"]
         if self.api is None:
@@ -233,30 +232,22 @@ class Extender:
                 pod = await self.api.get_pod(namespace, name)
             if pod is None or _uid(pod) != uid:
                 return {"Error": f"pod {namespace}/{name} (uid {uid}) not found"}
-            if not read_pod(pod, self.config).is_egpu_pod:
+            reading = read_pod(pod, self.config)
+            if not reading.is_egpu_pod:
                 await self.api.bind(namespace, name, uid, node)
                 return {"Error": ""}
         except BindError as exc:
             return {"Error": str(exc)}
         async with self._lock(node):
-            decision = self._decide(pod, uid, node)
+            decision = self._decide(pod, reading, uid, node)
         if isinstance(decision, str):
             log.info("bind %s/%s -> %s refused: %s", namespace, name, node, decision)
             return {"Error": decision}
         text = decision.allocation.encode()
         try:
-            await self.api.set_allocation(namespace, name, uid, text)
+            await self.api.bind(namespace, name, uid, node, {ANN_ALLOCATION: text})
         except BindError as exc:
             self.state.unreserve(uid)
-            return {"Error": f"writing the allocation failed: {exc}"}
-        try:
-            await self.api.bind(namespace, name, uid, node)
-        except BindError as exc:
-            self.state.unreserve(uid)
-            try:
-                await self.api.clear_allocation(namespace, name, text)
-            except BindError as clear_exc:
-                log.warning("rollback of %s/%s: %s", namespace, name, clear_exc)
             return {"Error": f"binding failed: {exc}"}
         self.state.bind_done(uid)
         log.info("bound %s/%s -> %s %s", namespace, name, node, text)

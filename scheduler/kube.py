@@ -6,6 +6,10 @@ faster, and the objects are the same dicts the extender gets from kube-scheduler
 calls run in worker threads; ``Watcher`` hands every event to the event loop with
 ``loop.call_soon_threadsafe`` so that ``ClusterState`` is only touched on the loop's thread.
 
+Bind is ONE request: a Binding whose ``metadata.annotations`` carries ``egpu.io/allocation``
+(the API server copies a Binding's annotations onto the pod in the write that sets
+``spec.nodeName``).
+
 Watch protocol (API conventions, "Efficient detection of changes"): list (paginated) to get
 the state and a resourceVersion, then watch from it; events ADDED / MODIFIED / DELETED /
 BOOKMARK; an ERROR event with code 410 (Gone), or any broken stream, means list again.
@@ -17,7 +21,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
@@ -25,7 +29,6 @@ from urllib.parse import quote
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from egpu.contract import ANN_ALLOCATION
 from scheduler.extender import BindError
 from scheduler.state import ClusterState
 
@@ -33,7 +36,6 @@ log = logging.getLogger("egpu.scheduler.kube")
 
 WATCH_TIMEOUT_S = 240  # server-side timeoutSeconds of one watch request
 LIST_PAGE = 500
-_ANNOTATION_PATH = "/metadata/annotations/" + ANN_ALLOCATION.replace("~", "~0").replace("/", "~1")
 
 
 def load_client(kubeconfig: str | None, pool_size: int = 32) -> k8s_client.ApiClient:
@@ -219,23 +221,17 @@ class KubeApi:
                 return None
             raise
 
-    async def set_allocation(self, namespace: str, name: str, uid: str, text: str) -> None:
-        """Merge-patch the annotation, with the pod's UID as a precondition."""
-        body = {"metadata": {"uid": uid, "annotations": {ANN_ALLOCATION: text}}}
-        await self._run(self.api.open, "PATCH", self._pod_path(namespace, name), body=body,
-                        content_type="application/merge-patch+json")
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: Mapping[str, str] | None = None) -> None:
+        """POST pods/<name>/binding with the pod's UID as a precondition.
 
-    async def clear_allocation(self, namespace: str, name: str, text: str) -> None:
-        """JSON-patch: remove the annotation only if it still holds ``text`` (test op)."""
-        body = [{"op": "test", "path": _ANNOTATION_PATH, "value": text},
-                {"op": "remove", "path": _ANNOTATION_PATH}]
-        await self._run(self.api.open, "PATCH", self._pod_path(namespace, name), body=body,
-                        content_type="application/json-patch+json")
-
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST pods/<name>/binding with the pod's UID as a precondition."""
-        body = {"apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        The API server sets ``spec.nodeName`` and merges the Binding's ``annotations`` into
+        the pod's in one write (``BindingREST.setPodNodeAndMetadata``): one request, atomic.
+        """
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         await self._run(self.api.open, "POST", self._pod_path(namespace, name) + "/binding",
                         body=body, content_type="application/json")

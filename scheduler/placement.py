@@ -320,8 +320,9 @@ class _Search:
             key = self.card_strategy.card_key(fullness, card.index)
             if c.kind is ContainerKind.INIT:  # reuse the pod's own cards first
                 key = (0 if self.use[pos].slots else 1, *key)
-            elif len(together) > 1:  # binpack: a card that takes all of them first
-                key = (0 if self._takes_all(pos, together) else 1, *key)
+            elif together:  # binpack: a card that takes all of them first, then the pod's own
+                key = (0 if self._takes_all(pos, together) else 1,
+                       0 if self.use[pos].slots else 1, *key)
             fits.append((key, pos, new))
         if len(fits) < c.share.gpus:
             shown = "; ".join(reasons[:_MAX_CARDS_IN_REASON])
@@ -395,69 +396,140 @@ def check(node: NodeState, demand: PodDemand, limits: Limits, now: float) -> Fit
     return checker(demand, limits, now)(node)
 
 
-def _by_fit(demand: PodDemand, limits: Limits, now: float) -> Callable[[NodeState], Fits | Unfit]:
-    def run(node: NodeState) -> Fits | Unfit:
-        result = fit(node, demand, limits, now)
-        return Fits(node.name, result.utilization) if isinstance(result, Placement) else result
-
-    return run
-
-
 def checker(demand: PodDemand, limits: Limits, now: float) -> Callable[[NodeState], Fits | Unfit]:
-    """``check`` for one pod over many nodes: the pod's side is prepared once.
+    """``check`` for one pod over many nodes: the pod's side is prepared once."""
+    run = utilization_checker(demand, limits, now)
 
-    The usual pod, with one share, takes one pass over the cards and stops at the first
-    cards that fit. Pods with several shares, and every node that a pod does not fit (for
-    the reason text), go through ``fit``.
+    def wrapped(node: NodeState) -> Fits | Unfit:
+        result = run(node)
+        return result if isinstance(result, Unfit) else Fits(node.name, result)
+
+    return wrapped
+
+
+def utilization_checker(demand: PodDemand, limits: Limits,
+                        now: float) -> Callable[[NodeState], float | Unfit]:
+    """``checker`` without the ``Fits`` wrapper: the node's utilization with the pod placed
+    (a float, as ``Placement.utilization``) when the pod fits, else the ``Unfit`` of ``fit``.
+
+    The usual pod, with one share, takes one pass over the cards and stops as soon as enough
+    cards fit; on a node it does not fit, a second pass writes the same reason as ``fit``
+    (no search, no second search on the emptied node). Pods with several shares, and stale
+    nodes or nodes without usable cards, go through ``fit``. Hot loop of filter/prioritize
+    (1000s of nodes per call): keep it lean.
     """
-    slow = _by_fit(demand, limits, now)
+    def slow(node: NodeState) -> float | Unfit:
+        result = fit(node, demand, limits, now)
+        return result.utilization if isinstance(result, Placement) else result
+
     if len(demand.containers) != 1:
         return slow
-    share = demand.containers[0].share
+    container = demand.containers[0]
+    share = container.share
     fixed, percentage, cores, need = (share.memory_mib, share.memory_percentage or 100,
                                       share.cores, share.gpus)
     ratio = limits.memory_ratio if demand.oversubscribe else 1.0
+    plain = ratio == 1.0
     cores_cap, slots_cap = int(100 * limits.cores_ratio), limits.shares_per_card
+    timeout = limits.heartbeat_timeout_s
     use_uuids, nouse_uuids = demand.use_uuids, demand.nouse_uuids
+    by_uuid = bool(use_uuids or nouse_uuids)
     use_types, nouse_types = demand.use_types, demand.nouse_types
     typed = bool(use_types or nouse_types)
     model_ok: dict[str, bool] = {}
-    oldest = now - limits.heartbeat_timeout_s
     card_key = strategies.get(demand.gpu_policy).card_key
+    added_fixed = (fixed or 0) * need
 
-    def run(node: NodeState) -> Fits | Unfit:
-        if node.problem or node.heartbeat is None or node.heartbeat < oldest:
-            return slow(node)
-        ok: list[tuple[CardState, int]] = []
-        for card in node.cards:
-            if not card.healthy:
-                continue
-            if (use_uuids and card.uuid not in use_uuids) or card.uuid in nouse_uuids:
-                continue
-            if typed:
-                allowed = model_ok.get(card.model)
-                if allowed is None:
-                    allowed = model_ok[card.model] = _model_ok(card.model, use_types,
-                                                               nouse_types)
-                if not allowed:
-                    continue
+    def allowed(card: CardState) -> bool:
+        if not card.healthy:
+            return False
+        if by_uuid and ((use_uuids and card.uuid not in use_uuids)
+                        or card.uuid in nouse_uuids):
+            return False
+        if typed:
+            ok = model_ok.get(card.model)
+            if ok is None:
+                ok = model_ok[card.model] = _model_ok(card.model, use_types, nouse_types)
+            return ok
+        return True
+
+    def unfit(node: NodeState) -> float | Unfit:
+        """The pod does not fit (or the fast loop could not tell): ``fit``'s answer, in one
+        pass (``_Search._try`` for one container on cards the pod has not used yet)."""
+        cards = [card for card in node.cards if allowed(card)]
+        if not cards:
+            return Unfit(node.name, _filter_reason(node, demand), unresolvable=True)
+        reasons: list[str] = []  # only the first _MAX_CARDS_IN_REASON are written
+        refused = 0
+        fits: list[tuple[CardState, int]] = []
+        emptied = 0  # cards that would take the share on the emptied node
+        for card in cards:
             capacity = card.capacity_mib
             mib = fixed if fixed is not None else max(1, capacity * percentage // 100)
-            cap = capacity if ratio == 1.0 else int(capacity * ratio)
-            if (card.booked_mib + mib > cap or (cores and card.booked_cores + cores > cores_cap)
-                    or card.used_slots >= slots_cap):
+            cap = capacity if plain else int(capacity * ratio)
+            if mib <= cap and (not cores or cores <= cores_cap) and slots_cap >= 1:
+                emptied += 1
+            if card.booked_mib + mib > cap:
+                refused += 1
+                if refused > _MAX_CARDS_IN_REASON:
+                    continue
+                if mib > cap:
+                    reasons.append(f"{card.label()}: {mib} MiB asked > {cap} MiB bookable")
+                else:
+                    free = max(0, cap - card.booked_mib)
+                    reasons.append(f"{card.label()}: {free} MiB free, {mib} MiB asked")
+            elif cores and card.booked_cores + cores > cores_cap:
+                refused += 1
+                if refused <= _MAX_CARDS_IN_REASON:
+                    free = max(0, cores_cap - card.booked_cores)
+                    reasons.append(f"{card.label()}: {free}% cores free, {cores}% asked")
+            elif card.used_slots + 1 > slots_cap:
+                refused += 1
+                if refused <= _MAX_CARDS_IN_REASON:
+                    reasons.append(f"{card.label()}: all {slots_cap} share slots taken")
+            else:
+                fits.append((card, mib))
+        if len(fits) >= need:  # not reached from the fast loop; kept for exactness
+            fits.sort(key=lambda f: card_key(f[0].fullness, f[0].index))
+            added = sum(mib for _, mib in fits[:need])
+            return (node.booked_mib + added) / node.capacity_mib
+        shown = "; ".join(reasons)
+        more = refused - _MAX_CARDS_IN_REASON
+        shown += f"; and {more} more cards" if more > 0 else ""
+        wanted = f"{need} distinct cards" if need > 1 else "a card"
+        return Unfit(node.name, f"{_ask_text(container)}: needs {wanted}, {len(fits)} fit "
+                                f"({shown})", unresolvable=emptied < need)
+
+    def run(node: NodeState) -> float | Unfit:
+        heartbeat = node.heartbeat
+        if node.problem or heartbeat is None or now - heartbeat > timeout:
+            return slow(node)
+        if fixed is not None:  # the amount does not vary by card: stop at the need-th card
+            found = 0
+            for card in node.cards:
+                if (card.used_slots < slots_cap
+                        and card.booked_mib + fixed <= (card.capacity_mib if plain
+                                                        else int(card.capacity_mib * ratio))
+                        and (not cores or card.booked_cores + cores <= cores_cap)
+                        and allowed(card)):
+                    found += 1
+                    if found == need:
+                        return (node.booked_mib + added_fixed) / node.capacity_mib
+            return unfit(node)
+        ok: list[tuple[CardState, int]] = []
+        for card in node.cards:
+            if card.used_slots >= slots_cap or not allowed(card):
+                continue
+            capacity = card.capacity_mib
+            mib = max(1, capacity * percentage // 100)
+            if (card.booked_mib + mib > (capacity if plain else int(capacity * ratio))
+                    or (cores and card.booked_cores + cores > cores_cap)):
                 continue
             ok.append((card, mib))
-            if fixed is not None and len(ok) == need:  # enough: the amount does not vary
-                break
         if len(ok) < need:
-            return slow(node)
-        if fixed is not None:
-            added = fixed * need
-        else:
-            ok.sort(key=lambda o: card_key(o[0].fullness, o[0].index))
-            added = sum(mib for _, mib in ok[:need])
-        return Fits(node.name, (node.booked_mib + added) / node.capacity_mib)
+            return unfit(node)
+        ok.sort(key=lambda o: card_key(o[0].fullness, o[0].index))
+        return (node.booked_mib + sum(mib for _, mib in ok[:need])) / node.capacity_mib
 
     return run
 

@@ -11,11 +11,11 @@ view from a list of nodes and pods:
   Failed). A terminating pod (deletionTimestamp set) keeps its bookings until it is deleted.
   Bookings are keyed by pod UID, so a delete event without annotations still releases them.
 
-Binds in flight add *reservations*: a booking taken before the annotation is written, which
-counts instead of whatever was observed for that pod, and lasts until the watch shows the pod
-carrying the same allocation, the pod is deleted, or the bind rolls back. Filters therefore
-see bookings of binds in flight, and a watch event older than the bind (without the
-annotation yet) cannot release a booking just made.
+Binds in flight add *reservations*: a booking taken before the Binding (which carries the
+annotation) is written, which counts instead of whatever was observed for that pod, and lasts
+until the watch shows the pod carrying the same allocation, the pod is deleted, or the bind
+rolls back. Filters therefore see bookings of binds in flight, and a watch event older than
+the bind (without the annotation yet) cannot release a booking just made.
 
 Not thread-safe: every method runs on the event loop's thread (the watch threads hand their
 events over with ``loop.call_soon_threadsafe``).
@@ -33,7 +33,7 @@ from egpu.booking import CardBooking, allocation_bookings
 from egpu.config import Config
 from egpu.contract import ANN_ALLOCATION, ANN_INVENTORY, ANN_INVENTORY_HEARTBEAT
 from egpu.records import Allocation, Card, Inventory, RecordError
-from egpu.requests import read_pod
+from egpu.requests import PodReading, read_pod
 from scheduler.placement import CardState, NodeState
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -105,8 +105,11 @@ class Booking:
     cards: dict[str, CardBooking] = field(default_factory=dict)
 
 
-def booking_from_pod(pod: Mapping[str, Any], config: Config) -> Booking | None:
-    """The booking a pod object holds, or None (no or unreadable allocation, finished pod)."""
+def booking_from_pod(pod: Mapping[str, Any], config: Config,
+                     reading: PodReading | None = None) -> Booking | None:
+    """The booking a pod object holds, or None (no or unreadable allocation, finished pod).
+
+    ``reading``: ``read_pod(pod, config)`` when the caller has it already."""
     meta = _meta(pod)
     uid = str(meta.get("uid", ""))
     text = _annotations(pod).get(ANN_ALLOCATION)
@@ -121,7 +124,7 @@ def booking_from_pod(pod: Mapping[str, Any], config: Config) -> Booking | None:
     node = allocation.node or str(spec.get("nodeName") or "")
     if not node:
         return None
-    request = read_pod(pod, config).request
+    request = (reading or read_pod(pod, config)).request
     return Booking(uid, pod_key(pod), node, allocation, allocation_bookings(allocation, request))
 
 
@@ -213,7 +216,7 @@ class ClusterState:
         reading = read_pod(pod, self.config)
         if reading.is_egpu_pod:
             self.pods[uid] = pod
-        booking = booking_from_pod(pod, self.config)
+        booking = booking_from_pod(pod, self.config, reading)
         reservation = self._reserved.get(uid)
         confirmed = (reservation is not None and booking is not None
                      and booking.allocation == reservation.booking.allocation)
@@ -295,6 +298,14 @@ class ClusterState:
                                    card.healthy, card.booked_mib - mine.memory_mib,
                                    card.booked_cores - mine.cores, card.used_slots - mine.slots))
         return NodeState(name, tuple(cards), view.heartbeat, view.problem)
+
+    def node_views(self, names: Iterable[str],
+                   excluding: str | None = None) -> list[NodeState | None]:
+        """``node(name, excluding)`` for each name, in order (the filter's hot path)."""
+        views = self._views
+        if excluding and self._effective(excluding) is not None:
+            return [self.node(name, excluding) for name in names]
+        return [views.get(name) or self.node(name) for name in names]
 
     def usage(self, node: str) -> dict[str, CardBooking]:
         """Card UUID -> total booked on ``node`` (copies; for tests, metrics and checks)."""

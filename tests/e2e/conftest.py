@@ -4,7 +4,9 @@
 folder (${EGPU_STATE_DIR:-~/.cache/egpu/dev-cluster}), else starts one with the same code as
 ``egpu dev-cluster up``. A cluster a pytest session started is stopped when the last session
 using it ends (leases, see below); one started by hand is left running.
-It (re)creates the nodes of the shared cluster description either way.
+It (re)creates the nodes of the shared cluster description either way, and waits until each
+is Ready and free of the node lifecycle controller's ``node.kubernetes.io/not-ready`` taint
+(``devcluster.nodes.create_nodes``), so no test races a node that is still being initialized.
 
 Environment:
     EGPU_E2E_BUILD=0        skip e2e tests when the binaries are not built yet (default: build;
@@ -46,6 +48,7 @@ def _default_cluster_file() -> Path:
 
 CLUSTER_FILE = Path(os.environ.get("EGPU_E2E_CLUSTER_FILE") or _default_cluster_file())
 INPUTS = CLUSTER_FILE.parent
+NODES_READY_S = 120.0  # a loaded 2-core machine can take a while to mark new nodes Ready
 
 
 @dataclass
@@ -203,7 +206,13 @@ def cluster() -> Iterator[E2ECluster]:
     info, started_here = _acquire(state_dir)
     handle = None
     try:
-        names = devnodes.create_nodes(info.api_client(), CLUSTER_FILE)
+        # Waits until every node is Ready and without the not-ready taint that a new Node
+        # carries until kwok reports it Ready (DevClusterError naming the nodes otherwise).
+        client = info.api_client()
+        try:
+            names = devnodes.create_nodes(client, CLUSTER_FILE, ready_timeout_s=NODES_READY_S)
+        finally:
+            client.close()
         handle = E2ECluster(info=info, node_names=names, inputs=INPUTS, started_here=started_here)
         yield handle
     finally:

@@ -1,12 +1,12 @@
 """The egpu scheduler end to end: a real kube-scheduler calls the extender on a dev cluster.
 
 The module fixture starts the extender (``python -m scheduler.main``) on 127.0.0.1:<free port>
-and points the dev cluster's ``egpu-scheduler`` profile at it: it replaces the dev cluster's
-kube-scheduler process with one whose KubeSchedulerConfiguration names the extender
-(``devcluster.cluster.scheduler_config(kubeconfig, extender_url)``), and restores the original
-at the end. Pods are created WITHOUT the webhook: the tests set ``schedulerName`` and rewrite
-Volcano names themselves. Each test works in its own namespaces and, where it needs exact
-capacities, on its own kwok nodes (``devcluster.nodes.node_manifest``).
+and points the dev cluster's ``egpu-scheduler`` profile at it with
+``devcluster.set_extender(info, url)`` (restarts only kube-scheduler), and restores the
+previous extender setting at the end. Pods are created WITHOUT the webhook: the tests set
+``schedulerName`` and rewrite Volcano names themselves. Each test works in its own namespaces
+and, where it needs exact capacities, on its own kwok nodes (``devcluster.nodes.node_manifest``,
+waited for until Ready and untainted).
 """
 
 from __future__ import annotations
@@ -114,44 +114,13 @@ class Extender:
                 self.kill()
 
 
-@contextlib.contextmanager
-def scheduler_with_extender(info: devcluster.ClusterInfo, extender_url: str,
-                            workdir: Path) -> Iterator[None]:
-    """Run the dev cluster's kube-scheduler with the extender configured, then restore it."""
-    original = info.processes["kube-scheduler"]
-    config = workdir / "scheduler-with-extender.yaml"
-    config.write_text(devcluster.scheduler_config(info.kubeconfig, extender_url))
-    argv = [a if not a.startswith("--config=") else f"--config={config}" for a in original.argv]
-    port = info.ports["kube-scheduler"]
-    devcluster._stop(original)
-    log = workdir / "kube-scheduler.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=info.state_dir,
-                                start_new_session=True)
-    try:
-        _wait("kube-scheduler /healthz", lambda: _http_ok(f"https://127.0.0.1:{port}/healthz"))
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        with open(original.log, "ab") as out:
-            restored = subprocess.Popen(original.argv, stdout=out, stderr=subprocess.STDOUT,
-                                        cwd=info.state_dir, start_new_session=True)
-        info.processes["kube-scheduler"] = devcluster.ProcessInfo(
-            "kube-scheduler", restored.pid, original.argv, original.log)
-        info.save()
-
-
 class Env:
     """What the tests use: the API (plain JSON), the extender, and helpers."""
 
     def __init__(self, cluster: Any, extender: Extender) -> None:
         self.cluster = cluster
-        self.api = RawApi(cluster.api_client())
+        self.client = cluster.api_client()
+        self.api = RawApi(self.client)
         self.extender = extender
         self.namespaces: list[str] = []
         self.nodes: list[str] = []
@@ -175,6 +144,7 @@ class Env:
         self.api.json("PATCH", f"/api/v1/nodes/{name}/status", body=status,
                       content_type="application/merge-patch+json")
         self.nodes.append(name)
+        devnodes.wait_nodes_ready(self.client, [name], timeout_s=60)
         return body
 
     def _missing(self, path: str) -> bool:
@@ -225,12 +195,15 @@ def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]
     extender = Extender(cluster.kubeconfig, config, workdir / "extender.log")
     extender.start()
     handle = Env(cluster, extender)
+    previous = (cluster.info.extender_url, cluster.info.extender_ca_file)
     try:
-        with scheduler_with_extender(cluster.info, extender.url, workdir), cluster.heartbeats():
+        devcluster.set_extender(cluster.info, extender.url)
+        with cluster.heartbeats():
             yield handle
             handle.cleanup()
     finally:
         extender.stop()
+        devcluster.set_extender(cluster.info, *previous)
         print(f"extender log: {extender.log}")
 
 

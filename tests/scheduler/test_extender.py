@@ -29,7 +29,6 @@ class FakeApi:
         self.watch = watch
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []
-        self.fail_patch = False
         self.fail_bind = False
         self.delay = 0.0
 
@@ -45,29 +44,18 @@ class FakeApi:
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.pods.get((namespace, name)))
 
-    async def set_allocation(self, namespace: str, name: str, uid: str, text: str) -> None:
-        self.calls.append(("patch", name))
-        await asyncio.sleep(self.delay)
-        if self.fail_patch:
-            raise BindError("HTTP 500: patch refused")
-        p = self.pods[(namespace, name)]
-        p["metadata"].setdefault("annotations", {})["egpu.io/allocation"] = text
-        self._emit(p)
-
-    async def clear_allocation(self, namespace: str, name: str, text: str) -> None:
-        self.calls.append(("clear", name))
-        p = self.pods[(namespace, name)]
-        if p["metadata"]["annotations"].get("egpu.io/allocation") == text:
-            del p["metadata"]["annotations"]["egpu.io/allocation"]
-        self._emit(p)
-
-    async def bind(self, namespace: str, name: str, uid: str, node_name: str) -> None:
+    async def bind(self, namespace: str, name: str, uid: str, node_name: str,
+                   annotations: dict[str, str] | None = None) -> None:
+        """One write, as pods/binding does: nodeName and the annotations together."""
         self.calls.append(("bind", name))
         await asyncio.sleep(self.delay)
         if self.fail_bind:
             raise BindError("HTTP 409: pod already bound")
         p = self.pods[(namespace, name)]
+        if p["metadata"]["uid"] != uid:
+            raise BindError("HTTP 409: precondition failed: UID")
         p["spec"]["nodeName"] = node_name
+        p["metadata"].setdefault("annotations", {}).update(annotations or {})
         self._emit(p)
 
 
@@ -161,29 +149,39 @@ def test_prioritize_reuses_filter_placements() -> None:
     ext, _ = make([node("a", cards(2))])
     p = pod()
     ext.filter(args(p, ["a"]))
-    (memo,) = [m for _, m in ext._cache.values()]
-    cached = memo["a"]
+    (answers,) = [m for _, _, m in ext._cache.values()]
+    cached = answers["a"]
+    assert isinstance(cached, float)
     ext.prioritize(args(p, ["a"]))
     twin = pod(uid="twin")  # another replica of the same template
     ext.filter(args(twin, ["a"]))
-    assert memo["a"][1] is cached[1] and len(ext._cache) == 1
+    assert answers["a"] is cached and len(ext._cache) == 1
     ext.state.upsert_node(node("a", cards(3)))  # the node changed: computed again
     ext.filter(args(p, ["a"]))
-    assert memo["a"][1] is not cached[1]
+    assert answers["a"] is not cached
 
 
 # --- bind ----------------------------------------------------------------------------------
 
-async def test_bind_writes_the_allocation_before_the_binding() -> None:
+async def test_bind_writes_the_allocation_with_the_binding_in_one_call() -> None:
     ext, api = make([node("n", cards(2))])
     p = api.add(pod("p", containers=[limits(memory=4000, cores=10)]))
     assert await ext.bind(bind_args(p, "n")) == {"Error": ""}
-    assert api.calls == [("patch", "p"), ("bind", "p")]
+    assert api.calls == [("bind", "p")]
     stored = api.pods[("default", "p")]
     allocation = Allocation.decode(stored["metadata"]["annotations"]["egpu.io/allocation"])
     assert allocation.node == "n" and allocation.containers[0].cards[0].memory_mib == 4000
     assert stored["spec"]["nodeName"] == "n"
     assert sum(u.memory_mib for u in ext.state.usage("n").values()) == 4000
+
+
+async def test_non_egpu_pod_is_bound_without_annotation() -> None:
+    ext, api = make([node("n", cards(1))])
+    p = api.add(pod("plain", containers=[{}]))
+    assert await ext.bind(bind_args(p, "n")) == {"Error": ""}
+    stored = api.pods[("default", "plain")]
+    assert stored["spec"]["nodeName"] == "n"
+    assert "egpu.io/allocation" not in stored["metadata"]["annotations"]
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.01])
@@ -218,29 +216,25 @@ async def test_filter_sees_binds_in_flight() -> None:
     a = api.add(pod("a", containers=[limits(memory=20000)]))
     b = api.add(pod("b", containers=[limits(memory=20000)]))
     task = asyncio.create_task(ext.bind(bind_args(a, "n")))
-    await asyncio.sleep(0.01)  # a's PATCH is in flight
+    await asyncio.sleep(0.01)  # a's Binding is in flight
     assert ext.filter(args(b, ["n"]))["NodeNames"] == []
     assert (await task)["Error"] == ""
 
 
-async def test_failed_binding_rolls_back_booking_and_annotation() -> None:
+async def test_failed_binding_drops_the_reservation_and_writes_nothing() -> None:
     ext, api = make([node("n", cards(1))])
     api.fail_bind = True
     p = api.add(pod("p", containers=[limits(memory=4000)]))
     result = await ext.bind(bind_args(p, "n"))
     assert "binding failed" in result["Error"]
-    assert api.calls == [("patch", "p"), ("bind", "p"), ("clear", "p")]
+    assert api.calls == [("bind", "p")]
     assert "egpu.io/allocation" not in api.pods[("default", "p")]["metadata"]["annotations"]
-    assert all(u == CardBooking() for u in ext.state.usage("n").values())
-
-
-async def test_failed_patch_drops_the_reservation() -> None:
-    ext, api = make([node("n", cards(1))])
-    api.fail_patch = True
-    p = api.add(pod("p"))
-    assert "writing the allocation failed" in (await ext.bind(bind_args(p, "n")))["Error"]
-    assert ("bind", "p") not in api.calls
     assert ext.state.bookings() == {}
+    assert all(u == CardBooking() for u in ext.state.usage("n").values())
+    # the card is free again for the next pod
+    api.fail_bind = False
+    q = api.add(pod("q", containers=[limits(memory=23028)]))
+    assert (await ext.bind(bind_args(q, "n")))["Error"] == ""
 
 
 async def test_bind_refuses_a_node_that_no_longer_fits() -> None:
@@ -257,7 +251,7 @@ async def test_bind_of_an_unknown_pod() -> None:
 
 
 async def test_reservation_survives_stale_watch_events() -> None:
-    """A watch event from before the PATCH (no annotation) must not release a fresh booking."""
+    """A watch event from before the Binding (no annotation) must not release a fresh booking."""
     ext, api = make([node("n", cards(1, memory=24576))], watch=False)
     p = api.add(pod("p", containers=[limits(memory=20000)]))
     assert (await ext.bind(bind_args(p, "n")))["Error"] == ""
@@ -270,7 +264,7 @@ async def test_reservation_survives_stale_watch_events() -> None:
 
 
 async def test_a_pod_does_not_compete_with_its_own_earlier_booking() -> None:
-    """Extender killed between PATCH and Binding: the pod comes back with its annotation."""
+    """A pod annotated but never bound (written by an older two-write extender, or by hand)."""
     ext, api = make([node("n", cards(1, memory=24576))])
     p = api.add(pod("p", containers=[limits(memory=20000)]))
     ext.state.reserve(_booking(ext, p, "n"))

@@ -147,18 +147,15 @@ async def test_watcher_lists_watches_and_relists_on_410(server: FakeApiServer) -
 
 async def test_bind_writes(server: FakeApiServer) -> None:
     api = KubeApi(raw(server))
-    await api.set_allocation("ns", "p", "u1", "ALLOC")
-    await api.bind("ns", "p", "u1", "n")
-    await api.clear_allocation("ns", "p", "ALLOC")
-    (m1, _, ct1, b1), (m2, p2, _, b2), (_, _, ct3, b3) = server.writes
-    assert (m1, ct1) == ("PATCH", "application/merge-patch+json")
-    assert b1 == {"metadata": {"uid": "u1", "annotations": {"egpu.io/allocation": "ALLOC"}}}
-    assert (m2, p2) == ("POST", "/api/v1/namespaces/ns/pods/p/binding")
-    assert b2["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n"}
-    assert b2["metadata"]["uid"] == "u1"
-    assert ct3 == "application/json-patch+json"
-    assert b3[0] == {"op": "test", "path": "/metadata/annotations/egpu.io~1allocation",
-                     "value": "ALLOC"}
+    await api.bind("ns", "p", "u1", "n", {"egpu.io/allocation": "ALLOC"})
+    await api.bind("ns", "q", "u2", "n")
+    (m1, p1, ct1, b1), (_, p2, _, b2) = server.writes
+    assert (m1, p1, ct1) == ("POST", "/api/v1/namespaces/ns/pods/p/binding", "application/json")
+    assert b1["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n"}
+    assert b1["metadata"] == {"name": "p", "namespace": "ns", "uid": "u1",
+                              "annotations": {"egpu.io/allocation": "ALLOC"}}
+    assert p2 == "/api/v1/namespaces/ns/pods/q/binding"
+    assert b2["metadata"] == {"name": "q", "namespace": "ns", "uid": "u2"}
     assert (await api.get_pod("ns", "p"))["metadata"]["uid"] == "u1"
     server.pod_status = 404
     assert await api.get_pod("ns", "p") is None

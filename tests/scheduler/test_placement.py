@@ -405,3 +405,15 @@ def test_binpack_keeps_a_pods_shares_on_one_card_when_one_card_takes_them() -> N
     assert p.bookings == {"GPU-1": CardBooking(10000, 20, 2)}
     p = placed(place(n, pod(containers=two, annotations={"egpu.io/gpu-policy": "spread"})))
     assert len(p.bookings) == 2
+
+
+def test_binpack_keeps_the_pod_together_when_a_fuller_card_takes_only_the_last_share() -> None:
+    """The fuller card 0 has room for the 6000 MiB share but not for both: both go to card 1
+    (the first share to a card that takes them all, the last one beside it)."""
+    n = NodeState("n", (card(0, cap=24576, booked_mib=24576 - 8000), card(1, cap=24576)), NOW)
+    two = [limits(memory=4000, cores=10), limits(memory=6000, cores=10)]
+    p = placed(place(n, pod(containers=two, annotations={"egpu.io/gpu-policy": "binpack"})))
+    assert p.bookings == {"GPU-1": CardBooking(10000, 20, 2)}
+    three = [limits(memory=2000), limits(memory=3000), limits(memory=6000)]
+    p = placed(place(n, pod(containers=three, annotations={"egpu.io/gpu-policy": "binpack"})))
+    assert p.bookings == {"GPU-1": CardBooking(11000, 0, 3)}
