@@ -432,6 +432,15 @@ FG_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int *flags, i
 }
 
 /* ---- device memory ------------------------------------------------------------------ */
+/* FAKEGPU_MANAGED_HOST=1 (issue 8, FC-15 tests): managed memory lives in host memory, as the
+ * part of a real managed allocation that does not fit on the card does; it never takes
+ * card memory. Unset: managed memory is charged to the card like device memory. */
+static int managed_host(void)
+{
+    const char *v = getenv("FAKEGPU_MANAGED_HOST");
+    return v && *v == '1';
+}
+
 static CUresult dev_alloc(CUdeviceptr *out, uint64_t size, int kind)
 {
     NEED_INIT();
@@ -439,7 +448,7 @@ static CUresult dev_alloc(CUdeviceptr *out, uint64_t size, int kind)
     struct CUctx_st *c = cur_ctx();
     if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
     if (!size) return CUDA_ERROR_INVALID_VALUE;
-    if (fg_charge(card_of(c->dev), size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!(kind == K_MANAGED && managed_host()) && fg_charge(card_of(c->dev), size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t p = va_take(size);
     tab_put(p, size, c->dev, kind, NULL);
     *out = p;
@@ -461,7 +470,7 @@ FG_EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
     if (p == 0) return CUDA_SUCCESS;
     alloc_ent e;
     if (tab_take(p, K_DEV, &e) != 0) return CUDA_ERROR_INVALID_VALUE;
-    fg_uncharge(card_of(e.dev), e.size);
+    if (!(e.kind == K_MANAGED && managed_host())) fg_uncharge(card_of(e.dev), e.size);
     return CUDA_SUCCESS;
 }
 
@@ -691,6 +700,27 @@ FG_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, u
                                        unsigned bz, unsigned shmem, CUstream s, void **params, void **extra)
 {
     return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+/* issue 8: the other launch entry points, on the same simulated timeline */
+FG_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                          c->sharedMemBytes, c->hStream, params, extra);
+}
+FG_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    return cuLaunchKernelEx(c, f, params, extra);
+}
+FG_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                             unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, NULL);
+}
+FG_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                                  unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, NULL);
 }
 
 FG_EXPORT CUresult cuEventCreate(CUevent *pe, unsigned int flags)

@@ -198,4 +198,16 @@ typedef struct {
 } nvmlEventData_t;
 #define nvmlEventTypeXidCriticalError 0x0000000000000008LL
 
+/* ---- launches (compute gate, issue 8) ------------------------------------------------- */
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUlaunchAttribute_st CUlaunchAttribute;
+typedef struct CUlaunchConfig_st {
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
 #endif

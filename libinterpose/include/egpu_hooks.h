@@ -55,7 +55,16 @@
     X(cuMemGetInfo, cuMemGetInfo, 2000, 0, (unsigned int *free, unsigned int *total)) \
     X(cuMemGetInfo_v2, cuMemGetInfo, 3020, 0, (size_t *free, size_t *total)) \
     X(cuDeviceTotalMem, cuDeviceTotalMem, 2000, 0, (unsigned int *bytes, CUdevice dev)) \
-    X(cuDeviceTotalMem_v2, cuDeviceTotalMem, 3020, 0, (size_t *bytes, CUdevice dev))
+    X(cuDeviceTotalMem_v2, cuDeviceTotalMem, 3020, 0, (size_t *bytes, CUdevice dev)) \
+    /* compute gate (issue 8, src/hooks_compute.c) */ \
+    X(cuLaunchKernel, cuLaunchKernel, 4000, 0, (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)) \
+    X(cuLaunchKernel_ptsz, cuLaunchKernel, 7000, 1, (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)) \
+    X(cuLaunchKernelEx, cuLaunchKernelEx, 11060, 0, (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)) \
+    X(cuLaunchKernelEx_ptsz, cuLaunchKernelEx, 11060, 1, (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)) \
+    X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, 9000, 0, (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)) \
+    X(cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel, 9000, 1, (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)) \
+    X(cuGraphLaunch, cuGraphLaunch, 10000, 0, (CUgraphExec hGraphExec, CUstream hStream)) \
+    X(cuGraphLaunch_ptsz, cuGraphLaunch, 10000, 1, (CUgraphExec hGraphExec, CUstream hStream))
 
 #define EGPU_NVML_HOOKS(X) \
     X(nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo, 0, 0, (nvmlDevice_t device, nvmlMemory_t *memory)) \
@@ -68,7 +77,17 @@
     X(cuDeviceGetUuid, R, (CUuuid *uuid, CUdevice dev)) \
     X(cuCtxGetDevice, R, (CUdevice *device)) \
     X(cuDeviceGetMemPool, O, (CUmemoryPool *pool, CUdevice dev)) \
-    X(cuMemPoolGetAttribute, O, (CUmemoryPool pool, CUmemPool_attribute attr, void *value))
+    X(cuMemPoolGetAttribute, O, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
+    /* compute gate (issue 8): measuring launches with events */ \
+    X(cuCtxGetCurrent, O, (CUcontext *pctx)) \
+    X(cuCtxSetCurrent, O, (CUcontext ctx)) \
+    X(cuEventCreate, O, (CUevent *phEvent, unsigned int Flags)) \
+    X(cuEventDestroy_v2, O, (CUevent hEvent)) \
+    X(cuEventRecord, O, (CUevent hEvent, CUstream hStream)) \
+    X(cuEventQuery, O, (CUevent hEvent)) \
+    X(cuEventSynchronize, O, (CUevent hEvent)) \
+    X(cuEventElapsedTime, O, (float *pMilliseconds, CUevent hStart, CUevent hEnd)) \
+    X(cuStreamCreate, O, (CUstream *phStream, unsigned int Flags))
 
 #define EGPU_NVML_CALLS(X) \
     X(nvmlDeviceGetUUID, R, (nvmlDevice_t device, char *uuid, unsigned int length))

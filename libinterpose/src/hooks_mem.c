@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include "egpu_log.h"
 #include "egpu_state.h"
+#include "compute.h" /* compute gate (issue 8): egpu_compute_setup */
 
 egpu_state egpu_g = {
     .real_once = PTHREAD_ONCE_INIT,
@@ -104,6 +105,9 @@ static int devs_ready(void)
             d->phys_total = total;
             uint64_t cap = egpu_config_limit(&S->cfg, d->uuid, total);
             d->limit = cap < total ? cap : total;
+            /* issue 8, FC-15: an oversubscribed share may be booked beyond the card; the
+             * excess is served from managed memory (call_alloc_v2) */
+            if (S->cfg.oversubscription) d->limit = cap;
             if (cap == 0) EGPU_WARN("device %d (%s) is not part of this share: no memory on it", i, d->uuid);
             else d->slot = egpu_acct_card(&S->acct, d->uuid, d->limit);
             EGPU_INFO("device %d = %s, cap %llu MiB", i, d->uuid, (unsigned long long)(d->limit >> 20));
@@ -169,7 +173,7 @@ CUresult cuInit(unsigned int flags)
     if (egpu_config_ready() != 0) return EGPU_REFUSED_CU;
     if (!real_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = R.cuInit(flags);
-    if (r == CUDA_SUCCESS) devs_ready();
+    if (r == CUDA_SUCCESS && devs_ready()) egpu_compute_setup(); /* issue 8: compute gate */
     return r;
 }
 
@@ -211,6 +215,10 @@ static CUresult call_alloc_v2(void *c, uint64_t *k)
 {
     struct a2 *a = c;
     CUresult r = R.cuMemAlloc_v2(a->dptr, a->size);
+    /* issue 8, FC-15: the share's cap was charged already (charged_alloc), so what the card
+     * cannot hold comes from managed memory, never beyond the cap */
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && S->cfg.oversubscription && R.cuMemAllocManaged)
+        r = R.cuMemAllocManaged(a->dptr, a->size, CU_MEM_ATTACH_GLOBAL);
     if (r == CUDA_SUCCESS) *k = *a->dptr;
     return r;
 }
@@ -712,7 +720,9 @@ void egpu_view(int slot, uint64_t limit, uint64_t phys_free, uint64_t *total, ui
     maybe_reap();
     uint64_t u = slot >= 0 ? egpu_acct_used(&S->acct, slot) : 0;
     uint64_t f = limit > u ? limit - u : 0;
-    if (f > phys_free) f = phys_free;
+    /* issue 8, FC-15: an oversubscribed share's excess comes from managed memory, so the
+     * card's free memory does not bound what it may still allocate */
+    if (f > phys_free && !S->cfg.oversubscription) f = phys_free;
     *total = limit;
     *used = u;
     *free_b = f;

@@ -86,7 +86,9 @@ def test_getprocaddress_trace_through_interposer(rig, trace):
     by = {(o["name"], o["ver"], o["flags"]): o["lib"] for o in ours}
     assert by[("cuMemAlloc", 3020, 0)] == "libegpu_interpose.so"
     assert by[("cuGetProcAddress", 11030, 0)] == "libegpu_interpose.so"
-    assert by[("cuLaunchKernel", 4000, 0)] == "libcuda.so.1"
+    # issue 8: launches go through the compute gate
+    assert by[("cuLaunchKernel", 4000, 0)] == "libegpu_interpose.so"
+    assert by[("cuMemcpyHtoD", 3020, 0)] == "libcuda.so.1"
 
 
 @pytest.mark.parametrize("preload", [False, True])

@@ -1,0 +1,203 @@
+/* card_region.c: open, initialise and lock the per-card region (card_region.h). Free of
+ * CUDA calls so that it runs in CPU unit tests. */
+#define _GNU_SOURCE
+#include "card_region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t egpu_owner_id(const char *key)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const unsigned char *p = (const unsigned char *)key; p && *p; p++) {
+        h ^= *p;
+        h *= 0x100000001b3ULL;
+    }
+    return h ? h : 1;
+}
+
+void egpu_card_region_init(egpu_card_region *r, const char *uuid, uint64_t now_ns)
+{
+    memset(r, 0, sizeof *r);
+    r->version = EGPU_CARD_VERSION;
+    r->size = (uint32_t)sizeof *r;
+    r->nslots = EGPU_CARD_SLOTS;
+    r->slot_size = (uint32_t)sizeof(egpu_card_slot);
+    snprintf(r->uuid, sizeof r->uuid, "%s", uuid ? uuid : "");
+    r->created_ns = now_ns;
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&r->mu, &a);
+    pthread_mutexattr_destroy(&a);
+    __atomic_store_n(&r->magic, EGPU_CARD_MAGIC, __ATOMIC_RELEASE); /* last: marks it ready */
+}
+
+static void mkdirs(const char *path)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        mkdir(buf, 0755);
+        *p = '/';
+    }
+}
+
+egpu_card_region *egpu_card_region_open(const char *path, const char *uuid)
+{
+    if (!path || !*path) { errno = EINVAL; return NULL; }
+    mkdirs(path);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) return NULL;
+    (void)fchmod(fd, 0666); /* shares of other containers (other uids) open it too */
+    if (flock(fd, LOCK_EX) != 0) { int e = errno; close(fd); errno = e; return NULL; }
+    struct stat st;
+    egpu_card_region *r = MAP_FAILED;
+    if (fstat(fd, &st) != 0) goto fail;
+    if ((size_t)st.st_size < sizeof *r && ftruncate(fd, (off_t)sizeof *r) != 0) goto fail;
+    r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (r == MAP_FAILED) goto fail;
+    if (r->magic != EGPU_CARD_MAGIC) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        egpu_card_region_init(r, uuid, (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec);
+    } else if (r->version != EGPU_CARD_VERSION || r->size != sizeof *r) {
+        /* Another egpu version owns this card: never reinterpret its layout. */
+        fprintf(stderr, "egpu: card region %s has version %u (size %u), this library speaks %u\n",
+                path, r->version, r->size, EGPU_CARD_VERSION);
+        munmap(r, sizeof *r);
+        r = MAP_FAILED;
+        errno = EPROTO;
+        goto fail;
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    return r;
+fail:;
+    int e = errno;
+    flock(fd, LOCK_UN);
+    close(fd);
+    errno = e;
+    return NULL;
+}
+
+void egpu_card_region_close(egpu_card_region *r)
+{
+    if (r) munmap(r, sizeof *r);
+}
+
+static int pid_dead(int32_t pid) { return pid > 0 && kill(pid, 0) == -1 && errno == ESRCH; }
+
+static void recount_locked(egpu_card_region *r)
+{
+    uint32_t lo = 0, hi = 0;
+    for (int i = 0; i < EGPU_CARD_SLOTS; i++) {
+        if (!r->slot[i].owner) continue;
+        if (r->slot[i].priority == EGPU_CARD_PRIO_LOW) lo++;
+        else hi++;
+    }
+    __atomic_store_n(&r->n_low, lo, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->n_high, hi, __ATOMIC_RELAXED);
+    r->generation++;
+}
+
+int egpu_card_lock(egpu_card_region *r)
+{
+    int e = pthread_mutex_lock(&r->mu);
+    if (e == EOWNERDEAD) {
+        /* A process died holding the lock mid-update. Every update leaves the slot usable;
+         * recount the card-wide counters and go on. */
+        recount_locked(r);
+        pthread_mutex_consistent(&r->mu);
+        e = 0;
+    }
+    return e;
+}
+
+void egpu_card_unlock(egpu_card_region *r) { pthread_mutex_unlock(&r->mu); }
+
+/* Frees slots whose processes have all exited (lock held). */
+static void reap_locked(egpu_card_region *r, int32_t self)
+{
+    int changed = 0;
+    for (int i = 0; i < EGPU_CARD_SLOTS; i++) {
+        egpu_card_slot *s = &r->slot[i];
+        if (!s->owner) continue;
+        int live = 0;
+        for (int p = 0; p < EGPU_CARD_SLOT_PIDS; p++) {
+            if (!s->pids[p]) continue;
+            if (s->pids[p] != self && pid_dead(s->pids[p])) s->pids[p] = 0;
+            else live++;
+        }
+        if (!live) { memset(s, 0, sizeof *s); changed = 1; }
+    }
+    if (changed) recount_locked(r);
+}
+
+int egpu_card_claim(egpu_card_region *r, uint64_t owner, int32_t pid, uint32_t priority,
+                    uint32_t policy, uint32_t cores, uint32_t floor_pct, uint64_t now_ns)
+{
+    if (egpu_card_lock(r) != 0) return -1;
+    reap_locked(r, pid);
+    int idx = -1, free_idx = -1;
+    for (int i = 0; i < EGPU_CARD_SLOTS; i++) {
+        if (r->slot[i].owner == owner) { idx = i; break; }
+        if (!r->slot[i].owner && free_idx < 0) free_idx = i;
+    }
+    if (idx < 0 && free_idx >= 0) {
+        idx = free_idx;
+        egpu_card_slot *s = &r->slot[idx];
+        memset(s, 0, sizeof *s);
+        s->owner = owner;
+        s->refill_ns = now_ns;
+        s->win_start_ns = now_ns;
+    }
+    if (idx >= 0) {
+        egpu_card_slot *s = &r->slot[idx];
+        /* The config of the share is the same for all its processes; the last one wins. */
+        s->priority = priority;
+        s->policy = policy;
+        s->cores = cores;
+        s->floor_pct = floor_pct;
+        s->flags = (cores > 0 && cores < 100) ? (s->flags | EGPU_SLOT_CAPPED) : (s->flags & ~EGPU_SLOT_CAPPED);
+        int have = 0, slot_free = -1;
+        for (int p = 0; p < EGPU_CARD_SLOT_PIDS; p++) {
+            if (s->pids[p] == pid) have = 1;
+            if (!s->pids[p] && slot_free < 0) slot_free = p;
+        }
+        /* More processes than pid cells: the share still works; its slot is then freed
+         * only when the tracked ones exit and a later claim reaps it. */
+        if (!have && slot_free >= 0) s->pids[slot_free] = pid;
+        recount_locked(r);
+    }
+    egpu_card_unlock(r);
+    return idx;
+}
+
+void egpu_card_release(egpu_card_region *r, int slot, int32_t pid)
+{
+    if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS) return;
+    if (egpu_card_lock(r) != 0) return;
+    egpu_card_slot *s = &r->slot[slot];
+    int live = 0;
+    for (int p = 0; p < EGPU_CARD_SLOT_PIDS; p++) {
+        if (s->pids[p] == pid) s->pids[p] = 0;
+        else if (s->pids[p]) live++;
+    }
+    if (!live && s->owner) {
+        memset(s, 0, sizeof *s);
+        recount_locked(r);
+    }
+    egpu_card_unlock(r);
+}

@@ -1,0 +1,175 @@
+/* compute_load.c: a kernel-launching application for the compute tests (tests/compute).
+ *
+ * Reaches the driver as applications do (dlopen + dlsym), so that under LD_PRELOAD of the
+ * interposer its launches go through the compute gate. Against the fake GPU every launch
+ * takes FAKEGPU_KERNEL_US of simulated device time, so GPU use = launches x kernel time.
+ *
+ *   compute_load -t SECONDS [-d NDEV] [-s SYNC_EVERY] [-p PERIOD_US] [-k KERNEL_US]
+ *     -d   use devices 0..NDEV-1, one thread each (a multi-card container)
+ *     -s   loop mode: synchronize the stream every SYNC_EVERY launches (default 16)
+ *     -p   periodic mode: one launch every PERIOD_US, synchronized; latency recorded
+ *     -k   the kernel time this program assumes for its figures (default FAKEGPU_KERNEL_US)
+ *     -e   launch with cuLaunchKernelEx; -c with cuLaunchCooperativeKernel
+ *
+ * Prints one JSON object per device on stdout:
+ *   {"dev":0,"launches":N,"wall_s":W,"use_pct":U,"win_use_pct":[...1 s windows...],
+ *    "max_gap_ms":G,"lat_us_p50":..,"lat_us_p99":..,"lat_us_max":..}
+ * win_use_pct: GPU use in consecutive 1 s windows (scaled by -w WINDOW_MS). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "egpu_cuda.h"
+
+static CUresult (*p_cuInit)(unsigned);
+static CUresult (*p_cuDeviceGet)(CUdevice *, int);
+static CUresult (*p_cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+static CUresult (*p_cuCtxSetCurrent)(CUcontext);
+static CUresult (*p_cuStreamCreate)(CUstream *, unsigned);
+static CUresult (*p_cuStreamSynchronize)(CUstream);
+static CUresult (*p_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                    CUstream, void **, void **);
+static CUresult (*p_cuLaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
+static CUresult (*p_cuLaunchCooperativeKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                               unsigned, CUstream, void **);
+static int g_entry; /* 0 cuLaunchKernel, 'e' Ex, 'c' cooperative */
+
+static CUresult launch(CUfunction f, CUstream s)
+{
+    if (g_entry == 'e') {
+        CUlaunchConfig c = {1, 1, 1, 32, 1, 1, 0, s, NULL, 0};
+        return p_cuLaunchKernelEx(&c, f, NULL, NULL);
+    }
+    if (g_entry == 'c') return p_cuLaunchCooperativeKernel(f, 1, 1, 1, 32, 1, 1, 0, s, NULL);
+    return p_cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, NULL, NULL);
+}
+
+static double g_seconds = 3, g_kernel_us, g_window_ms = 1000;
+static int g_ndev = 1, g_sync = 16;
+static long g_period_us;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define CK(call) do { CUresult r_ = (call); if (r_ != CUDA_SUCCESS) { fprintf(stderr, "%s: %d\n", #call, r_); exit(2); } } while (0)
+
+typedef struct { int dev; char json[8192]; } job;
+
+static void *run_dev(void *arg)
+{
+    job *j = arg;
+    CUdevice d;
+    CUcontext ctx;
+    CUstream s;
+    CK(p_cuDeviceGet(&d, j->dev));
+    CK(p_cuDevicePrimaryCtxRetain(&ctx, d));
+    CK(p_cuCtxSetCurrent(ctx));
+    CK(p_cuStreamCreate(&s, 0));
+    size_t cap = 1 << 22, n = 0, nl = 0;
+    uint64_t *ts = malloc(cap * sizeof *ts), *lat = malloc(cap * sizeof *lat);
+    uint64_t t0 = now_ns(), end = t0 + (uint64_t)(g_seconds * 1e9), last = t0, max_gap = 0;
+    uint64_t next = t0;
+    CUfunction f = (CUfunction)(uintptr_t)0x1000;
+    while (now_ns() < end && n < cap) {
+        if (g_period_us) {
+            uint64_t t = now_ns();
+            if (t < next) { struct timespec st = {0, (long)(next - t)}; nanosleep(&st, NULL); }
+            next += (uint64_t)g_period_us * 1000;
+        }
+        uint64_t a = now_ns();
+        CK(launch(f, s));
+        uint64_t b = now_ns();
+        ts[n++] = b;
+        if (b - last > max_gap) max_gap = b - last;
+        last = b;
+        if (g_period_us) {
+            CK(p_cuStreamSynchronize(s));
+            lat[nl++] = now_ns() - a;
+        } else if (n % (size_t)g_sync == 0) {
+            CK(p_cuStreamSynchronize(s));
+        }
+    }
+    CK(p_cuStreamSynchronize(s));
+    uint64_t t1 = now_ns();
+    double wall = (double)(t1 - t0) / 1e9;
+    int off = snprintf(j->json, sizeof j->json,
+                       "{\"dev\":%d,\"launches\":%zu,\"wall_s\":%.4f,\"use_pct\":%.3f,\"max_gap_ms\":%.3f,\"win_use_pct\":[",
+                       j->dev, n, wall, 100.0 * (double)n * g_kernel_us / 1e6 / wall, (double)max_gap / 1e6);
+    uint64_t win = (uint64_t)(g_window_ms * 1e6);
+    size_t i = 0;
+    for (uint64_t w0 = t0; w0 + win <= t1 && off < (int)sizeof j->json - 64; w0 += win) {
+        size_t c = 0;
+        while (i < n && ts[i] < w0 + win) { if (ts[i] >= w0) c++; i++; }
+        off += snprintf(j->json + off, sizeof j->json - (size_t)off, "%s%.3f", w0 == t0 ? "" : ",",
+                        100.0 * (double)c * g_kernel_us * 1e3 / (double)win);
+    }
+    off += snprintf(j->json + off, sizeof j->json - (size_t)off, "]");
+    if (nl) {
+        qsort(lat, nl, sizeof *lat, cmp_u64);
+        snprintf(j->json + off, sizeof j->json - (size_t)off, ",\"lat_n\":%zu,\"lat_us_p50\":%.1f,\"lat_us_p99\":%.1f,\"lat_us_max\":%.1f}",
+                 nl, (double)lat[nl / 2] / 1e3, (double)lat[(nl * 99) / 100 < nl ? (nl * 99) / 100 : nl - 1] / 1e3,
+                 (double)lat[nl - 1] / 1e3);
+    } else {
+        snprintf(j->json + off, sizeof j->json - (size_t)off, "}");
+    }
+    free(ts);
+    free(lat);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    const char *k = getenv("FAKEGPU_KERNEL_US");
+    g_kernel_us = k ? atof(k) : 0;
+    int opt;
+    while ((opt = getopt(argc, argv, "t:d:s:p:k:w:ec")) != -1) {
+        switch (opt) {
+        case 't': g_seconds = atof(optarg); break;
+        case 'd': g_ndev = atoi(optarg); break;
+        case 's': g_sync = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
+        case 'p': g_period_us = atol(optarg); break;
+        case 'k': g_kernel_us = atof(optarg); break;
+        case 'w': g_window_ms = atof(optarg); break;
+        case 'e': case 'c': g_entry = opt; break;
+        default: fprintf(stderr, "usage: see the comment at the top of compute_load.c\n"); return 2;
+        }
+    }
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!lib) { fprintf(stderr, "dlopen libcuda.so.1: %s\n", dlerror()); return 90; }
+#define LD(n) do { *(void **)&p_##n = dlsym(lib, #n); if (!p_##n) { fprintf(stderr, "no %s\n", #n); return 91; } } while (0)
+    LD(cuInit); LD(cuDeviceGet); LD(cuDevicePrimaryCtxRetain); LD(cuCtxSetCurrent);
+    LD(cuStreamCreate); LD(cuStreamSynchronize); LD(cuLaunchKernel);
+    if (g_entry == 'e') LD(cuLaunchKernelEx);
+    if (g_entry == 'c') LD(cuLaunchCooperativeKernel);
+    CK(p_cuInit(0));
+    if (g_ndev < 1 || g_ndev > 16) g_ndev = 1;
+    job jobs[16];
+    pthread_t th[16];
+    for (int i = 0; i < g_ndev; i++) {
+        jobs[i].dev = i;
+        pthread_create(&th[i], NULL, run_dev, &jobs[i]);
+    }
+    for (int i = 0; i < g_ndev; i++) {
+        pthread_join(th[i], NULL);
+        printf("%s\n", jobs[i].json);
+    }
+    return 0;
+}

@@ -1,0 +1,140 @@
+"""The per-card region (/var/run/egpu/cards/<uuid>) as Python reads it: struct + mmap, no
+ctypes. This is the description docs/compute.md gives the node agent; the tests check it
+against the C compiler's layout (libinterpose/tests/compute_layout.c).
+
+Read without the lock: every field is an aligned 64- or 32-bit word, so one read is never
+torn; two fields may come from different moments (fine for metrics).
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = 0x4452414355504745  # b"EGPUCARD" little-endian
+VERSION = 1
+HEADER_SIZE = 4096
+SLOT_SIZE = 512
+NSLOTS = 32
+
+# (name, struct code, offset) -- little-endian, natural alignment.
+HEADER_FIELDS = [
+    ("magic", "Q", 0),
+    ("version", "I", 8),
+    ("size", "I", 12),
+    ("nslots", "I", 16),
+    ("slot_size", "I", 20),
+    ("uuid", "64s", 24),
+    ("created_ns", "Q", 88),
+    ("hi_active_ns", "Q", 192),
+    ("hi_launches", "Q", 200),
+    ("n_low", "I", 208),
+    ("n_high", "I", 212),
+    ("generation", "Q", 216),
+]
+
+SLOT_FIELDS = [
+    ("owner", "Q", 0),
+    ("pids", "16i", 8),
+    ("priority", "I", 72),  # 0 high, 1 low
+    ("policy", "I", 76),  # 0 strict, 1 elastic
+    ("cores", "I", 80),
+    ("flags", "I", 84),
+    ("floor_pct", "I", 88),
+    ("rate_ppm", "I", 92),
+    ("level_ns", "q", 96),
+    ("refill_ns", "Q", 104),
+    ("floor_level_ns", "q", 112),
+    ("pi_integral_ppm", "q", 120),
+    ("est_ns", "Q", 128),
+    ("inflight_ns", "Q", 136),
+    ("win_start_ns", "Q", 144),
+    ("win_busy_ns", "Q", 152),
+    ("last_win_busy_ns", "Q", 160),
+    ("last_win_len_ns", "Q", 168),
+    ("busy_total_ns", "Q", 176),
+    ("launches_total", "Q", 184),
+    ("wait_total_ns", "Q", 192),
+    ("last_active_ns", "Q", 200),
+    ("busy_until_ns", "Q", 208),
+    ("use_ppm", "Q", 216),
+    ("demand_ppm", "Q", 224),
+    ("tick_start_ns", "Q", 232),
+    ("tick_busy_ns", "Q", 240),
+    ("tick_wait_ns", "Q", 248),
+    ("inflight_n", "Q", 256),
+    ("inflight_since_ns", "Q", 264),
+    ("est_graph_ns", "Q", 272),
+    ("solo_ns", "2Q", 280),
+    ("overlapped_total", "Q", 296),
+    ("last_complete_ns", "Q", 304),
+]
+
+
+@dataclass
+class Share:
+    index: int
+    owner: int
+    pids: list[int]
+    priority: str
+    policy: str
+    cores: int
+    busy_total_ns: int
+    last_win_busy_ns: int
+    last_win_len_ns: int
+    launches_total: int
+    wait_total_ns: int
+    raw: dict
+
+    @property
+    def window_use_pct(self) -> float:
+        """GPU use over the last complete window (1 s by default), % of the card."""
+        if not self.last_win_len_ns:
+            return 0.0
+        return 100.0 * self.last_win_busy_ns / self.last_win_len_ns
+
+
+def _unpack(buf: bytes, base: int, fields: list[tuple[str, str, int]]) -> dict:
+    out: dict = {}
+    for name, code, off in fields:
+        vals = struct.unpack_from("<" + code, buf, base + off)
+        out[name] = vals[0] if len(vals) == 1 else list(vals)
+    return out
+
+
+def read(path: str | Path) -> tuple[dict, list[Share]]:
+    """The header and the occupied slots of a card region."""
+    with open(path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        try:
+            data = bytes(buf[: HEADER_SIZE + SLOT_SIZE * NSLOTS])
+        finally:
+            buf.close()
+    head = _unpack(data, 0, HEADER_FIELDS)
+    if head["magic"] != MAGIC or head["version"] != VERSION:
+        raise ValueError(f"{path}: not a v{VERSION} egpu card region")
+    head["uuid"] = head["uuid"].split(b"\0", 1)[0].decode()
+    shares = []
+    for i in range(head["nslots"]):
+        s = _unpack(data, HEADER_SIZE + i * head["slot_size"], SLOT_FIELDS)
+        if not s["owner"]:
+            continue
+        shares.append(
+            Share(
+                index=i,
+                owner=s["owner"],
+                pids=[p for p in s["pids"] if p],
+                priority=("high", "low")[s["priority"] & 1],
+                policy=("strict", "elastic")[s["policy"] & 1],
+                cores=s["cores"],
+                busy_total_ns=s["busy_total_ns"],
+                last_win_busy_ns=s["last_win_busy_ns"],
+                last_win_len_ns=s["last_win_len_ns"],
+                launches_total=s["launches_total"],
+                wait_total_ns=s["wait_total_ns"],
+                raw=s,
+            )
+        )
+    return head, shares

@@ -1,0 +1,134 @@
+"""Fixtures for the compute tests: a fake node (fake GPU cards, an egpu runtime dir) on which
+shares run compute_load under the interposer, each with its own config file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE = ROOT / "fakegpu" / "build"
+LIB = ROOT / "libinterpose" / "build"
+INTERPOSER = LIB / "libegpu_interpose.so"
+NCARDS = 12
+
+
+def card_uuid(i: int) -> str:
+    return f"GPU-c0c0c0c0-0000-4000-8000-{i:012x}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def built() -> None:
+    for d in ("fakegpu", "libinterpose"):
+        subprocess.run(["make", "-s", "-C", str(ROOT / d)], check=True, capture_output=True)
+
+
+@dataclass
+class Node:
+    """One fake node with NCARDS cards of card_mib each."""
+
+    tmp: Path
+    card_mib: int = 24576
+    procs: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        ini = "".join(
+            f"[card]\nuuid = {card_uuid(i)}\nname = NVIDIA Fake GPU\n"
+            f"memory_mib = {self.card_mib}\n\n"
+            for i in range(NCARDS)
+        )
+        (self.tmp / "fakegpu.ini").write_text(ini)
+
+    def region(self, card: int) -> Path:
+        return self.tmp / "egpu" / "cards" / card_uuid(card)
+
+    def env(
+        self,
+        share: str,
+        cards: list[int],
+        *,
+        cores: int = 0,
+        priority: str = "high",
+        policy: str = "strict",
+        memory_mib: int = 4096,
+        oversubscription: bool = False,
+        kernel_us: float | None = None,
+        preload: bool = True,
+        **extra: object,
+    ) -> dict:
+        cfg = {
+            "version": 1,
+            "namespace": "ns",
+            "pod": share,
+            "pod_uid": f"uid-{share}",
+            "container": "c",
+            "priority": priority,
+            "compute_policy": policy,
+            "memory_oversubscription": oversubscription,
+            "container_region": str(self.tmp / "egpu" / "containers" / f"uid-{share}_c" / "region"),
+            "cards": [
+                {
+                    "uuid": card_uuid(c),
+                    "memory_mib": memory_mib,
+                    "cores": cores,
+                    "card_region": str(self.region(c)),
+                }
+                for c in cards
+            ],
+        }
+        path = self.tmp / f"config-{share}.json"
+        path.write_text(json.dumps(cfg))
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LD_LIBRARY_PATH": str(FAKE),
+            "FAKEGPU_CONFIG": str(self.tmp / "fakegpu.ini"),
+            "FAKEGPU_STATE_DIR": str(self.tmp / "fakegpu"),
+            "EGPU_RUNTIME_DIR": str(self.tmp / "egpu"),
+            "EGPU_CONFIG_PATH": str(path),
+            "CUDA_VISIBLE_DEVICES": ",".join(card_uuid(c) for c in cards),
+        }
+        if preload:
+            env["LD_PRELOAD"] = str(INTERPOSER)
+        if kernel_us is not None:
+            env["FAKEGPU_KERNEL_US"] = str(kernel_us)
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def spawn(self, prog: str, args: list[str], env: dict, delay: float = 0) -> subprocess.Popen:
+        if delay:
+            time.sleep(delay)
+        p = subprocess.Popen(
+            [str(LIB / prog), *map(str, args)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.procs.append(p)
+        return p
+
+    def load(self, env: dict, seconds: float, *args: object, delay: float = 0) -> subprocess.Popen:
+        return self.spawn("compute_load", ["-t", str(seconds), *map(str, args)], env, delay)
+
+
+def result(p: subprocess.Popen, timeout: float = 60) -> list[dict]:
+    """The JSON lines a compute_load process printed (one per device)."""
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, f"rc={p.returncode}\n{out}\n{err}"
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    n = Node(tmp_path)
+    yield n
+    for p in n.procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -1,0 +1,254 @@
+"""Compute shares and co-location (issue 8): caps, splits, priority, the floor, oversubscription.
+
+Two levels:
+- the controller core in C on a simulated clock (libinterpose/build/compute_sim): 20
+  simulated seconds per case, exact figures, no sleeping;
+- end to end: compute_load under the interposer against the fake GPU, whose kernels take
+  FAKEGPU_KERNEL_US of device time on a timeline shared by every process on a card. Time is
+  real here, so windows are scaled down (1 s windows over 3-4 s runs instead of 10 s over a
+  minute) and the shares run side by side on separate fake cards to keep the suite short.
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import time
+
+import pytest
+
+from . import cardregion
+from .conftest import LIB, Node, result
+
+# --------------------------------------------------------------------------------------
+# The controller core on a simulated clock
+
+
+def sim(case: str) -> list[str]:
+    p = subprocess.run(
+        [str(LIB / "compute_sim"), case], capture_output=True, text=True, timeout=120
+    )
+    lines = p.stdout.splitlines()
+    assert lines, p.stderr
+    bad = [line for line in lines if not line.startswith("ok ")]
+    assert not bad and p.returncode == 0, "\n".join(bad)
+    return lines
+
+
+def test_fc13_sim_caps_long_and_short_kernels() -> None:
+    """FC-13: caps 10..90 hold within 3 points over 10 s windows, 50 us and 20 ms kernels."""
+    lines = sim("caps")
+    assert sum("window=" in line for line in lines) == 2 * 9 * 2
+
+
+def test_fc13_sim_split_30_70() -> None:
+    """FC-13: shares of 30 and 70 split 30:70 (strict and elastic), no share over its cap."""
+    sim("split")
+
+
+def test_sim_elastic_borrows_and_gives_back() -> None:
+    sim("elastic")
+
+
+def test_fc14_sim_priority_gating_and_resumption() -> None:
+    """FC-14: high-priority latency near solo; low resumes within 20 ms; with and without cap."""
+    sim("priority")
+
+
+def test_fc14_sim_starvation_floor() -> None:
+    sim("floor")
+
+
+# --------------------------------------------------------------------------------------
+# The region layout that docs/compute.md gives the node agent
+
+
+def test_card_region_layout_matches_the_docs() -> None:
+    out = subprocess.run([str(LIB / "compute_layout")], capture_output=True, text=True, check=True)
+    c = {}
+    for line in out.stdout.splitlines():
+        name, off, size = line.split()
+        c[name] = (int(off), int(size))
+    assert c["region.size"][1] == cardregion.HEADER_SIZE + cardregion.SLOT_SIZE * cardregion.NSLOTS
+    assert c["slot.size"][1] == cardregion.SLOT_SIZE
+    assert c["magic"][1] == cardregion.MAGIC and c["version"][1] == cardregion.VERSION
+    for prefix, fields in (("header", cardregion.HEADER_FIELDS), ("slot", cardregion.SLOT_FIELDS)):
+        for name, code, off in fields:
+            assert c[f"{prefix}.{name}"] == (off, struct.calcsize("<" + code)), name
+    assert c["header.slot"][0] == cardregion.HEADER_SIZE
+
+
+# --------------------------------------------------------------------------------------
+# End to end against the fake GPU
+
+
+@pytest.mark.parametrize(("kernel_us", "sync"), [(50, 16), (20000, 2)], ids=["50us", "20ms"])
+def test_fc13_caps_hold_end_to_end(node: Node, kernel_us: int, sync: int) -> None:
+    """FC-13: caps 10..90 (one share per fake card, all at once). Never above the cap: each
+    1 s window after the first within cap + 3 (+ one kernel: 2 points of a 1 s window for
+    20 ms kernels); no multi-second stalls. Not far below: for 20 ms kernels the steady
+    windows average within 3 points; for 50 us kernels (18 000 gated launches a second at
+    90%) a shared 2-core test machine may not launch fast enough to reach the cap, so there
+    the bound below is loose -- the simulated-clock test holds it to 3 points."""
+    caps = list(range(10, 100, 10))
+    seconds = 3 if kernel_us < 1000 else 4
+    procs = [
+        (
+            cap,
+            node.load(
+                node.env(f"s{cap}", [i], cores=cap, kernel_us=kernel_us), seconds, "-s", sync
+            ),
+        )
+        for i, cap in enumerate(caps)
+    ]
+    quantum = 100.0 * kernel_us / 1e6  # one kernel in a 1 s window, in points
+    for cap, p in procs:
+        r = result(p)[0]
+        steady = r["win_use_pct"][1:]
+        mean = sum(steady) / len(steady)
+        assert r["use_pct"] <= cap + 3, r
+        assert max(steady) <= cap + 3 + quantum, r
+        low = cap - 3 if kernel_us >= 1000 else 0.8 * cap - 3
+        assert mean >= low, r
+        assert r["max_gap_ms"] < 1000, r  # 20 ms kernels at 10%: ~180 ms between launches
+
+
+@pytest.mark.parametrize(("kernel_us", "sync"), [(50, 16), (20000, 2)], ids=["50us", "20ms"])
+def test_fc13_split_30_70_end_to_end(node: Node, kernel_us: int, sync: int) -> None:
+    a = node.load(node.env("a", [0], cores=30, kernel_us=kernel_us), 4, "-s", sync)
+    b = node.load(node.env("b", [0], cores=70, kernel_us=kernel_us), 4, "-s", sync)
+    ra, rb = result(a)[0], result(b)[0]
+    share = 100 * ra["use_pct"] / (ra["use_pct"] + rb["use_pct"])
+    assert 27 <= share <= 33, (ra, rb)
+    assert ra["use_pct"] <= 33 and rb["use_pct"] <= 73, (ra, rb)
+    assert ra["use_pct"] + rb["use_pct"] >= 85, (ra, rb)
+
+
+def test_fc13_multi_card_container_capped_on_every_card(node: Node) -> None:
+    """FC-13: one container with two cards at 30% loading both."""
+    p = node.load(node.env("m", [0, 1], cores=30, kernel_us=50), 3, "-d", 2, "-s", 16)
+    time.sleep(2.2)
+    # the node agent's view while it runs: each card's region shows the share's measured use
+    for card in (0, 1):
+        _, shares = cardregion.read(node.region(card))
+        assert len(shares) == 1 and shares[0].cores == 30 and shares[0].pids == [p.pid]
+        assert 20 <= shares[0].window_use_pct <= 33, shares[0]
+    rows = result(p)
+    assert len(rows) == 2
+    for r in rows:
+        steady = r["win_use_pct"][1:]
+        assert max(steady) <= 33 and sum(steady) / len(steady) >= 0.8 * 30 - 3, rows
+    # the share's slot is freed when its last process exits
+    assert cardregion.read(node.region(0))[1] == []
+
+
+@pytest.mark.parametrize(
+    "entry", ["-e", "-c"], ids=["cuLaunchKernelEx", "cuLaunchCooperativeKernel"]
+)
+def test_fc13_every_launch_entry_point_is_capped(node: Node, entry: str) -> None:
+    p = node.load(node.env("x", [0], cores=30, kernel_us=200), 2.5, "-s", 8, entry)
+    r = result(p)[0]
+    steady = r["win_use_pct"][1:]
+    assert max(steady) <= 33 and sum(steady) / len(steady) >= 0.8 * 30 - 3, r
+
+
+@pytest.mark.parametrize("lo_cores", [0, 50], ids=["uncapped", "capped-50"])
+def test_fc14_high_priority_goes_first(node: Node, lo_cores: int) -> None:
+    """FC-14: a high-priority loop of small kernels (0.5 ms every 100 ms) beside a
+    low-priority loop of 2 ms kernels: its latency stays near solo (at most the low work
+    already queued ahead of it: preemption is at kernel boundaries), and the low loop
+    resumes within 20 ms each time (its longest pause between launches)."""
+    solo = node.load(node.env("solo", [1], kernel_us=500), 2.5, "-p", 100000)
+    lo = node.load(node.env("lo", [0], cores=lo_cores, priority="low", kernel_us=2000), 4, "-s", 4)
+    hi = node.load(node.env("hi", [0], kernel_us=500), 3, "-p", 100000, delay=0.5)
+    rs, rh, rl = result(solo)[0], result(hi)[0], result(lo)[0]
+    assert rh["lat_n"] >= 25
+    # solo latency plus at most two queued 2 ms low kernels (and scheduling noise)
+    assert rh["lat_us_p50"] <= rs["lat_us_p50"] + 2500, (rs, rh)
+    assert rh["lat_us_p99"] <= rs["lat_us_p99"] + 6000, (rs, rh)
+    # a capped share also pauses for its own cap: after a burst, up to burst / rate
+    # (10 ms of bucket at 50%: 20 ms); what priority adds on top stays within 20 ms
+    assert rl["max_gap_ms"] <= 20 + (10 / (lo_cores / 100) if lo_cores else 0), rl
+    want = 47 if lo_cores else 80
+    assert rl["use_pct"] >= want, rl
+
+
+def test_fc14_low_priority_waits_while_high_is_busy_and_resumes(node: Node) -> None:
+    """A busy high-priority share holds a low one off the card; once it stops, the low one
+    takes the card within 20 ms (no cap set)."""
+    lo = node.load(node.env("lo", [0], priority="low", kernel_us=1000), 3, "-s", 2, "-w", 500)
+    hi = node.load(node.env("hi", [0], kernel_us=1000), 1.0, "-s", 1, delay=0.5)
+    rh, rl = result(hi)[0], result(lo)[0]
+    assert rh["use_pct"] >= 60, rh  # the high share had the card (nearly) to itself
+    w = rl["win_use_pct"]  # 0.5 s windows: [alone, with hi, with hi, after, after, after]
+    assert w[1] <= 10 and w[2] <= 10, rl
+    assert min(w[4:]) >= 70, rl
+
+
+@pytest.mark.parametrize("floor", [0, 10])
+def test_fc14_starvation_floor(node: Node, floor: int) -> None:
+    """The floor (EGPU_LOW_PRIORITY_FLOOR, off by default) keeps a low share alive beside a
+    high share that never goes idle."""
+    extra = {"EGPU_LOW_PRIORITY_FLOOR": floor} if floor else {}
+    hi = node.load(node.env("hi", [0], kernel_us=1000), 3, "-s", 1)
+    lo = node.load(
+        node.env("lo", [0], priority="low", kernel_us=1000, **extra), 2.5, "-s", 1, delay=0.3
+    )
+    rl, _ = result(lo)[0], result(hi)[0]
+    if floor:
+        assert floor / 2 <= rl["use_pct"] <= floor + 3, rl
+    else:
+        assert rl["use_pct"] <= 1.5, rl
+
+
+def test_fc15_oversubscription_never_fails_below_the_cap(node: Node) -> None:
+    """FC-15: a 24 GiB card; share B holds 8 GiB; share A (oversubscribed, 40 GiB limit)
+    allocates 36 x 1 GiB, then everything its capacity view says is free: all succeed (what
+    the card cannot hold comes from managed memory); one more MiB fails with out-of-memory."""
+    b_env = node.env("b", [0], memory_mib=9216)  # 8 GiB + the context's overhead
+    b = node.spawn("cuprobe", ["init", "ctx", "alloc", "8192", "hold"], b_env)
+    line = ""
+    while not line.startswith("hold"):  # B holds its 8 GiB until killed
+        line = b.stdout.readline()
+        assert line and " rc=0" in line, line + b.stderr.read()
+    a_env = node.env("a", [0], memory_mib=40960, oversubscription=True, FAKEGPU_MANAGED_HOST=1)
+    rows = probe(a_env, "init", "ctx", "loop", "36", "alloc", "1024", ";", "meminfo")
+    assert all(r[1] == "rc=0" for r in rows), rows  # the loop prints only failures
+    kv = dict(x.split("=", 1) for x in rows[-1][2:])
+    assert int(kv["total"]) == 40960 << 20, rows[-1]  # the share as booked, beyond the card
+    free_mib = int(kv["free"]) >> 20
+    assert free_mib >= 40960 - 36 * 1024 - 512, rows[-1]  # only the context overhead besides
+    rows = probe(
+        a_env, "init", "ctx", "loop", "36", "alloc", "1024", ";", "alloc", free_mib, "alloc", "1"
+    )
+    allocs = [r for r in rows if r[0] == "alloc"]
+    assert [r[1] for r in allocs] == ["rc=0", "rc=2"], rows  # up to the cap yes, past it no
+    # the same share without oversubscription stops where the card is full
+    c_env = node.env("c", [0], memory_mib=40960)
+    rows = probe(c_env, "init", "ctx", "loop", "36", "alloc", "1024", ";")
+    assert any(r[0] == "alloc" and r[1] == "rc=2" for r in rows), rows
+
+
+def probe(env: dict, *steps: object) -> list[list[str]]:
+    p = subprocess.run(
+        [str(LIB / "cuprobe"), *map(str, steps)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    return [line.split() for line in p.stdout.splitlines()]
+
+
+def test_uncapped_share_costs_almost_nothing(node: Node) -> None:
+    """No cap, high priority, no low share on the card: launches go straight to the driver.
+    The fake's launch with no kernel time is a few tens of ns; the interposer adds a load and
+    a branch. Loose bound here (a shared machine); bench/compute.py reports the figure."""
+    env_plain = node.env("u", [0], kernel_us=0, preload=False)
+    env_pre = node.env("u", [0], kernel_us=0)
+    best = {"plain": 0.0, "pre": 0.0}
+    for name, env in (("plain", env_plain), ("pre", env_pre)) * 2:
+        r = result(node.load(env, 0.5, "-s", 1000000))[0]
+        best[name] = max(best[name], r["launches"] / r["wall_s"])
+    assert best["pre"] >= 0.7 * best["plain"], best
