@@ -79,8 +79,10 @@ ENV_CONFIG_PATH: Final = "EGPU_CONFIG_PATH"  # tests only: where the interposer 
 NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
 
 # --- Files -------------------------------------------------------------------------------
-RUNTIME_DIR: Final = "/var/run/egpu"  # on the node; hostPath-mounted at the same path
-RUNTIME_VOLUME_NAME: Final = "egpu-runtime"
+# On the node. Never mounted whole into a pod: the runtime hook bind-mounts, at the same
+# paths, only the container's own accounting folder and its own cards' region files (the
+# webhook refuses share pods whose hostPath volumes reach this folder or NODE_PRIVATE_DIR).
+RUNTIME_DIR: Final = "/var/run/egpu"
 CONTAINERS_SUBDIR: Final = "containers"  # <RUNTIME_DIR>/containers/<pod-uid>_<container>/
 CARDS_SUBDIR: Final = "cards"  # <RUNTIME_DIR>/cards/<uuid>
 CONTAINER_REGION_FILE: Final = "region"  # the accounting region inside the container folder
@@ -96,8 +98,8 @@ ENV_CONTAINER: Final = "EGPU_CONTAINER"  # the container the device plugin match
 ENV_DEVICES: Final = "EGPU_DEVICES"  # always: the device-plugin slot ids the kubelet gave
 ENV_ALLOCATION_ERROR: Final = "EGPU_ALLOCATION_ERROR"  # why no share could be matched: the
 # runtime hook refuses to create such a container and prints this message.
-# Root-only folder on the node, NOT mounted into containers (RUNTIME_DIR is, writable, so a
-# container could rewrite what lies there): the node agent's per-pod allocation files and the
+# Root-only folder on the node, NOT mounted into containers (a container's own accounting
+# folder under RUNTIME_DIR is, writable): the node agent's per-pod allocation files and the
 # runtime hook's per-container files (config.json and ld.so.preload, bind-mounted read-only).
 NODE_PRIVATE_DIR: Final = "/var/run/egpu-node"
 ENV_NODE_PRIVATE_DIR: Final = "EGPU_NODE_PRIVATE_DIR"  # overrides NODE_PRIVATE_DIR (tests)

@@ -165,6 +165,8 @@ _RANGES: dict[str, tuple[int, int | None]] = {
 # are. Binary suffixes (Ki, Mi, Gi, ...) stay refused: "24Gi" MiB is never what was meant.
 _DECIMAL_QUANTITY = re.compile(r"^\+?(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
                                r"(?:(?P<suffix>[kMGTPE])|[eE](?P<exp>[+-]?[0-9]{1,2}))?$")
+MAX_QUANTITY_CHARS = 40  # longer quantities are refused ("not a whole number")
+_QUANTITY_BOUND = 10**MAX_QUANTITY_CHARS
 _SI_EXPONENTS = {"k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
 
@@ -180,16 +182,17 @@ def _parse_quantity(raw: Any) -> int | None:
 
     Accepts ints, integral floats and strings in Kubernetes quantity syntax with a decimal
     SI suffix or exponent ("24000", "24k", "3e3", "+5"), as long as the value is a whole
-    number; refuses fractions ("1.5", "500m"), binary suffixes ("24Gi") and anything else.
+    number; refuses fractions ("1.5", "500m"), binary suffixes ("24Gi"), anything longer than
+    MAX_QUANTITY_CHARS characters (or a number of as many digits) and anything else.
     """
     if isinstance(raw, bool):
         return None
     if isinstance(raw, int):
-        return raw
+        return raw if -_QUANTITY_BOUND < raw < _QUANTITY_BOUND else None
     if isinstance(raw, float) and raw.is_integer():
-        return int(raw)
-    if not isinstance(raw, str):
-        return None
+        return int(raw) if abs(raw) < _QUANTITY_BOUND else None
+    if not isinstance(raw, str) or len(raw) > MAX_QUANTITY_CHARS:
+        return None  # a 5000-digit string would make an int too long to print
     match = _DECIMAL_QUANTITY.match(raw.strip())
     if match is None:
         return None
@@ -198,10 +201,19 @@ def _parse_quantity(raw: Any) -> int | None:
     return int(value) if value == value.to_integral_value() else None
 
 
+def _written(raw: Any) -> str:
+    """``raw`` as text for a message, at most MAX_QUANTITY_CHARS characters (then "...");
+    never fails (an int too long for ``str`` is described by its size)."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw.bit_length() > 4 * 40:
+        return f"<an integer of about {int(raw.bit_length() * 0.30103) + 1} digits>"
+    text = str(raw)
+    return text if len(text) <= MAX_QUANTITY_CHARS else text[:MAX_QUANTITY_CHARS] + "..."
+
+
 def _shown(raw: Any) -> str:
     """The value as the author wrote it: the API server stores 4000 as "4k", so show 4000."""
     value = _parse_quantity(raw)
-    return str(value) if value is not None else str(raw)
+    return str(value) if value is not None else _written(raw)
 
 
 def _as_mapping(value: Any) -> Mapping[str, Any]:
@@ -261,7 +273,9 @@ def _share(name: str, found: dict[str, tuple[str, Any]]) -> tuple[Share | None, 
         low, high = _RANGES[resource]
         if value is None:
             hint = " (a plain number of MiB: 24Gi is 24576)" if resource == RES_MEMORY else ""
-            errors.append(RequestError(name, written, str(raw), _allowed_text(resource),
+            if len(_written(raw)) > MAX_QUANTITY_CHARS or _written(raw).startswith("<"):
+                hint = f" (longer than {MAX_QUANTITY_CHARS} characters)"
+            errors.append(RequestError(name, written, _written(raw), _allowed_text(resource),
                                        f"not a whole number{hint}"))
         elif value < low or (high is not None and value > high):
             errors.append(RequestError(name, written, _shown(raw), _allowed_text(resource),

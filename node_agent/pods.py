@@ -4,8 +4,11 @@
   object) from its ``egpu.io/allocation`` annotation and its resolved policies, or None.
 - ``PodRegistry``: the node's pods as the agent's watch reports them (thread-safe). It writes
   each pod's allocation file ``<NODE_PRIVATE_DIR>/allocations/<pod-uid>.json`` (read by the
-  runtime hook) when it first sees the allocation, removes the files and folders of deleted
-  pods, and answers which containers are still *pending* (for the device plugin, FC-12).
+  runtime hook) when it first sees the allocation, and never rewrites it: a later different
+  ``egpu.io/allocation`` or ``egpu.io/priority`` label (an edit after binding) is ignored
+  with a warning naming the pod, and the first shares are kept (in memory too). It removes the
+  files and folders of deleted pods, and answers which containers are still *pending* (for
+  the device plugin, FC-12).
 - ``watch_pods``: the Kubernetes watch (fieldSelector spec.nodeName) that feeds the registry.
 """
 
@@ -93,7 +96,7 @@ class PodRegistry:
         self._seen: dict[str, int] = {}
         self._consumed: set[tuple[str, str]] = set()
         self._counter = 0
-        self._written: dict[str, str] = {}
+        self._warned: dict[str, str] = {}  # uid -> the ignored shares last logged
 
     # --- feeding ------------------------------------------------------------------------
     def update(self, pod: Mapping[str, Any]) -> PodShares | None:
@@ -110,11 +113,46 @@ class PodRegistry:
             if uid not in self._seen:
                 self._counter += 1
                 self._seen[uid] = self._counter
+            known = self._pods.get(uid)
+            if known is None:
+                shares = self._write_once(uid, shares, meta)
+            elif known[1] != shares:
+                self._ignored(uid, meta, shares, known[1])
+                shares = known[1]
             self._pods[uid] = (pod, shares)
-            text = shares.encode()
-            if self._written.get(uid) != text:
-                self._write(uid, text)
-                self._written[uid] = text
+        return shares
+
+    def _ignored(self, uid: str, meta: Mapping[str, Any], seen: PodShares,
+                 kept: PodShares) -> None:
+        """Log (once per pod and value) that a changed allocation or priority was ignored."""
+        text = seen.encode()
+        if self._warned.get(uid) == text:
+            return
+        self._warned[uid] = text
+        log.warning("pod %s/%s (uid %s): its %s annotation or %s label changed after its "
+                    "allocation file was written; ignored, the file keeps the first one "
+                    "(allocation %s, priority %s)", meta.get("namespace"), meta.get("name"),
+                    uid, ANN_ALLOCATION, LABEL_PRIORITY, kept.allocation.encode(),
+                    kept.priority)
+
+    def _write_once(self, uid: str, shares: PodShares, meta: Mapping[str, Any]) -> PodShares:
+        """Write the pod's allocation file unless one exists (an agent restart): the file is
+        written once and never replaced. Returns the shares the file holds."""
+        text = shares.encode()
+        try:
+            self._write(uid, text)
+        except FileExistsError:
+            try:
+                with open(self._path(uid), encoding="utf-8") as handle:
+                    on_disk = PodShares.decode(handle.read())
+            except (OSError, RecordError) as exc:
+                log.warning("pod %s/%s (uid %s): allocation file %s unreadable (%s); left as "
+                            "it is", meta.get("namespace"), meta.get("name"), uid,
+                            self._path(uid), exc)
+                return shares
+            if on_disk != shares:
+                self._ignored(uid, meta, shares, on_disk)
+            return on_disk
         return shares
 
     def delete(self, uid: str) -> None:
@@ -122,7 +160,7 @@ class PodRegistry:
         with self._lock:
             self._pods.pop(uid, None)
             self._seen.pop(uid, None)
-            self._written.pop(uid, None)
+            self._warned.pop(uid, None)
             self._consumed = {c for c in self._consumed if c[0] != uid}
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(uid))
@@ -175,13 +213,21 @@ class PodRegistry:
         return os.path.join(self.private_dir, ALLOCATIONS_SUBDIR, allocation_file_name(uid))
 
     def _write(self, uid: str, text: str) -> None:
+        """Create the allocation file atomically (a complete file or none); raises
+        FileExistsError when it exists: it is never replaced."""
         folder = os.path.join(self.private_dir, ALLOCATIONS_SUBDIR)
         os.makedirs(folder, mode=0o700, exist_ok=True)
         path = self._path(uid)
         tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
-        os.replace(tmp, path)
+        try:
+            os.link(tmp, path)  # fails with FileExistsError where the file exists
+        finally:
+            os.unlink(tmp)
 
 
 def watch_pods(core_v1: Any, registry: PodRegistry, stop: threading.Event) -> None:

@@ -29,7 +29,8 @@ DEFAULT_INTERPRETER = "/usr/bin/python3 -IS"
 PACKAGES = ("egpu", "runtime_hook")
 # The modules the hook may import (bundle.py and zipapp.py build it; they are not in it).
 MODULES = ("egpu", "egpu.contract", "runtime_hook", "runtime_hook.fastjson",
-           "runtime_hook.main", "runtime_hook.mounts", "runtime_hook.oci", "runtime_hook.plan",
+           "runtime_hook.hostfs", "runtime_hook.main", "runtime_hook.mounts", "runtime_hook.oci",
+           "runtime_hook.plan",
            "runtime_hook.rootfs", "runtime_hook.shares")
 
 LOADER = '''

@@ -6,12 +6,17 @@ passes the container state JSON on stdin. The hook reads the bundle's config.jso
 (runtime_hook.plan) and, for a container with a share:
 
 - writes ``<private>/hook/<pod-uid>_<container>/config.json`` (records.ContainerConfig) and
-  ``ld.so.preload`` (the image's own lines, then the interposer), and creates the accounting
-  folder ``<runtime>/containers/<pod-uid>_<container>/`` and ``<runtime>/cards/``;
-- in the container's mount namespace, bind-mounts: the interposer at
-  ``/usr/lib/egpu/libegpu_interpose.so`` (ro), the config at ``/run/egpu/config.json`` (ro),
-  the preload list at ``/etc/ld.so.preload`` (ro), the accounting folder and the cards folder
-  at the same paths under ``/var/run/egpu`` (rw).
+  ``ld.so.preload`` (the image's own lines, then the interposer), creates the accounting
+  folder ``<runtime>/containers/<pod-uid>_<container>/`` (0777) and, for each of the
+  container's cards, the card region file ``<runtime>/cards/<uuid>`` (empty until the
+  interposer initialises it; 0666). Every host path under the runtime and private folders is
+  created and opened without following symlinks (runtime_hook.hostfs): a symlink, FIFO or
+  hard link planted there is refused, never followed;
+- in the container's mount namespace, bind-mounts (from those file descriptors): the
+  interposer at ``/usr/lib/egpu/libegpu_interpose.so`` (ro), the config at
+  ``/run/egpu/config.json`` (ro), the preload list at ``/etc/ld.so.preload`` (ro), the
+  accounting folder and the container's own card region files at the same paths under
+  ``/var/run/egpu`` (rw). Nothing else of the host's ``/var/run/egpu`` is visible.
 
 Other containers pass untouched. Reruns are idempotent (existing mount points are kept).
 Exit status: 0 done or untouched; 1 refused (the message on stderr names the container and
@@ -161,63 +166,86 @@ def load_shares(private_dir: str, pod_uid: str) -> tuple[PodShares | None, str |
         return None, f"{path}: {exc}"
 
 
-def _write_file(path: str, data: bytes, mode: int) -> None:
-    """Make ``path`` hold ``data`` with ``mode``. Unchanged content is left alone and a change
-    is written in place (never replaced): the file may already be bind-mounted into the
-    container (a rerun), and a mount keeps the inode it was made with."""
-    try:
-        with open(path, "rb") as handle:
-            if handle.read() == data:
-                return
-    except FileNotFoundError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        os.write(fd, data)
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-
-
-def _make_dir(path: str, mode: int) -> None:
-    os.makedirs(path, exist_ok=True)
-    os.chmod(path, mode)
+RUNTIME_DIR_MODE = 0o755  # <runtime>: root's; nothing of it is mounted into a container
+CONTAINERS_DIR_MODE = 0o755  # <runtime>/containers: root's
+REGION_DIR_MODE = 0o777  # <runtime>/containers/<dir>: every uid of the container writes it
+CARDS_DIR_MODE = 0o1777  # <runtime>/cards: raw-node shares (``egpu run``) create theirs too
+CARD_REGION_MODE = 0o666  # <runtime>/cards/<uuid>: every share of the card maps it
+PRIVATE_DIR_MODE = 0o711  # <private> and its hook folders: root's
+PRIVATE_FILE_MODE = 0o444
 
 
 def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
     """Write the host files and bind-mount them into the container (module docstring).
-    Raises OSError (MountError, EscapeError) on failure."""
-    from runtime_hook import mounts, rootfs  # ctypes and libc: only for containers with a share
+
+    Every host path under the runtime and private folders is created and opened without
+    following a symlink (runtime_hook.hostfs), and mounted from its file descriptor; only
+    the container's own accounting folder and its own cards' region files are mounted.
+    Raises OSError (MountError, EscapeError, HostPathError) on failure."""
+    from runtime_hook import hostfs, mounts, rootfs  # ctypes and libc: only for shares
 
     if not os.path.isfile(args.interposer):
         raise FileNotFoundError(f"interposer library {args.interposer} is missing on the node")
-    region_host = os.path.join(args.runtime_dir, CONTAINERS_SUBDIR, plan.dir_name)
-    cards_host = os.path.join(args.runtime_dir, CARDS_SUBDIR)
-    private = os.path.join(args.private_dir, HOOK_SUBDIR, plan.dir_name)
-    _make_dir(region_host, 0o777)  # every uid of the container writes its region
-    _make_dir(cards_host, 0o1777)
-    _make_dir(private, 0o711)
-    config_host = os.path.join(private, "config.json")
-    if plan.config is not None:
-        _write_file(config_host, plan.config.encode().encode(), 0o444)
-    preload_host = os.path.join(private, "ld.so.preload")
     root = spec.rootfs
+    runtime, private = args.runtime_dir, args.private_dir
+    uuids = [c.uuid for c in plan.config.cards] if plan.config is not None else []
 
     def inside() -> None:
-        _write_file(preload_host, preload_text(rootfs.read_in_root(root, LD_SO_PRELOAD)), 0o444)
-        rootfs.make_file_in_root(root, INTERPOSER_PATH_IN_CONTAINER)
-        mounts.bind(args.interposer, root, INTERPOSER_PATH_IN_CONTAINER, read_only=True)
-        if plan.config is not None:
-            rootfs.make_file_in_root(root, CONTAINER_CONFIG_PATH)
-            mounts.bind(config_host, root, CONTAINER_CONFIG_PATH, read_only=True)
-        rootfs.make_file_in_root(root, LD_SO_PRELOAD)
-        mounts.bind(preload_host, root, LD_SO_PRELOAD, read_only=True)
-        region_in = f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{plan.dir_name}"
-        rootfs.make_dirs_in_root(root, region_in)
-        mounts.bind(region_host, root, region_in, read_only=False)
-        cards_in = f"{RUNTIME_DIR}/{CARDS_SUBDIR}"
-        rootfs.make_dirs_in_root(root, cards_in)
-        mounts.bind(cards_host, root, cards_in, read_only=False)
+        # In the container's mount namespace (a copy of the host's, not yet pivoted): the
+        # folders are created here so that the descriptors mounted below belong to it.
+        fds: list[int] = []
+        try:
+            base = hostfs.open_base(runtime, RUNTIME_DIR_MODE)
+            fds.append(base)
+            region = hostfs.make_dirs(base, runtime, [CONTAINERS_SUBDIR, plan.dir_name],
+                                      [CONTAINERS_DIR_MODE, REGION_DIR_MODE])
+            fds.append(region)
+            card_files: list[tuple[str, int]] = []
+            if uuids:
+                cards = hostfs.make_dirs(base, runtime, [CARDS_SUBDIR], [CARDS_DIR_MODE])
+                fds.append(cards)
+                cards_path = os.path.join(runtime, CARDS_SUBDIR)
+                for uuid in uuids:
+                    card = hostfs.create_file(cards, cards_path, uuid, CARD_REGION_MODE)
+                    fds.append(card)
+                    card_files.append((uuid, card))
+            pbase = hostfs.open_base(private, PRIVATE_DIR_MODE)
+            fds.append(pbase)
+            hook_dir = hostfs.make_dirs(pbase, private, [HOOK_SUBDIR, plan.dir_name],
+                                        [PRIVATE_DIR_MODE, PRIVATE_DIR_MODE])
+            fds.append(hook_dir)
+            hook_path = os.path.join(private, HOOK_SUBDIR, plan.dir_name)
+            config_fd = -1
+            if plan.config is not None:
+                config_fd = hostfs.write_file(hook_dir, hook_path, "config.json",
+                                              plan.config.encode().encode(), PRIVATE_FILE_MODE)
+                fds.append(config_fd)
+            preload = preload_text(rootfs.read_in_root(root, LD_SO_PRELOAD))
+            preload_fd = hostfs.write_file(hook_dir, hook_path, "ld.so.preload", preload,
+                                           PRIVATE_FILE_MODE)
+            fds.append(preload_fd)
+
+            rootfs.make_file_in_root(root, INTERPOSER_PATH_IN_CONTAINER)
+            mounts.bind(args.interposer, root, INTERPOSER_PATH_IN_CONTAINER, read_only=True)
+            if config_fd >= 0:
+                rootfs.make_file_in_root(root, CONTAINER_CONFIG_PATH)
+                mounts.bind(config_fd, root, CONTAINER_CONFIG_PATH, read_only=True,
+                            label=os.path.join(hook_path, "config.json"))
+            rootfs.make_file_in_root(root, LD_SO_PRELOAD)
+            mounts.bind(preload_fd, root, LD_SO_PRELOAD, read_only=True,
+                        label=os.path.join(hook_path, "ld.so.preload"))
+            region_in = f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{plan.dir_name}"
+            rootfs.make_dirs_in_root(root, region_in)
+            mounts.bind(region, root, region_in, read_only=False,
+                        label=os.path.join(runtime, CONTAINERS_SUBDIR, plan.dir_name))
+            for uuid, card in card_files:
+                card_in = f"{RUNTIME_DIR}/{CARDS_SUBDIR}/{uuid}"
+                rootfs.make_file_in_root(root, card_in)
+                mounts.bind(card, root, card_in, read_only=False,
+                            label=os.path.join(runtime, CARDS_SUBDIR, uuid))
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     mounts.in_mount_namespace(state.pid, inside)
 

@@ -93,17 +93,24 @@ def mount_points() -> set[str]:
         return {_unescape(line.split()[4]) for line in handle if len(line.split()) > 4}
 
 
-def bind(source: str, root: str, target: str, *, read_only: bool) -> bool:
-    """Bind-mount host path ``source`` onto ``target`` inside ``root`` (which must exist),
-    read-only (and nosuid, nodev) when asked. Returns False when ``target`` already is a mount
+def bind(source: str | int, root: str, target: str, *, read_only: bool,
+         label: str = "") -> bool:
+    """Bind-mount ``source`` onto ``target`` inside ``root`` (which must exist), read-only
+    (and nosuid, nodev) when asked. ``source``: a host path, or an open file descriptor (the
+    very file or folder it names is mounted, through /proc/self/fd: no path is resolved
+    again); ``label``: its name in messages. Returns False when ``target`` already is a mount
     point (a rerun: idempotent), True when mounted."""
+    if isinstance(source, int):
+        label = label or f"fd {source}"
+        source = f"/proc/self/fd/{source}"
+    label = label or source
     fd = open_in_root(root, target)
     try:
         real = os.readlink(f"/proc/self/fd/{fd}").removesuffix(" (deleted)")
         if real in mount_points():
             return False
         _check(_libc.mount(source.encode(), f"/proc/self/fd/{fd}".encode(), None, MS_BIND, None),
-               f"bind {source} -> {target}")
+               f"bind {label} -> {target}")
     finally:
         os.close(fd)
     if read_only:

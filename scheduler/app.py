@@ -89,7 +89,11 @@ def _verb(name: str, run: Callable[[Extender, Any], Awaitable[Any] | Any]) -> An
             body = json.loads(await request.read())
             if not isinstance(body, dict):
                 raise ValueError("expected a JSON object")
-        except ValueError as exc:
+        except RecursionError:  # nested deeper than Python's stack: no real request does
+            metrics.requests.labels(name, "bad-request").inc()
+            return web.json_response({"Error": f"malformed {name} request: nested too "
+                                               "deeply"}, status=400)
+        except ValueError as exc:  # bad JSON, bad UTF-8, an integer too long to convert
             metrics.requests.labels(name, "bad-request").inc()
             return web.json_response({"Error": f"malformed {name} request: {exc}"}, status=400)
         try:
@@ -101,9 +105,11 @@ def _verb(name: str, run: Callable[[Extender, Any], Awaitable[Any] | Any]) -> An
             result = run(request.app[EXTENDER], body)
             if asyncio.iscoroutine(result):
                 result = await result
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:
+            # whatever a body that parsed as JSON but is not a request can raise
             metrics.requests.labels(name, "bad-request").inc()
-            return web.json_response({"Error": f"malformed {name} request: {exc!r}"}, status=400)
+            what = "nested too deeply" if isinstance(exc, RecursionError) else repr(exc)[:200]
+            return web.json_response({"Error": f"malformed {name} request: {what}"}, status=400)
         outcome = "error" if isinstance(result, dict) and result.get("Error") else "ok"
         metrics.requests.labels(name, outcome).inc()
         metrics.seconds.labels(name).observe(time.perf_counter() - started)

@@ -5,11 +5,16 @@ view from a list of nodes and pods:
 
 - a node's cards come from its ``egpu.io/inventory`` annotation and its freshness from
   ``egpu.io/inventory-heartbeat`` (RFC 3339);
-- a pod books what its ``egpu.io/allocation`` annotation says (on the annotation's node), by
-  the effective-request rule of ``egpu.booking``, from the moment the annotation appears
-  (even before the pod is bound) until the pod is gone or has finished (phase Succeeded or
-  Failed). A terminating pod (deletionTimestamp set) keeps its bookings until it is deleted.
-  Bookings are keyed by pod UID, so a delete event without annotations still releases them.
+- a pod with egpu resources books what its ``egpu.io/allocation`` annotation says (on the
+  annotation's node), by the effective-request rule of ``egpu.booking``, from the moment the
+  annotation appears (even before the pod is bound) until the pod is gone or has finished
+  (phase Succeeded or Failed). A terminating pod (deletionTimestamp set) keeps its bookings
+  until it is deleted. Bookings are keyed by pod UID, so a delete event without annotations
+  still releases them. A pod without egpu resources books nothing, whatever it carries;
+- the annotation is written once (the extender's Binding; the ValidatingAdmissionPolicy of
+  manifests/webhook denies edits): the first allocation seen for a pod UID (or the one its
+  own bind wrote) stands, and a later different or removed annotation is ignored with a
+  warning, so an edit can neither shrink a booking (overbooking the card) nor release it.
 
 Binds in flight add *reservations*: a booking taken before the Binding (which carries the
 annotation) is written, which counts instead of whatever was observed for that pod, and lasts
@@ -23,6 +28,7 @@ events over with ``loop.call_soon_threadsafe``).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +41,8 @@ from egpu.contract import ANN_ALLOCATION, ANN_INVENTORY, ANN_INVENTORY_HEARTBEAT
 from egpu.records import Allocation, Card, Inventory, RecordError
 from egpu.requests import PodReading, read_pod
 from scheduler.placement import CardState, NodeState
+
+log = logging.getLogger("egpu.scheduler")
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -107,7 +115,9 @@ class Booking:
 
 def booking_from_pod(pod: Mapping[str, Any], config: Config,
                      reading: PodReading | None = None) -> Booking | None:
-    """The booking a pod object holds, or None (no or unreadable allocation, finished pod).
+    """The booking a pod object holds, or None (no or unreadable allocation, finished pod,
+    or a pod without a valid egpu request: only the extender writes the annotation, and only
+    on egpu pods).
 
     ``reading``: ``read_pod(pod, config)`` when the caller has it already."""
     meta = _meta(pod)
@@ -125,6 +135,8 @@ def booking_from_pod(pod: Mapping[str, Any], config: Config,
     if not node:
         return None
     request = (reading or read_pod(pod, config)).request
+    if request is None:  # not an egpu pod (or an invalid one): a hand-written annotation
+        return None  # books nothing
     return Booking(uid, pod_key(pod), node, allocation, allocation_bookings(allocation, request))
 
 
@@ -146,6 +158,7 @@ class ClusterState:
         self._usage: dict[str, dict[str, CardBooking]] = {}
         self._views: dict[str, NodeState] = {}
         self.pods: dict[str, Mapping[str, Any]] = {}  # uid -> pod object, egpu pods only
+        self._warned: dict[str, str] = {}  # uid -> the ignored annotation last logged
 
     # --- nodes ---------------------------------------------------------------------------
     def upsert_node(self, node: Mapping[str, Any]) -> None:
@@ -218,13 +231,42 @@ class ClusterState:
             self.pods[uid] = pod
         booking = booking_from_pod(pod, self.config, reading)
         reservation = self._reserved.get(uid)
+        prior = self._observed.get(uid)
+        status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
+        finished = status.get("phase") in TERMINAL_PHASES
         confirmed = (reservation is not None and booking is not None
                      and booking.allocation == reservation.booking.allocation)
+        if (not confirmed and reservation is not None and not reservation.in_flight
+                and booking is not None):
+            # Our Binding wrote the reservation's allocation: a different one was edited in.
+            self._ignored(uid, pod, booking, reservation.booking)
+            booking, confirmed = reservation.booking, True
+        elif (not confirmed and reservation is None and prior is not None and not finished
+              and (booking is None or booking.allocation != prior.allocation)):
+            # The first allocation seen stands until the pod finishes or is deleted: an
+            # edited (or removed) annotation books nothing more and releases nothing.
+            self._ignored(uid, pod, booking, prior)
+            booking = prior
         self._change(uid, observed=booking, reservation=None if confirmed else "keep")
+
+    def _ignored(self, uid: str, pod: Mapping[str, Any], seen: Booking | None,
+                 kept: Booking) -> None:
+        """Log (once per pod and value) that a changed allocation annotation was ignored."""
+        text = str(_annotations(pod).get(ANN_ALLOCATION))
+        if self._warned.get(uid) == text:
+            return
+        self._warned[uid] = text
+        what = "removed" if seen is None and ANN_ALLOCATION not in _annotations(pod) else (
+            "changed to an unreadable value" if seen is None else "changed")
+        log.warning("pod %s (uid %s): annotation %s %s after it was set; ignored, the pod "
+                    "keeps booking %s on node %s (the annotation is written once, by the "
+                    "extender at bind time)", pod_key(pod), uid, ANN_ALLOCATION, what,
+                    kept.allocation.encode(), kept.node)
 
     def delete_pod(self, uid: str) -> None:
         """A pod is gone: release everything it held, whatever its last annotations said."""
         self.pods.pop(uid, None)
+        self._warned.pop(uid, None)
         self._change(uid, observed=None, reservation=None)
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:

@@ -8,12 +8,16 @@ answer (the HTTP edge turns it into a 400).
 What it decides, for ``CREATE`` of a ``Pod`` outside ``config.ignored_namespaces``
 (../shared/CONTRACT.md sections 1 and 2):
 
+- any pod that arrives with an ``egpu.io/allocation`` annotation: denied, code 403 (only the
+  scheduler extender writes it, through the Binding; a hand-written one would book cards);
 - not an egpu pod (no ``egpu.io/*`` or alias resource in any container): allowed, no patch,
-  whatever its annotations say;
+  whatever its other annotations say;
 - an egpu pod with mistakes (every ``RequestError`` of ``egpu.requests.read_pod``): denied,
   code 400, reason ``BadRequest``, the errors' messages joined with ``"; "``;
 - an egpu pod that sets ``spec.nodeName`` (it would bypass card placement) or has a
-  privileged container with a share while ``config.allow_privileged`` is false: denied,
+  privileged container with a share (or one adding SYS_ADMIN, SYS_PTRACE, SYS_MODULE or ALL,
+  or hostPID / hostIPC, or a hostPath reaching egpu's node folders) while
+  ``config.allow_privileged`` is false: denied,
   code 403, reason ``Forbidden`` (together with any request errors: then code 400);
 - otherwise allowed with a JSON Patch that brings the pod to the contract's shape
   (``mutate_pod``). A second pass over the patched pod yields no patch (idempotent), which is
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import json
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -35,14 +40,15 @@ import jsonpatch
 
 from egpu.config import Config
 from egpu.contract import (
+    ANN_ALLOCATION,
     EGPU_RESOURCES,
     ENV_COMPUTE_POLICY,
     ENV_MEMORY_OVERSUBSCRIPTION,
     ENV_PRIORITY,
     KUBE_DEFAULT_SCHEDULER,
     LABEL_PRIORITY,
+    NODE_PRIVATE_DIR,
     RUNTIME_DIR,
-    RUNTIME_VOLUME_NAME,
 )
 from egpu.requests import PodRequest, read_pod
 from webhook.reviews import (
@@ -55,12 +61,11 @@ from webhook.reviews import (
     Status,
 )
 
-HOSTPATH_TYPE: Final = "DirectoryOrCreate"
-RUNTIME_VOLUME: Final[dict[str, Any]] = {
-    "name": RUNTIME_VOLUME_NAME,
-    "hostPath": {"path": RUNTIME_DIR, "type": HOSTPATH_TYPE},
-}
-RUNTIME_MOUNT: Final[dict[str, Any]] = {"name": RUNTIME_VOLUME_NAME, "mountPath": RUNTIME_DIR}
+# Host folders of egpu that no pod with a share may mount (the runtime hook mounts each
+# container's own region folder and card region files itself): with /var/run a link to /run
+# on most nodes, both spellings.
+EGPU_HOST_DIRS: Final = tuple(sorted({d for base in (RUNTIME_DIR, NODE_PRIVATE_DIR)
+                                      for d in (base, base.replace("/var/run/", "/run/", 1))}))
 
 # Result labels (also the values of the metrics' ``result`` label).
 RESULT_ALLOWED: Final = "allowed"  # allowed, nothing to change
@@ -71,6 +76,13 @@ RESULT_DENIED: Final = "denied"  # allowed: false
 DENY_INVALID_REQUEST: Final = "invalid-request"
 DENY_NODE_NAME: Final = "node-name"
 DENY_PRIVILEGED: Final = "privileged"
+DENY_HOST_PATH: Final = "host-path"
+DENY_ALLOCATION: Final = "allocation"
+
+# Capabilities a container with a share may not add: SYS_ADMIN unmounts the interposer, the
+# read-only config or ld.so.preload; SYS_PTRACE reads and writes other processes (their
+# accounting); SYS_MODULE loads kernel code; ALL includes them.
+FORBIDDEN_CAPABILITIES: Final = ("SYS_ADMIN", "SYS_PTRACE", "SYS_MODULE", "ALL")
 
 
 class InvalidReview(ValueError):
@@ -146,12 +158,44 @@ def _is_privileged(container: Mapping[str, Any]) -> bool:
     return bool(context.get("privileged"))
 
 
+def _covers(path: str, folder: str) -> bool:
+    """Whether host path ``path`` is ``folder``, lies under it, or contains it."""
+    return (path == folder or path.startswith(folder + "/") or folder.startswith(path + "/")
+            or path == "/")
+
+
+def _host_path_problems(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """hostPath volumes that reach egpu's host folders (``EGPU_HOST_DIRS``): a pod that can
+    write there can rewrite other shares' regions or plant links for the runtime hook."""
+    problems: list[tuple[str, str]] = []
+    volumes = spec.get("volumes")
+    for volume in volumes if isinstance(volumes, list) else []:
+        host_path = _mapping(_mapping(volume).get("hostPath") if _mapping(volume) else None)
+        raw = host_path.get("path") if host_path else None
+        if not isinstance(raw, str) or not raw.startswith("/"):
+            continue
+        path = posixpath.normpath(raw)
+        path = "/" if path == "//" else path
+        if any(_covers(path, folder) for folder in EGPU_HOST_DIRS):
+            problems.append((DENY_HOST_PATH, (
+                f"volume {str(volume.get('name', ''))!r}: hostPath.path={raw!r} is not "
+                "allowed in a pod with an egpu share (it reaches egpu's node folders "
+                f"{', '.join(EGPU_HOST_DIRS)}; the runtime hook mounts each container's own "
+                "accounting folder and card regions itself); allowed: a hostPath outside "
+                "them (or allowPrivileged: true in the egpu config)")))
+    return problems
+
+
 def policy_problems(pod: Mapping[str, Any], config: Config) -> list[tuple[str, str]]:
     """Reasons to refuse an egpu pod beyond its requests: ``[(DENY_*, message), ...]``.
 
     - ``spec.nodeName`` set: the pod skips the scheduler, so no card is chosen or booked;
     - a privileged container with a share (unless ``config.allow_privileged``): it sees
-      every card of the node, and no limit would hold.
+      every card of the node, and no limit would hold; likewise a container with a share that
+      adds SYS_ADMIN, SYS_PTRACE, SYS_MODULE or ALL, and a pod with a share and hostPID or
+      hostIPC (they can unmount the preload or reach other processes' regions);
+    - a hostPath volume at, under or above egpu's node folders (unless
+      ``config.allow_privileged``): the pod could rewrite other shares' regions.
     """
     spec = _mapping(pod.get("spec")) or {}
     problems: list[tuple[str, str]] = []
@@ -162,14 +206,47 @@ def policy_problems(pod: Mapping[str, Any], config: Config) -> list[tuple[str, s
             "(it bypasses card placement); allowed: no nodeName (use a nodeSelector or node "
             "affinity)")))
     if not config.allow_privileged:
-        for container in _pod_containers(spec):
-            if has_share(container, config) and _is_privileged(container):
+        problems += _host_path_problems(spec)
+        for field_name in ("hostPID", "hostIPC"):
+            if spec.get(field_name) is True:
                 problems.append((DENY_PRIVILEGED, (
-                    f"container {str(container.get('name', ''))!r}: "
+                    f"spec.{field_name}=true is not allowed for a pod with an egpu share (it "
+                    "reaches other pods' processes and shared memory, their accounting and "
+                    "their CUDA contexts); allowed: false (or allowPrivileged: true in the "
+                    "egpu config)")))
+        for container in _pod_containers(spec):
+            if not has_share(container, config):
+                continue
+            name = str(container.get("name", ""))
+            if _is_privileged(container):
+                problems.append((DENY_PRIVILEGED, (
+                    f"container {name!r}: "
                     "securityContext.privileged=true is not allowed with an egpu share "
                     "(a privileged container sees every card and escapes its limits); "
                     "allowed: false (or allowPrivileged: true in the egpu config)")))
+            for capability in _forbidden_capabilities(container):
+                problems.append((DENY_PRIVILEGED, (
+                    f"container {name!r}: securityContext.capabilities.add={capability!r} is "
+                    "not allowed with an egpu share (it can unmount the interposer or its "
+                    "read-only config, or reach other processes' memory); allowed: any "
+                    f"capability but {', '.join(FORBIDDEN_CAPABILITIES)} (or allowPrivileged: "
+                    "true in the egpu config)")))
     return problems
+
+
+def _forbidden_capabilities(container: Mapping[str, Any]) -> list[str]:
+    """The entries of ``securityContext.capabilities.add`` that lift a share's limits, as
+    written (``SYS_ADMIN``, ``CAP_SYS_ADMIN`` and ``sys_admin`` alike; ``ALL``)."""
+    context = _mapping(container.get("securityContext")) or {}
+    capabilities = _mapping(context.get("capabilities")) or {}
+    added = capabilities.get("add")
+    out = []
+    for entry in added if isinstance(added, list) else []:
+        name = str(entry).strip().upper()
+        name = name.removeprefix("CAP_")
+        if name in FORBIDDEN_CAPABILITIES:
+            out.append(str(entry))
+    return out
 
 
 # --- Mutation ------------------------------------------------------------------------------
@@ -198,47 +275,6 @@ def _set_env(container: dict[str, Any], values: Mapping[str, str]) -> None:
                     env[index] = dict(wanted)
         if not found:
             env.append(dict(wanted))
-
-
-def _mount_ok(mount: Mapping[str, Any]) -> bool:
-    return (mount.get("name") == RUNTIME_VOLUME_NAME and mount.get("mountPath") == RUNTIME_DIR
-            and not mount.get("readOnly") and not mount.get("subPath")
-            and not mount.get("subPathExpr"))
-
-
-def _set_mount(container: dict[str, Any]) -> None:
-    """Exactly one writable mount of the runtime volume at ``RUNTIME_DIR``: an acceptable one
-    is kept as written; one that differs is replaced; others at that path are dropped."""
-    mounts = _child(container, "volumeMounts", list)
-    at_path = [i for i, m in enumerate(mounts) if isinstance(m, dict)
-               and str(m.get("mountPath", "")).rstrip("/") == RUNTIME_DIR]
-    if not at_path:
-        mounts.append(dict(RUNTIME_MOUNT))
-        return
-    first = at_path[0]
-    if not _mount_ok(mounts[first]):
-        mounts[first] = dict(RUNTIME_MOUNT)
-    for index in reversed(at_path[1:]):
-        del mounts[index]
-
-
-def _volume_ok(volume: Mapping[str, Any]) -> bool:
-    return set(volume) == {"name", "hostPath"} and volume["hostPath"] == RUNTIME_VOLUME["hostPath"]
-
-
-def _set_volume(spec: dict[str, Any]) -> None:
-    """Exactly one volume named ``egpu-runtime``: the node's ``RUNTIME_DIR`` (hostPath)."""
-    volumes = _child(spec, "volumes", list)
-    named = [i for i, v in enumerate(volumes) if isinstance(v, dict)
-             and v.get("name") == RUNTIME_VOLUME_NAME]
-    if not named:
-        volumes.append({"name": RUNTIME_VOLUME_NAME, "hostPath": dict(RUNTIME_VOLUME["hostPath"])})
-        return
-    if not _volume_ok(volumes[named[0]]):
-        volumes[named[0]] = {"name": RUNTIME_VOLUME_NAME,
-                             "hostPath": dict(RUNTIME_VOLUME["hostPath"])}
-    for index in reversed(named[1:]):
-        del volumes[index]
 
 
 def _rename_aliases(container: dict[str, Any], aliases: Mapping[str, str]) -> None:
@@ -270,9 +306,9 @@ def mutate_pod(
     (CONTRACT.md section 2): ``spec.schedulerName`` (absent, empty or ``default-scheduler``
     becomes ``config.scheduler_name``; another name is kept with a warning); label
     ``egpu.io/priority``; env ``EGPU_PRIORITY``, ``EGPU_COMPUTE_POLICY``,
-    ``EGPU_MEMORY_OVERSUBSCRIPTION`` and a mount of the ``egpu-runtime`` hostPath volume
-    (``/var/run/egpu``, DirectoryOrCreate) on every container with a share (init containers
-    and sidecars included); alias resource names rewritten to ``egpu.io/`` names.
+    ``EGPU_MEMORY_OVERSUBSCRIPTION`` on every container with a share (init containers and
+    sidecars included); alias resource names rewritten to ``egpu.io/`` names. No volume: the
+    runtime hook mounts each container's own accounting folder and card region files.
     """
     new = json_copy(pod)
     warnings: list[str] = []
@@ -293,16 +329,11 @@ def mutate_pod(
         ENV_COMPUTE_POLICY: request.compute_policy,
         ENV_MEMORY_OVERSUBSCRIPTION: "true" if request.memory_oversubscription else "false",
     }
-    any_share = False
     for container in _pod_containers(spec):
         if not has_share(container, config):
             continue
-        any_share = True
         _rename_aliases(container, config.resource_aliases)
         _set_env(container, env)
-        _set_mount(container)
-    if any_share:
-        _set_volume(spec)
     return new, warnings
 
 
@@ -323,8 +354,8 @@ def make_patch(old: Any, new: Any) -> list[dict[str, Any]]:
 
 
 # What mutate_pod may change, relative to a parent object: (parent path, member names).
-_POD_SCOPES: Final = ((("metadata",), ("labels",)), (("spec",), ("schedulerName", "volumes")))
-_CONTAINER_MEMBERS: Final = ("env", "volumeMounts", "resources")
+_POD_SCOPES: Final = ((("metadata",), ("labels",)), (("spec",), ("schedulerName",)))
+_CONTAINER_MEMBERS: Final = ("env", "resources")
 
 
 def _pointer(parts: tuple[str | int, ...]) -> str:
@@ -375,8 +406,8 @@ def pod_patch(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     """The JSON Patch from ``old`` to ``new = mutate_pod(old, ...)[0]``.
 
     The same as ``make_patch(old, new)`` in effect, but diffs only what ``mutate_pod`` may
-    change (``metadata.labels``; ``spec.schedulerName``, ``spec.volumes``; each container's
-    ``env``, ``volumeMounts``, ``resources``), each member on its own: a whole-pod diff costs
+    change (``metadata.labels``; ``spec.schedulerName``; each container's ``env``,
+    ``resources``), each member on its own: a whole-pod diff costs
     ~10x more time, and never replaces a container wholesale this way either.
     """
     ops: list[dict[str, Any]] = []
@@ -401,11 +432,18 @@ def pod_patch(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
 def decide_pod(pod: Mapping[str, Any], config: Config) -> Decision:
     """The decision for creating ``pod`` (a Pod as JSON); see the module docstring."""
     reading = read_pod(pod, config)
-    if not reading.is_egpu_pod:
+    metadata = _mapping(pod.get("metadata")) or {}
+    preset = ANN_ALLOCATION in (_mapping(metadata.get("annotations")) or {})
+    if not reading.is_egpu_pod and not preset:
         return ALLOW
     messages = [error.message for error in reading.errors]
     denials = [DENY_INVALID_REQUEST] if reading.errors else []
-    for kind, message in policy_problems(pod, config):
+    problems = policy_problems(pod, config) if reading.is_egpu_pod else []
+    if preset:
+        problems.insert(0, (DENY_ALLOCATION, (
+            f"pod annotation {ANN_ALLOCATION} is not allowed at creation: it is set by the "
+            "egpu scheduler extender at bind time; remove it")))
+    for kind, message in problems:
         denials.append(kind)
         messages.append(message)
     if messages:

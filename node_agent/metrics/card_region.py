@@ -29,6 +29,7 @@ import struct
 from dataclasses import dataclass
 
 from egpu.contract import CARDS_SUBDIR, CONTAINER_REGION_FILE, CONTAINERS_SUBDIR, RUNTIME_DIR
+from node_agent.metrics.region import NotARegionFile, open_regular
 
 log = logging.getLogger("egpu-node-agent.card-region")
 
@@ -120,14 +121,27 @@ def parse_card_region(data: bytes | mmap.mmap) -> CardRegion:
     return CardRegion(raw_uuid.split(b"\0", 1)[0].decode(errors="replace"), slots)
 
 
-def read_card_region(path: str) -> CardRegion:
-    """Map ``path`` read-only and parse it. Raises OSError or CardRegionError."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+class EmptyCardRegion(CardRegionError):
+    """The file is empty: the runtime hook created it and no share has initialised it yet."""
+
+
+def read_card_region(path: str, *, dir_fd: int | None = None) -> CardRegion:
+    """Read ``path`` (relative to ``dir_fd`` when given) and parse it. The file is opened
+    without blocking or following a link and must be a regular file of at least
+    CARD_REGION_SIZE bytes; it is read with pread, not mapped (a share that truncates its
+    bind-mounted file could otherwise kill the agent with SIGBUS). Raises OSError or
+    CardRegionError (EmptyCardRegion for an empty file)."""
     try:
-        if os.fstat(fd).st_size < CARD_REGION_SIZE:
-            raise CardRegionError(f"too short: {os.fstat(fd).st_size} bytes")
-        with mmap.mmap(fd, CARD_REGION_SIZE, prot=mmap.PROT_READ) as view:
-            return parse_card_region(view)
+        fd = open_regular(path, dir_fd=dir_fd)
+    except NotARegionFile as exc:
+        raise CardRegionError(str(exc)) from None
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            raise EmptyCardRegion("empty (not initialised yet)")
+        if size < CARD_REGION_SIZE:
+            raise CardRegionError(f"too short: {size} bytes")
+        return parse_card_region(os.pread(fd, CARD_REGION_SIZE, 0))
     finally:
         os.close(fd)
 
@@ -145,15 +159,30 @@ def scan_cards(runtime_dir: str) -> dict[str, CardRegion]:
         names = os.listdir(folder)
     except FileNotFoundError:
         return out
-    for name in names:
-        path = os.path.join(folder, name)
-        try:
-            region = read_card_region(path)
-        except (OSError, CardRegionError) as exc:
-            if _reported.get(path) != str(exc):
-                _reported[path] = str(exc)
-                log.warning("card region %s skipped: %s", path, exc)
-            continue
-        _reported.pop(path, None)
-        out[region.uuid or name] = region
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        log.warning("card regions %s skipped: %s", folder, exc)
+        return out
+    try:
+        for name in names:
+            _scan_one(folder, dir_fd, name, out)
+    finally:
+        os.close(dir_fd)
     return out
+
+
+def _scan_one(folder: str, dir_fd: int, name: str, out: dict[str, CardRegion]) -> None:
+    """Read one card region into ``out``; errors are logged once per file and reason."""
+    path = os.path.join(folder, name)
+    try:
+        region = read_card_region(name, dir_fd=dir_fd)
+    except EmptyCardRegion:
+        return
+    except (OSError, CardRegionError) as exc:
+        if _reported.get(path) != str(exc):
+            _reported[path] = str(exc)
+            log.warning("card region %s skipped: %s", path, exc)
+        return
+    _reported.pop(path, None)
+    out[region.uuid or name] = region

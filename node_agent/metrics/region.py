@@ -16,6 +16,7 @@ metric a moment stale is fine). Layout, little-endian (sizes in bytes)::
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from dataclasses import dataclass
 
@@ -73,9 +74,37 @@ def parse_region(data: bytes) -> RegionUsage:
     return RegionUsage(tuple(cards))
 
 
-def read_region(path: str) -> RegionUsage:
-    """Read and parse the region file at ``path``. Raises OSError or RegionError."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+class NotARegionFile(OSError):
+    """The path is a symlink, a FIFO, a device, a folder, or a file of another size."""
+
+
+def open_regular(name: str, *, dir_fd: int | None = None, size: int | None = None,
+                 min_size: int = 0) -> int:
+    """A read-only fd of the regular file ``name`` (relative to ``dir_fd``), never blocking
+    and never through a symlink: O_NONBLOCK (a FIFO a container planted opens at once instead
+    of waiting for a writer, which would stop the agent's heartbeat), O_NOFOLLOW, then fstat:
+    a regular file of exactly ``size`` bytes (when given) and at least ``min_size``. The
+    caller closes it. Raises OSError (NotARegionFile for the wrong kind or size)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 dir_fd=dir_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotARegionFile(f"{name}: not a regular file (mode {info.st_mode:o})")
+        if (size is not None and info.st_size != size) or info.st_size < min_size:
+            raise NotARegionFile(f"{name}: {info.st_size} bytes, expected "
+                                 f"{size if size is not None else f'>= {min_size}'}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_region(path: str, *, dir_fd: int | None = None) -> RegionUsage:
+    """Read and parse the region file at ``path`` (relative to ``dir_fd`` when given): a
+    regular file of REGION_SIZE bytes, opened without blocking or following a symlink.
+    Raises OSError or RegionError."""
+    fd = open_regular(path, dir_fd=dir_fd, size=REGION_SIZE)
     try:
         return parse_region(os.pread(fd, READ_SIZE, 0))
     finally:
@@ -91,7 +120,8 @@ def split_dir_name(name: str) -> tuple[str, str]:
 
 def scan(runtime_dir: str) -> dict[str, RegionUsage]:
     """Every readable region under ``<runtime_dir>/containers``: folder name -> usage.
-    Unreadable or malformed regions are left out."""
+    Unreadable or malformed regions are left out, and so are symlinks, FIFOs, devices and
+    files of another size (never opened in a way that blocks or follows a link)."""
     folder = os.path.join(runtime_dir, CONTAINERS_SUBDIR)
     out: dict[str, RegionUsage] = {}
     try:
@@ -99,8 +129,17 @@ def scan(runtime_dir: str) -> dict[str, RegionUsage]:
     except FileNotFoundError:
         return out
     for name in entries:
+        # The container writes its folder (a bind mount): the folder is opened without
+        # following a link, and the region inside it as a regular file only.
         try:
-            out[name] = read_region(os.path.join(folder, name, CONTAINER_REGION_FILE))
+            dir_fd = os.open(os.path.join(folder, name),
+                             os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            out[name] = read_region(CONTAINER_REGION_FILE, dir_fd=dir_fd)
         except (OSError, RegionError):
             continue
+        finally:
+            os.close(dir_fd)
     return out

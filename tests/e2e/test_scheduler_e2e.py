@@ -542,3 +542,70 @@ def test_resource_quota_on_egpu_resources(env: Env) -> None:
     assert "egpu.io/gpu-memory" not in used or used["egpu.io/gpu-memory"] == "0"
     env.delete_pods(loose)
     env.delete_pods(ns)
+
+
+# --- F2: egpu.io/allocation and the egpu.io/priority label are written once -----------------
+
+POLICY = REPO / "manifests" / "webhook" / "allocation-policy.yaml"
+
+
+def _kubectl(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["kubectl", "--kubeconfig", env.cluster.kubeconfig, *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_allocation_and_priority_cannot_be_edited_and_binds_still_work(env: Env) -> None:
+    """The ValidatingAdmissionPolicy denies pod CREATEs carrying egpu.io/allocation and pod
+    UPDATEs changing it or the egpu.io/priority label; the extender's Binding (the pods/binding
+    subresource, not a pod UPDATE) still sets the annotation."""
+    applied = _kubectl(env, "apply", "-f", str(POLICY))
+    assert applied.returncode == 0, applied.stderr
+    try:
+        node = "e2e-vap-l40"
+        env.add_node(node, 1, "NVIDIA L40", 24576)
+        ns = env.namespace("e2e-vap")
+        # the policy takes effect within seconds (the API server's policy informer)
+        hand = egpu_pod("hand", ns, 1000, annotations={ANN_ALLOCATION: "{}"})
+
+        def denied_at_create() -> str:
+            try:
+                env.create(copy.deepcopy(hand))
+            except ApiStatusError as exc:
+                return str(exc)
+            env.api.json("DELETE", f"/api/v1/namespaces/{ns}/pods/hand",
+                         query={"gracePeriodSeconds": 0})
+            _wait("hand gone", lambda: env._missing(f"/api/v1/namespaces/{ns}/pods/hand"))
+            return ""
+
+        message = _wait("the policy denies a CREATE with the annotation", denied_at_create,
+                        timeout=60, interval=1.0)
+        assert "egpu.io/allocation is not allowed at creation" in message, message
+        pod = egpu_pod("a", ns, 12288, node=node)
+        pod["metadata"].setdefault("labels", {})["egpu.io/priority"] = "low"
+        env.create(pod)
+        _wait("a bound", lambda: bound(env.pods(ns)), timeout=90)
+        [a] = env.pods(ns)
+        text = a["metadata"]["annotations"][ANN_ALLOCATION]
+        assert allocation(a) is not None and allocation(a).node == node  # type: ignore[union-attr]
+        lowered = text.replace('"memory_mib":12288', '"memory_mib":1')
+        for args, words in (
+                (["annotate", "--overwrite", "pod/a", f"{ANN_ALLOCATION}={lowered}"],
+                 "egpu.io/allocation cannot be changed or removed"),
+                (["annotate", "pod/a", f"{ANN_ALLOCATION}-"],
+                 "egpu.io/allocation cannot be changed or removed"),
+                (["label", "--overwrite", "pod/a", "egpu.io/priority=high"],
+                 "egpu.io/priority cannot be changed or removed"),
+                (["label", "pod/a", "egpu.io/priority-"],
+                 "egpu.io/priority cannot be changed or removed")):
+            result = _kubectl(env, "-n", ns, *args)
+            assert result.returncode != 0, (args, result.stdout)
+            assert words in result.stderr and "ValidatingAdmissionPolicy" in result.stderr, (
+                args, result.stderr)
+        # other edits of the pod still pass
+        assert _kubectl(env, "-n", ns, "annotate", "pod/a", "team=x").returncode == 0
+        [after] = env.pods(ns)
+        assert after["metadata"]["annotations"][ANN_ALLOCATION] == text
+        assert after["metadata"]["labels"]["egpu.io/priority"] == "low"
+        env.delete_pods(ns)
+    finally:
+        _kubectl(env, "delete", "--ignore-not-found", "-f", str(POLICY))

@@ -179,17 +179,17 @@ def test_gpu_pods_come_out_mutated(cluster: Any, webhook: WebhookProcess, name: 
         spec = created["spec"]
         assert spec["schedulerName"] == "egpu-scheduler"
         assert created["metadata"]["labels"]["egpu.io/priority"] in ("high", "low")
-        assert {"name": "egpu-runtime", "hostPath": {"path": "/var/run/egpu",
-                                                     "type": "DirectoryOrCreate"}} in (
-            spec["volumes"])
+        # F1: the node's /var/run/egpu is never mounted into a pod (the hook mounts only
+        # the container's own folder and card files)
+        assert not any(v.get("hostPath") for v in spec.get("volumes", [])), spec.get("volumes")
         for c in [*spec.get("initContainers", []), *spec["containers"]]:
             limits = c.get("resources", {}).get("limits", {})
             assert not any(k.startswith("volcano.sh/") for k in limits)
             if any(k.startswith("egpu.io/") for k in limits):
                 env = {e["name"]: e.get("value") for e in c["env"]}
                 assert env["EGPU_PRIORITY"] in ("high", "low")
-                assert {"name": "egpu-runtime", "mountPath": "/var/run/egpu"}.items() <= (
-                    next(m for m in c["volumeMounts"] if m["name"] == "egpu-runtime").items())
+                assert not any(m["mountPath"].startswith("/var/run/egpu")
+                               for m in c.get("volumeMounts", []))
 
 
 def test_fc08d_cpu_and_native_gpu_pods_never_reach_the_webhook(

@@ -90,3 +90,42 @@ async def test_bind_error_is_in_the_result(
     r = await client.post("/bind", json={"PodName": "p", "PodNamespace": "default",
                                          "PodUID": meta["uid"], "Node": "a"})
     assert r.status == 200 and "binding failed" in (await r.json())["Error"]
+
+
+@pytest.mark.parametrize("body", [
+    b"[" * 100000 + b"]" * 100000,
+    b'{"Pod":' + b"[" * 100000 + b"]" * 100000 + b"}",
+    b'{"Pod": ' + b'{"a":' * 50000 + b"1" + b"}" * 50000 + b', "NodeNames": ["a"]}',
+    b'{"Pod": {}, "NodeNames": ' + b"1" * 5000 + b"}",
+    b"\xff\xfe",
+    b'{"Pod": {}, "NodeNames": 5}',
+    b'{"Pod": {"spec": {"containers": [5]}}, "Nodes": {"items": [{"metadata": null}]}}',
+])
+async def test_any_body_the_extender_cannot_parse_answers_400(
+    setup: tuple[TestClient, FakeApi, asyncio.Event], body: bytes,
+) -> None:
+    """F9: deeply nested JSON (RecursionError) and integers too long to convert answered
+    500; every unparsable body is the client's mistake, 400."""
+    client, _, synced = setup
+    synced.set()
+    for verb in ("filter", "prioritize", "bind"):
+        r = await client.post(f"/{verb}", data=body)
+        assert r.status in (200, 400), (verb, r.status, await r.text())
+        if r.status == 400:
+            assert f"malformed {verb} request" in (await r.json())["Error"]
+    r = await client.post("/filter", data=body)
+    assert r.status == 400
+
+
+async def test_a_5000_digit_quantity_is_an_unresolvable_request_not_a_500(
+    setup: tuple[TestClient, FakeApi, asyncio.Event],
+) -> None:
+    client, _, synced = setup
+    synced.set()
+    p = pod(containers=[{"egpu.io/gpu": 1}])
+    p["spec"]["containers"][0]["resources"]["limits"]["egpu.io/gpu-cores"] = "1" * 5000
+    r = await client.post("/filter", json={"Pod": p, "NodeNames": ["a"]})
+    assert r.status == 200
+    (reason,) = (await r.json())["FailedAndUnresolvableNodes"].values()
+    assert f"egpu.io/gpu-cores='{'1' * 40}...' is not allowed (not a whole number (longer " \
+           "than 40 characters))" in reason

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -84,11 +85,21 @@ def _check_ledger(state: ClusterState, caps: dict[str, dict[str, int]], any_over
             assert 0 <= used.slots <= CONFIG.shares_per_card
 
 
+def _shrunk(text: str) -> str:
+    """The allocation with every card's memory and cores cut to 1 (a user's edit)."""
+    data = json.loads(text)
+    for entry in data["containers"]:
+        for card in entry["cards"]:
+            card["memory_mib"], card["cores"] = 1, 0
+    return json.dumps(data)
+
+
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("add"), pod_spec, st.sampled_from(["reserve", "observe"])),
         st.tuples(st.just("remove"), st.integers(0, 50),
-                  st.sampled_from(["delete", "finished", "annotation-gone", "unreserve"])),
+                  st.sampled_from(["delete", "finished", "annotation-gone", "annotation-edited",
+                                   "unreserve"])),
     ),
     min_size=1, max_size=25,
 )
@@ -128,9 +139,18 @@ def test_never_overbooks_whatever_the_order_of_adds_and_removes(
             elif how == "finished":
                 state.observe_pod({**p, "status": {"phase": "Succeeded"}})
                 state.unreserve(uid)
-            elif how == "annotation-gone":
-                state.observe_pod({**p, "metadata": {**p["metadata"], "annotations": {}}})
+            elif how in ("annotation-gone", "annotation-edited"):
+                # F2: a removed or edited annotation releases and shrinks nothing (the first
+                # allocation seen stands until the pod is deleted or finishes)
+                before = state.booking(uid)
+                edited = {**p["metadata"]["annotations"]} if how == "annotation-edited" else {}
+                if edited.get("egpu.io/allocation"):
+                    edited["egpu.io/allocation"] = _shrunk(edited["egpu.io/allocation"])
+                state.observe_pod({**p, "metadata": {**p["metadata"], "annotations": edited}})
                 state.unreserve(uid)
+                if p["metadata"]["annotations"].get("egpu.io/allocation"):  # it was observed
+                    assert state.booking(uid) == before
+                live.append(p)  # still booked until deleted
             else:
                 state.unreserve(uid)
                 state.delete_pod(uid)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from egpu.config import Config, load_config
 from egpu.requests import ContainerKind, Share, model_matches, read_pod
@@ -155,3 +157,45 @@ def test_malformed_input_never_raises() -> None:
     for thing in (None, 1, "x", {"spec": 5}, {"spec": {"containers": [5, None, {"resources": 3}]}},
                   {"spec": {"containers": [{"resources": {"limits": {"egpu.io/gpu": None}}}]}}):
         read_pod(thing, Config())  # type: ignore[arg-type]
+
+
+# --- F9: quantities too long to print never raise --------------------------------------------
+
+
+def _pod_with(value: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {
+        "limits": {"egpu.io/gpu": "1", "egpu.io/gpu-cores": value,
+                   "egpu.io/gpu-memory": value}}}]}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(digits=st.integers(41, 20000), suffix=st.sampled_from(["", "k", "E", "e9", ".0", "e-5"]),
+       lead=st.sampled_from(["1", "9", "+1", "0"]), as_int=st.booleans())
+def test_huge_quantities_are_refused_never_raise(digits: int, suffix: str, lead: str,
+                                                 as_int: bool) -> None:
+    text = lead + "7" * (digits - len(lead)) + suffix
+    value: Any = int(text) if as_int and not suffix and lead != "+1" and digits < 4300 else text
+    if as_int and not isinstance(value, int):
+        value = 10 ** digits  # an int too long for str() (beyond 4300 digits)
+    reading = read_pod(_pod_with(value))
+    assert reading.request is None and len(reading.errors) == 2
+    for error in reading.errors:
+        message = error.message  # never raises (ValueError: int string conversion limit)
+        assert "not a whole number" in message and len(message) < 400, message
+
+
+def test_a_5000_digit_quantity_gets_a_clear_truncated_message() -> None:
+    reading = read_pod(_pod_with("1" * 5000))
+    assert reading.errors[0].message == (
+        f"container 'c': egpu.io/gpu-cores='{'1' * 40}...' is not allowed (not a whole number "
+        "(longer than 40 characters)); allowed: an integer 1..100 (%)")
+    reading = read_pod(_pod_with(10**5000))
+    assert reading.errors[0].message.startswith(
+        "container 'c': egpu.io/gpu-cores='<an integer of about 5001 digits>' is not allowed "
+        "(not a whole number (longer than 40 characters))")
+
+
+@pytest.mark.parametrize("value", ["1" * 40, "100", 10**39, "1" * 38 + "e1"])
+def test_quantities_up_to_40_characters_still_parse(value: Any) -> None:
+    reading = read_pod(_pod_with(value))
+    assert all("not a whole number" not in e.message for e in reading.errors)

@@ -22,7 +22,24 @@ def _objects() -> dict[str, dict[str, Any]]:
 
 def test_every_object_present() -> None:
     assert set(_objects()) == {"ServiceAccount", "Deployment", "PodDisruptionBudget", "Service",
-                               "MutatingWebhookConfiguration"}
+                               "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                               "ValidatingAdmissionPolicyBinding"}
+
+
+def test_pod_fields_policy_covers_pod_create_and_update_not_the_binding() -> None:
+    """F2: egpu.io/allocation and the egpu.io/priority label are written once."""
+    objects = _objects()
+    policy = objects["ValidatingAdmissionPolicy"]
+    binding = objects["ValidatingAdmissionPolicyBinding"]
+    assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["pods"]  # not pods/binding: the extender's Binding passes
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    text = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    assert "egpu.io/allocation" in text and "egpu.io/priority" in text
 
 
 def test_webhook_configuration() -> None:
@@ -70,5 +87,6 @@ def test_deployment_service_pdb_fit_together() -> None:
     assert "--config=/etc/egpu/config/config.yaml" in args
     assert objects["Service"]["spec"]["ports"][0]["targetPort"] == "https"
     for obj in objects.values():
-        if obj["kind"] != "MutatingWebhookConfiguration":
+        if obj["kind"] not in ("MutatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                               "ValidatingAdmissionPolicyBinding"):  # cluster-scoped
             assert obj["metadata"]["namespace"] == "egpu-system"

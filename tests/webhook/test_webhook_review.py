@@ -22,9 +22,8 @@ ENV_HIGH = [
     {"name": "EGPU_COMPUTE_POLICY", "value": "strict"},
     {"name": "EGPU_MEMORY_OVERSUBSCRIPTION", "value": "false"},
 ]
-MOUNT = {"name": "egpu-runtime", "mountPath": "/var/run/egpu"}
-VOLUME = {"name": "egpu-runtime", "hostPath": {"path": "/var/run/egpu",
-                                               "type": "DirectoryOrCreate"}}
+OLD_VOLUME = {"name": "egpu-runtime", "hostPath": {"path": "/var/run/egpu",
+                                                   "type": "DirectoryOrCreate"}}
 
 
 def second_pass(pod: dict[str, Any], config: Config | None = None) -> dict[str, Any]:
@@ -201,13 +200,15 @@ def test_fc08d_cpu_and_memory_only_no_patch() -> None:
 # --- the mutation -----------------------------------------------------------------------
 
 
-def test_label_env_volume_and_mount_added() -> None:
+def test_label_and_env_added_but_no_volume() -> None:
+    """F1: the node's /var/run/egpu is never mounted into a pod (the hook mounts only the
+    container's own folder and card files)."""
     pod = admitted(make_pod(container(limits=GPU), container("cpu", limits={"cpu": "1"})))
     assert pod["metadata"]["labels"] == {"egpu.io/priority": "high"}
     gpu, cpu = pod["spec"]["containers"]
-    assert gpu["env"] == ENV_HIGH and gpu["volumeMounts"] == [MOUNT]
+    assert gpu["env"] == ENV_HIGH and "volumeMounts" not in gpu
     assert "env" not in cpu and "volumeMounts" not in cpu
-    assert pod["spec"]["volumes"] == [VOLUME]
+    assert "volumes" not in pod["spec"]
 
 
 def test_label_key_escaped_as_json_pointer_and_maps_created() -> None:
@@ -256,23 +257,43 @@ def test_env_updated_when_wrong_added_when_missing_others_kept() -> None:
     ]
 
 
-def test_correct_env_mount_volume_left_as_written() -> None:
+def test_correct_env_and_authors_mounts_left_as_written() -> None:
     pod = make_pod(container(limits=GPU, env=list(reversed(ENV_HIGH)),
-                             volumeMounts=[{"name": "data", "mountPath": "/data"}, MOUNT]),
+                             volumeMounts=[{"name": "data", "mountPath": "/data"},
+                                           {"name": "mine", "mountPath": "/var/run/egpu"}]),
                    labels={"egpu.io/priority": "high"}, schedulerName="egpu-scheduler",
-                   volumes=[VOLUME, {"name": "data", "emptyDir": {}}])
+                   volumes=[{"name": "mine", "emptyDir": {}}, {"name": "data", "emptyDir": {}}])
     assert answer(pod) == {"uid": "uid-1", "allowed": True}
 
 
-def test_conflicting_mount_and_volume_replaced() -> None:
-    pod = make_pod(container(limits=GPU, volumeMounts=[
-        {"name": "mine", "mountPath": "/var/run/egpu", "readOnly": True},
-        {"name": "egpu-runtime", "mountPath": "/var/run/egpu/"}]),
-        volumes=[{"name": "egpu-runtime", "emptyDir": {}}, {"name": "mine", "emptyDir": {}}])
-    out = admitted(pod)
-    assert out["spec"]["containers"][0]["volumeMounts"] == [MOUNT]
-    assert out["spec"]["volumes"] == [VOLUME, {"name": "mine", "emptyDir": {}}]
-    assert second_pass(pod) == {"uid": "uid-1", "allowed": True}
+@pytest.mark.parametrize("path", [
+    "/var/run/egpu", "/var/run/egpu/", "/var/run/egpu/cards", "/run/egpu/containers/x",
+    "/var/run/egpu-node", "/run/egpu-node/allocations", "/var/run", "/run", "/var", "/",
+    "//", "/var/run/../run/egpu", "/var/./run/egpu"])
+def test_host_path_reaching_egpu_folders_denied(path: str) -> None:
+    """F1: a pod that can write the node's egpu folders can plant links for the hook or
+    rewrite other shares' regions (an old pod spec's egpu-runtime volume included)."""
+    pod = make_pod(container(limits=GPU, volumeMounts=[{"name": "rt", "mountPath": "/x"}]),
+                   volumes=[{"name": "rt", "hostPath": {"path": path}}])
+    out = answer(pod)
+    assert out["allowed"] is False and out["status"]["code"] == 403
+    assert out["status"]["message"] == (
+        f"volume 'rt': hostPath.path={path!r} is not allowed in a pod with an egpu share (it "
+        "reaches egpu's node folders /run/egpu, /run/egpu-node, /var/run/egpu, "
+        "/var/run/egpu-node; the runtime hook mounts each container's own accounting folder "
+        "and card regions itself); allowed: a hostPath outside them (or allowPrivileged: "
+        "true in the egpu config)")
+    assert answer(make_pod(container(limits=GPU), volumes=[OLD_VOLUME]))["allowed"] is False
+    assert answer(pod, load_config("allowPrivileged: true"))["allowed"] is True
+    # a pod without a share is not egpu's to judge
+    assert answer(make_pod(container(limits={"cpu": "1"}), volumes=[OLD_VOLUME]))["allowed"]
+
+
+@pytest.mark.parametrize("path", ["/var/run/egpux", "/data", "/var/lib/kubelet", "/run/egp",
+                                  "relative"])
+def test_other_host_paths_allowed(path: str) -> None:
+    pod = make_pod(container(limits=GPU), volumes=[{"name": "d", "hostPath": {"path": path}}])
+    assert answer(pod)["allowed"] is True
 
 
 def test_aliases_rewritten_in_limits_and_requests() -> None:
@@ -312,7 +333,7 @@ def test_fc07_init_container_gpu_routed_and_mutated() -> None:
     pod = admitted(make_pod(app, init=(init,)))
     assert pod["spec"]["schedulerName"] == "egpu-scheduler"
     for c in (*pod["spec"]["initContainers"], *pod["spec"]["containers"]):
-        assert c["env"] == ENV_HIGH and c["volumeMounts"] == [MOUNT]
+        assert c["env"] == ENV_HIGH and "volumeMounts" not in c
 
 
 def test_fc07_variant_app_container_without_gpu() -> None:
@@ -320,10 +341,9 @@ def test_fc07_variant_app_container_without_gpu() -> None:
     pod = admitted(make_pod(container("server", limits={"cpu": "2"}), init=(init,)))
     assert pod["spec"]["schedulerName"] == "egpu-scheduler"
     assert pod["metadata"]["labels"]["egpu.io/priority"] == "high"
-    assert pod["spec"]["initContainers"][0]["volumeMounts"] == [MOUNT]
-    assert "volumeMounts" not in pod["spec"]["containers"][0]
+    assert pod["spec"]["initContainers"][0]["env"] == ENV_HIGH
     assert "env" not in pod["spec"]["containers"][0]
-    assert pod["spec"]["volumes"] == [VOLUME]
+    assert "volumes" not in pod["spec"]
 
 
 # --- FC-09 and other denials ----------------------------------------------------------------
@@ -412,3 +432,68 @@ def test_binary_suffixes_and_fractions_still_denied(written: str) -> None:
     response = answer(make_pod(container(limits={"egpu.io/gpu-memory": written})))
     assert response["allowed"] is False and f"egpu.io/gpu-memory='{written}'" in (
         response["status"]["message"])
+
+
+@pytest.mark.parametrize("limits", [GPU, {"cpu": "1"}])
+def test_a_pod_created_with_an_allocation_annotation_is_denied(limits: dict[str, str]) -> None:
+    """F2: only the extender writes egpu.io/allocation (in its Binding); a hand-written one
+    would book cards (or, edited later, shrink or lift a share)."""
+    text = ('{"version":1,"node":"n1","containers":[{"name":"c","init":false,"cards":'
+            '[{"uuid":"GPU-0","index":0,"memory_mib":1,"cores":0}]}]}')
+    pod = make_pod(container(limits=limits), annotations={"egpu.io/allocation": text})
+    response = answer(pod)
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 403 and response["status"]["reason"] == "Forbidden"
+    assert response["status"]["message"] == (
+        "pod annotation egpu.io/allocation is not allowed at creation: it is set by the egpu "
+        "scheduler extender at bind time; remove it")
+    assert answer(make_pod(container(limits=limits),
+                           annotations={"egpu.io/allocation": ""}))["allowed"] is False
+    # updates are the ValidatingAdmissionPolicy's (manifests/webhook); ignored namespaces too
+    pod["metadata"]["namespace"] = "kube-system"
+    assert answer(pod)["allowed"] is True
+
+
+@pytest.mark.parametrize("cap", ["SYS_ADMIN", "CAP_SYS_ADMIN", "sys_ptrace", "SYS_MODULE",
+                                 "ALL", "all"])
+def test_dangerous_capabilities_with_a_share_denied_unless_allowed(cap: str) -> None:
+    """F8: SYS_ADMIN unmounts the interposer or its config, SYS_PTRACE reaches other
+    processes' accounting, SYS_MODULE loads kernel code, ALL holds them all."""
+    context = {"capabilities": {"add": ["NET_ADMIN", cap]}}
+    pod = make_pod(container("gpu", limits=GPU, securityContext=context))
+    response = answer(pod)
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    assert response["status"]["message"] == (
+        f"container 'gpu': securityContext.capabilities.add={cap!r} is not allowed with an "
+        "egpu share (it can unmount the interposer or its read-only config, or reach other "
+        "processes' memory); allowed: any capability but SYS_ADMIN, SYS_PTRACE, SYS_MODULE, "
+        "ALL (or allowPrivileged: true in the egpu config)")
+    assert answer(pod, replace(Config(), allow_privileged=True))["allowed"] is True
+    # a container without a share may add what it likes; harmless capabilities pass
+    assert answer(make_pod(container("gpu", limits=GPU),
+                           container("net", limits={"cpu": "1"}, securityContext=context),
+                           ))["allowed"] is True
+    assert answer(make_pod(container("gpu", limits=GPU, securityContext={
+        "capabilities": {"add": ["NET_ADMIN", "SYS_NICE"], "drop": ["ALL"]}})))["allowed"]
+
+
+def test_an_init_container_with_a_share_is_checked_too() -> None:
+    init = container("warm", limits=GPU, securityContext={"capabilities": {"add": ["ALL"]}})
+    response = answer(make_pod(container("app", limits={"cpu": "1"}), init=(init,)))
+    assert response["allowed"] is False and "container 'warm'" in response["status"]["message"]
+
+
+@pytest.mark.parametrize("field", ["hostPID", "hostIPC"])
+def test_host_pid_and_ipc_with_a_share_denied_unless_allowed(field: str) -> None:
+    """F8: hostPID reaches every process of the node (/proc/<pid>/root, their regions);
+    hostIPC their shared memory."""
+    pod = make_pod(container("gpu", limits=GPU), **{field: True})
+    response = answer(pod)
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    assert response["status"]["message"] == (
+        f"spec.{field}=true is not allowed for a pod with an egpu share (it reaches other "
+        "pods' processes and shared memory, their accounting and their CUDA contexts); "
+        "allowed: false (or allowPrivileged: true in the egpu config)")
+    assert answer(pod, replace(Config(), allow_privileged=True))["allowed"] is True
+    assert answer(make_pod(container("gpu", limits=GPU), **{field: False}))["allowed"] is True
+    assert answer(make_pod(container("cpu", limits={"cpu": "1"}), **{field: True}))["allowed"]

@@ -1,0 +1,63 @@
+"""F2: the node agent writes a pod's allocation file once and never rewrites it (an edited
+``egpu.io/allocation`` or ``egpu.io/priority`` label after binding must not lift a share)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from egpu.config import Config
+from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
+from node_agent.pods import PodRegistry
+
+CFG = Config()
+
+
+def _pod(memory: int = 4096, cores: int = 30, priority: str = "low") -> dict[str, Any]:
+    allocation = Allocation(containers=(ContainerAllocation("c0", False, (
+        CardShare("GPU-0", 0, memory, cores),)),), node="n1")
+    return {"metadata": {"name": "a", "namespace": "team", "uid": "uid-A",
+                         "labels": {"egpu.io/priority": priority},
+                         "annotations": {"egpu.io/allocation": allocation.encode()}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c0", "resources": {
+                "limits": {"egpu.io/gpu": "1", "egpu.io/gpu-memory": str(memory),
+                           "egpu.io/gpu-cores": str(cores)}}}]},
+            "status": {"phase": "Running"}}
+
+
+def _file(tmp_path: Path) -> PodShares:
+    return PodShares.decode((tmp_path / "private" / "allocations" / "uid-A.json").read_text())
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_an_edited_allocation_or_priority_never_rewrites_the_file(
+        tmp_path: Path, restart: bool, caplog: pytest.LogCaptureFixture) -> None:
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    first = registry.update(_pod())
+    assert first is not None and _file(tmp_path) == first
+    if restart:  # a restarted agent finds the file on disk
+        registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    lifted = _pod(memory=24576, cores=100, priority="high")
+    with caplog.at_level(logging.WARNING, logger="node_agent.pods"):
+        kept = registry.update(lifted)
+        registry.update(lifted)  # logged once
+    assert kept == first and _file(tmp_path) == first
+    assert registry.shares()["uid-A"] == first
+    assert [p.share.cards[0].memory_mib for p in registry.pending()] == [4096]
+    warnings = [r.getMessage() for r in caplog.records if "uid-A" in r.getMessage()]
+    assert len(warnings) == 1 and "team/a" in warnings[0] and "ignored" in warnings[0]
+    assert json.loads((tmp_path / "private" / "allocations" / "uid-A.json").read_text())[
+        "priority"] == "low"
+
+
+def test_a_deleted_pod_file_is_removed_and_a_new_uid_gets_its_own(tmp_path: Path) -> None:
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    registry.update(_pod())
+    registry.delete("uid-A")
+    assert not (tmp_path / "private" / "allocations" / "uid-A.json").exists()
+    assert registry.update(_pod(memory=8000)) == _file(tmp_path)
+    assert _file(tmp_path).allocation.containers[0].cards[0].memory_mib == 8000

@@ -1,0 +1,125 @@
+"""F2: an ``egpu.io/allocation`` annotation edited (or hand-written) after binding books nothing
+more and releases nothing (/tmp/break/py/ann_attack.py steps 1-4)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from egpu.config import Config
+from scheduler.extender import Extender
+from scheduler.state import ClusterState
+
+from .helpers import NOW, cards, limits, node, pod
+
+CFG = Config()
+
+
+class Api:
+    def __init__(self) -> None:
+        self.bound: dict[str, tuple[str, dict[str, str] | None]] = {}
+
+    async def get_pod(self, namespace: str, name: str) -> None:
+        return None
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: dict[str, str] | None = None) -> None:
+        self.bound[uid] = (node, annotations)
+
+
+def _bound(memory: int = 20000) -> tuple[ClusterState, Extender, dict[str, Any], str]:
+    """A 24576 MiB card with pod A (``memory`` MiB) bound by the extender and observed."""
+    state = ClusterState(CFG)
+    state.upsert_node(node("n1", cards(1, memory=24576)))
+    api = Api()
+    ext = Extender(state, CFG, api, clock=lambda: NOW)
+    a = pod("a", containers=[limits(memory=memory)], uid="uid-A")
+    state.observe_pod(a)
+    result = asyncio.run(ext.bind({"PodNamespace": "default", "PodName": "a",
+                                   "PodUID": "uid-A", "Node": "n1"}))
+    assert not result.get("Error")
+    text = api.bound["uid-A"][1]["egpu.io/allocation"]  # type: ignore[index]
+    a["spec"]["nodeName"] = "n1"
+    a["metadata"]["annotations"]["egpu.io/allocation"] = text
+    a["status"]["phase"] = "Running"
+    state.observe_pod(a)
+    return state, ext, a, text
+
+
+def _edited(a: dict[str, Any], text: str | None) -> dict[str, Any]:
+    out = json.loads(json.dumps(a))
+    if text is None:
+        del out["metadata"]["annotations"]["egpu.io/allocation"]
+    else:
+        out["metadata"]["annotations"]["egpu.io/allocation"] = text
+    return out
+
+
+def _shrunk(text: str) -> str:
+    data = json.loads(text)
+    data["containers"][0]["cards"][0]["memory_mib"] = 1
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize("edit", ["shrunk", "removed", "garbage"])
+def test_an_edited_annotation_neither_shrinks_nor_releases_the_booking(
+        edit: str, caplog: pytest.LogCaptureFixture) -> None:
+    state, ext, a, text = _bound()
+    before = state.usage("n1")
+    new = {"shrunk": _shrunk(text), "removed": None, "garbage": "{not json"}[edit]
+    with caplog.at_level(logging.WARNING, logger="egpu.scheduler"):
+        state.observe_pod(_edited(a, new))
+        state.observe_pod(_edited(a, new))  # logged once
+    assert state.usage("n1") == before
+    assert state.booking("uid-A").allocation.encode() == text  # type: ignore[union-attr]
+    warnings = [r.getMessage() for r in caplog.records if "uid-A" in r.getMessage()]
+    assert len(warnings) == 1 and "default/a" in warnings[0] and "ignored" in warnings[0]
+    b = pod("b", containers=[limits(memory=20000)], uid="uid-B")
+    state.observe_pod(b)
+    assert ext.filter({"Pod": b, "NodeNames": ["n1"]})["NodeNames"] == []  # no overbooking
+    # finishing or deleting still releases it
+    state.observe_pod({**_edited(a, new), "status": {"phase": "Succeeded"}})
+    assert state.booking("uid-A") is None
+
+
+def test_an_edit_racing_the_watch_after_the_bind_is_ignored_too() -> None:
+    """The watch's first sight of the bound pod already shows an edited annotation: the
+    extender's own bind (its reservation) says what the pod books."""
+    state = ClusterState(CFG)
+    state.upsert_node(node("n1", cards(1, memory=24576)))
+    api = Api()
+    ext = Extender(state, CFG, api, clock=lambda: NOW)
+    a = pod("a", containers=[limits(memory=20000)], uid="uid-A")
+    state.observe_pod(a)
+    asyncio.run(ext.bind({"PodNamespace": "default", "PodName": "a", "PodUID": "uid-A",
+                          "Node": "n1"}))
+    text = api.bound["uid-A"][1]["egpu.io/allocation"]  # type: ignore[index]
+    a["spec"]["nodeName"] = "n1"
+    state.observe_pod(_edited(a, _shrunk(text)))
+    assert state.booking("uid-A").allocation.encode() == text  # type: ignore[union-attr]
+    state.expire_reservations(max_age_s=-1)  # even once the reservation is gone
+    assert state.booking("uid-A").allocation.encode() == text  # type: ignore[union-attr]
+    assert sum(u.memory_mib for u in state.usage("n1").values()) == 20000
+
+
+def test_a_pod_without_egpu_resources_books_nothing_whatever_it_carries() -> None:
+    state = ClusterState(CFG)
+    state.upsert_node(node("n1", cards(2, memory=24576)))
+    fake = json.dumps({"version": 1, "node": "n1", "containers": [{"name": "c0", "init": False,
+                       "cards": [{"uuid": "GPU-0", "index": 0, "memory_mib": 10**9,
+                                  "cores": 100}]}]})
+    squatter = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "squatter", "namespace": "other", "uid": "uid-S",
+                             "annotations": {"egpu.io/allocation": fake}},
+                "spec": {"schedulerName": "nonexistent",
+                         "containers": [{"name": "c0", "image": "busybox"}]},
+                "status": {"phase": "Pending"}}
+    state.observe_pod(squatter)
+    assert state.booking("uid-S") is None and state.bookings() == {}
+    ext = Extender(state, CFG, Api(), clock=lambda: NOW)
+    c = pod("c", containers=[limits(memory=1000)], uid="uid-C")
+    assert ext.filter({"Pod": c, "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
