@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include "fake_common.h"
 
@@ -41,8 +42,15 @@ struct CUmemPoolHandle_st {
     uint64_t reserved, used, threshold, reserved_high, used_high;
     struct CUmemPoolHandle_st *next;
 };
-typedef struct { uint32_t magic; int dev; uint64_t size; CUmemAllocationProp prop; } vmm_handle;
-typedef struct { uint32_t magic; int dev; uint64_t bytes; } arr_handle;
+/* A physical VMM allocation. As the driver: the memory is freed only when every handle to it
+ * is released (cuMemCreate/cuMemImportFromShareableHandle/cuMemRetainAllocationHandle each
+ * add one) AND every mapping of it is unmapped (refs and nmaps under g_mu). */
+typedef struct {
+    uint32_t magic; int dev; uint64_t size; CUmemAllocationProp prop;
+    int refs, nmaps;
+    int imported; /* an import of another allocation: its card memory is the exporter's */
+} vmm_handle;
+typedef struct { uint32_t magic; int dev; uint64_t bytes; struct CUctx_st *ctx; } arr_handle;
 
 /* ---- global driver state ------------------------------------------------------------ */
 static atomic_int g_inited;
@@ -64,8 +72,12 @@ static __thread struct CUctx_st *t_stack[32];
 static __thread int t_depth;
 
 /* ---- allocation table (ptr -> size, card, pool) ------------------------------------ */
-typedef struct alloc_ent { uint64_t ptr, size; int dev; int kind; struct CUmemPoolHandle_st *pool; struct alloc_ent *next; } alloc_ent;
-enum { K_DEV = 1, K_MANAGED, K_HOST, K_POOL, K_RESERVE };
+typedef struct alloc_ent {
+    uint64_t ptr, size; int dev; int kind; struct CUmemPoolHandle_st *pool; struct alloc_ent *next;
+    struct CUctx_st *ctx; /* K_DEV/K_MANAGED: the owning context (freed with it) */
+    vmm_handle *vmm;      /* K_MAP: the mapped allocation */
+} alloc_ent;
+enum { K_DEV = 1, K_MANAGED, K_HOST, K_POOL, K_RESERVE, K_MAP, K_ARR };
 #define NBUCKET 4096
 static alloc_ent *g_tab[NBUCKET];
 static unsigned hsh(uint64_t p) { return (unsigned)((p >> 12) * 0x9E3779B97F4A7C15ull >> 52) % NBUCKET; }
@@ -74,7 +86,7 @@ static void tab_put(uint64_t ptr, uint64_t size, int dev, int kind, struct CUmem
 {
     alloc_ent *e = malloc(sizeof *e);
     if (!e) abort();
-    *e = (alloc_ent){ptr, size, dev, kind, pool, NULL};
+    *e = (alloc_ent){ptr, size, dev, kind, pool, NULL, t_depth > 0 ? t_stack[t_depth - 1] : NULL, NULL};
     pthread_mutex_lock(&g_mu);
     e->next = g_tab[hsh(ptr)];
     g_tab[hsh(ptr)] = e;
@@ -294,6 +306,25 @@ FG_EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *p, unsigned i
     return ctx_new(c, d);
 }
 
+static int managed_host(void);
+/* As the driver: destroying a context (or the primary context going down) frees the memory
+ * allocated in it: linear allocations and arrays. Pools and VMM allocations are not owned by
+ * a context. */
+static void free_ctx_memory(struct CUctx_st *c)
+{
+    pthread_mutex_lock(&g_mu);
+    for (int b = 0; b < NBUCKET; b++)
+        for (alloc_ent **pp = &g_tab[b]; *pp;) {
+            alloc_ent *e = *pp;
+            if (e->ctx != c || (e->kind != K_DEV && e->kind != K_MANAGED && e->kind != K_ARR)) { pp = &e->next; continue; }
+            *pp = e->next;
+            if (e->kind == K_ARR) ((arr_handle *)(uintptr_t)e->ptr)->magic = 0; /* kept, poisoned */
+            if (!(e->kind == K_MANAGED && managed_host())) fg_uncharge(card_of(e->dev), e->size);
+            free(e);
+        }
+    pthread_mutex_unlock(&g_mu);
+}
+
 static void drop_from_stacks(struct CUctx_st *c)
 {
     for (int i = 0; i < t_depth; i++)
@@ -312,6 +343,7 @@ FG_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     c->alive = 0;
     if (g_ctx_bytes) fg_uncharge(card_of(c->dev), g_ctx_bytes);
+    free_ctx_memory(c);
     drop_from_stacks(c);
     return CUDA_SUCCESS; /* the struct is kept (poisoned) so stale handles are detected */
 }
@@ -390,10 +422,13 @@ FG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
     return r;
 }
 
-static void primary_down(CUdevice d)
+static void primary_down(CUdevice d) /* g_mu held */
 {
     g_primary[d].alive = 0;
     if (g_ctx_bytes) fg_uncharge(card_of(d), g_ctx_bytes);
+    pthread_mutex_unlock(&g_mu);
+    free_ctx_memory(&g_primary[d]);
+    pthread_mutex_lock(&g_mu);
 }
 
 FG_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
@@ -802,6 +837,9 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool p, CUstr
     if (r != CUDA_SUCCESS) return r;
     if (!p) p = g_cur_pool[c->dev];
     if (!pool_ok(p)) return CUDA_ERROR_INVALID_VALUE;
+    static int delay_us = -1; /* FAKEGPU_POOL_ALLOC_DELAY_US: widen race windows in tests */
+    if (delay_us < 0) { const char *e = getenv("FAKEGPU_POOL_ALLOC_DELAY_US"); delay_us = e ? atoi(e) : 0; }
+    if (delay_us > 0) usleep((useconds_t)delay_us);
     pthread_mutex_lock(&g_mu);
     uint64_t cached = p->reserved - p->used;
     if (cached < size) {
@@ -994,27 +1032,44 @@ FG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, con
     if (dev >= 0 && fg_charge(card_of(dev), size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     vmm_handle *v = calloc(1, sizeof *v);
     if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
-    *v = (vmm_handle){VMM_MAGIC, dev, size, *prop};
+    *v = (vmm_handle){VMM_MAGIC, dev, size, *prop, 1, 0, 0};
     *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
     return CUDA_SUCCESS;
+}
+
+/* g_mu held: frees the allocation once it has no handle and no mapping left. */
+static void vmm_maybe_free_locked(vmm_handle *v)
+{
+    if (v->refs > 0 || v->nmaps > 0) return;
+    if (v->dev >= 0 && !v->imported) fg_uncharge(card_of(v->dev), v->size);
+    v->magic = 0;
+    free(v);
+}
+
+static vmm_handle *vmm_live(CUmemGenericAllocationHandle h)
+{
+    vmm_handle *v = (vmm_handle *)(uintptr_t)h;
+    return v && v->magic == VMM_MAGIC && v->refs > 0 ? v : NULL;
 }
 
 FG_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
     NEED_INIT();
-    vmm_handle *v = (vmm_handle *)(uintptr_t)h;
-    if (!v || v->magic != VMM_MAGIC) return CUDA_ERROR_INVALID_VALUE;
-    if (v->dev >= 0) fg_uncharge(card_of(v->dev), v->size);
-    v->magic = 0;
-    free(v);
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_mu);
+    vmm_handle *v = vmm_live(h);
+    if (v) {
+        v->refs--;
+        vmm_maybe_free_locked(v); /* still mapped: the memory stays until the last unmap */
+    }
+    pthread_mutex_unlock(&g_mu);
+    return v ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 FG_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h)
 {
     NEED_INIT();
-    vmm_handle *v = (vmm_handle *)(uintptr_t)h;
-    if (!prop || !v || v->magic != VMM_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    vmm_handle *v = vmm_live(h);
+    if (!prop || !v) return CUDA_ERROR_INVALID_VALUE;
     *prop = v->prop;
     return CUDA_SUCCESS;
 }
@@ -1039,18 +1094,114 @@ FG_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     return CUDA_SUCCESS;
 }
 
+/* Mappings (K_MAP entries), a plain list under g_mu: few per process. */
+static alloc_ent *g_maps;
+
+/* g_mu held: the mapping that covers address a, or NULL. */
+static alloc_ent *map_at_locked(uint64_t a, uint64_t *start)
+{
+    for (alloc_ent *e = g_maps; e; e = e->next)
+        if (a >= e->ptr && a - e->ptr < e->size) { *start = e->ptr; return e; }
+    return NULL;
+}
+
 FG_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags)
 {
     NEED_INIT();
-    vmm_handle *v = (vmm_handle *)(uintptr_t)h;
-    if (!ptr || !size || flags || !v || v->magic != VMM_MAGIC || offset + size > v->size) return CUDA_ERROR_INVALID_VALUE;
+    if (!ptr || !size || flags || ptr % GRAN || size % GRAN || offset % GRAN) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    vmm_handle *v = vmm_live(h);
+    uint64_t st;
+    CUresult r = CUDA_SUCCESS;
+    if (!v || offset > v->size || size > v->size - offset) r = CUDA_ERROR_INVALID_VALUE;
+    else if (map_at_locked(ptr, &st) || map_at_locked(ptr + size - 1, &st)) r = CUDA_ERROR_INVALID_VALUE; /* already mapped */
+    else v->nmaps++;
+    pthread_mutex_unlock(&g_mu);
+    if (r != CUDA_SUCCESS) return r;
+    alloc_ent *e = malloc(sizeof *e);
+    if (!e) abort();
+    *e = (alloc_ent){ptr, size, v->dev, K_MAP, NULL, NULL, NULL, v};
+    pthread_mutex_lock(&g_mu);
+    e->next = g_maps;
+    g_maps = e;
+    pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
 
+/* As the driver: the range must be whole mappings (one or several contiguous ones); an
+ * allocation whose handles are all released is freed with its last mapping. */
 FG_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     NEED_INIT();
     if (!ptr || !size || size % GRAN) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    uint64_t a = ptr, end = ptr + size, st;
+    CUresult r = CUDA_SUCCESS;
+    while (a < end) { /* validate first: all or nothing */
+        alloc_ent *e = map_at_locked(a, &st);
+        if (!e || st != a || e->size > end - a) { r = CUDA_ERROR_INVALID_VALUE; break; }
+        a += e->size;
+    }
+    for (a = ptr; r == CUDA_SUCCESS && a < end;) {
+        alloc_ent **pp = &g_maps;
+        while ((*pp)->ptr != a) pp = &(*pp)->next;
+        alloc_ent *e = *pp;
+        *pp = e->next;
+        a += e->size;
+        e->vmm->nmaps--;
+        vmm_maybe_free_locked(e->vmm);
+        free(e);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+/* A new reference to the allocation mapped at addr (released with cuMemRelease). */
+FG_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr)
+{
+    NEED_INIT();
+    if (!h || !addr) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    uint64_t st;
+    alloc_ent *e = map_at_locked((uint64_t)(uintptr_t)addr, &st);
+    if (e) {
+        e->vmm->refs++;
+        *h = (CUmemGenericAllocationHandle)(uintptr_t)e->vmm;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Shareable handles (POSIX file descriptor only): the descriptor is a memfd holding the
+ * allocation's description. An import is a new handle to the same physical memory: it costs
+ * the card nothing more (the exporter's charge stays while the exporter holds it). */
+typedef struct { uint32_t magic; int dev; uint64_t size; CUmemAllocationProp prop; } vmm_export;
+FG_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type, unsigned long long flags)
+{
+    NEED_INIT();
+    vmm_handle *v = vmm_live(h);
+    if (!out || !v || flags) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !(v->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = memfd_create("fakegpu-vmm", MFD_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    vmm_export x = {VMM_MAGIC, v->dev, v->size, v->prop};
+    if (pwrite(fd, &x, sizeof x, 0) != (ssize_t)sizeof x) { close(fd); return CUDA_ERROR_OUT_OF_MEMORY; }
+    *(int *)out = fd;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os_handle, CUmemAllocationHandleType type)
+{
+    NEED_INIT();
+    if (!h || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+    int fd = (int)(intptr_t)os_handle;
+    vmm_export x;
+    if (pread(fd, &x, sizeof x, 0) != (ssize_t)sizeof x || x.magic != VMM_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    vmm_handle *v = calloc(1, sizeof *v);
+    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
+    *v = (vmm_handle){VMM_MAGIC, x.dev, x.size, x.prop, 1, 0, 1};
+    *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
     return CUDA_SUCCESS;
 }
 
@@ -1073,24 +1224,29 @@ static unsigned fmt_bytes(CUarray_format f)
     }
 }
 
+/* UINT64_MAX when the size does not fit in 64 bits: such an array is refused (INVALID_VALUE). */
 static uint64_t arr_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch, unsigned flags)
 {
-    uint64_t row = ((uint64_t)w * fmt_bytes(f) * (ch ? ch : 1) + 511) / 512 * 512;
-    uint64_t depth = d ? d : 1;
+    uint64_t row, bytes, depth = d ? d : 1;
     if ((flags & CUDA_ARRAY3D_CUBEMAP) && !(flags & CUDA_ARRAY3D_LAYERED)) depth = 6;
-    return row * (h ? h : 1) * depth;
+    if (__builtin_mul_overflow((uint64_t)w, (uint64_t)fmt_bytes(f) * (ch ? ch : 1), &row) || row > UINT64_MAX - 511 ||
+        __builtin_mul_overflow((row + 511) / 512 * 512, (uint64_t)(h ? h : 1), &bytes) ||
+        __builtin_mul_overflow(bytes, depth, &bytes))
+        return UINT64_MAX;
+    return bytes;
 }
 
 static CUresult arr_new(void **out, uint64_t bytes, int valid)
 {
     NEED_INIT();
-    if (!out || !valid) return CUDA_ERROR_INVALID_VALUE;
+    if (!out || !valid || bytes == UINT64_MAX) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c = cur_ctx();
     if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
     if (fg_charge(card_of(c->dev), bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     arr_handle *a = calloc(1, sizeof *a);
     if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
-    *a = (arr_handle){ARR_MAGIC, c->dev, bytes};
+    *a = (arr_handle){ARR_MAGIC, c->dev, bytes, c};
+    tab_put((uint64_t)(uintptr_t)a, bytes, c->dev, K_ARR, NULL);
     *out = a;
     return CUDA_SUCCESS;
 }
@@ -1120,7 +1276,8 @@ static CUresult arr_free(void *h)
 {
     NEED_INIT();
     arr_handle *a = h;
-    if (!a || a->magic != ARR_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    alloc_ent e;
+    if (!a || tab_take((uint64_t)(uintptr_t)a, K_ARR, &e) != 0 || a->magic != ARR_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
     fg_uncharge(card_of(a->dev), a->bytes);
     a->magic = 0;
     free(a);
@@ -1134,7 +1291,8 @@ FG_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3
     if (d && levels) {
         size_t w = d->Width, h = d->Height, z = d->Depth;
         for (unsigned l = 0; l < levels; l++) {
-            total += arr_bytes(w, h, z, d->Format, d->NumChannels, d->Flags);
+            uint64_t lv = arr_bytes(w, h, z, d->Format, d->NumChannels, d->Flags);
+            total = lv == UINT64_MAX || total > UINT64_MAX - 1 - lv ? UINT64_MAX : total + lv;
             w = w > 1 ? w / 2 : 1;
             h = h > 1 ? h / 2 : h;
             if (!(d->Flags & CUDA_ARRAY3D_LAYERED)) z = z > 1 ? z / 2 : z;

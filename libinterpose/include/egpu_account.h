@@ -10,6 +10,7 @@ typedef struct {
     egpu_region *r;
     int proc;     /* my slot in r->procs, -1 until the first charge */
     pid_t pid;
+    int fd;       /* the region file, kept open: holds my slot's liveness lock; -1 none */
 } egpu_acct;
 
 /* Open (creating if needed) the region file. 0 ok; -1 with a reason in err. */
@@ -28,6 +29,7 @@ uint64_t egpu_acct_my_used(egpu_acct *a, int card);
 int egpu_acct_reap(egpu_acct *a);
 /* This process is going away: drop its slot and usage. */
 void egpu_acct_detach(egpu_acct *a);
-/* After fork: the child starts with no slot. */
+/* After fork: the child starts with no slot (and its own open file description for its
+ * liveness lock). */
 void egpu_acct_forget(egpu_acct *a);
 #endif

@@ -10,7 +10,7 @@
 #define EGPU_CONTAINERS_SUBDIR "containers"                 /* CONTAINERS_SUBDIR */
 #define EGPU_CARDS_SUBDIR "cards"                           /* CARDS_SUBDIR */
 #define EGPU_CONTAINER_REGION_FILE "region"                 /* CONTAINER_REGION_FILE */
-#define ENV_CONFIG_PATH "EGPU_CONFIG_PATH"                  /* tests only */
+#define ENV_CONFIG_PATH "EGPU_CONFIG_PATH"                  /* only where /run/egpu/config.json does not exist */
 #define ENV_MEMORY_LIMIT_MIB "EGPU_MEMORY_LIMIT_MIB"
 #define ENV_MEMORY_PERCENTAGE "EGPU_MEMORY_PERCENTAGE"
 #define ENV_CORES "EGPU_CORES"
@@ -52,7 +52,8 @@ typedef struct {
 
 /* Parse a v1 config document. 0 ok; -1 with the reason in err. */
 int egpu_config_parse_json(const char *text, size_t len, egpu_config *c, char *err, size_t errlen);
-/* Config file if it exists (EGPU_CONFIG_PATH or /run/egpu/config.json), else EGPU_* env.
+/* /run/egpu/config.json whenever it exists (EGPU_CONFIG_PATH is honoured only where it does
+ * not), else the EGPU_CONFIG_PATH file if it exists, else EGPU_* env.
  * 0 ok; -1 refuse (reason in err): never unlimited by accident. */
 int egpu_config_load(egpu_config *c, char *err, size_t errlen);
 /* The share's cap on a card of physical size `total`, or 0 when the card is not ours. */

@@ -82,6 +82,14 @@ typedef struct {
 typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
 
 typedef enum {
+    CU_MEM_HANDLE_TYPE_NONE = 0,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
+    CU_MEM_HANDLE_TYPE_WIN32 = 2,
+    CU_MEM_HANDLE_TYPE_WIN32_KMT = 4,
+    CU_MEM_HANDLE_TYPE_FABRIC = 8
+} CUmemAllocationHandleType;
+
+typedef enum {
     CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
     CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
 } CUmemAllocationGranularity_flags;

@@ -34,6 +34,10 @@
     X(cuMemPoolSetAttribute, cuMemPoolSetAttribute, 11020, 0, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
     X(cuMemCreate, cuMemCreate, 10020, 0, (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)) \
     X(cuMemRelease, cuMemRelease, 10020, 0, (CUmemGenericAllocationHandle handle)) \
+    X(cuMemMap, cuMemMap, 10020, 0, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)) \
+    X(cuMemUnmap, cuMemUnmap, 10020, 0, (CUdeviceptr ptr, size_t size)) \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 11000, 0, (CUmemGenericAllocationHandle *handle, void *addr)) \
+    X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 10020, 0, (CUmemGenericAllocationHandle *handle, void *osHandle, CUmemAllocationHandleType shHandleType)) \
     X(cuArrayCreate, cuArrayCreate, 2000, 0, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray)) \
     X(cuArrayCreate_v2, cuArrayCreate, 3020, 0, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)) \
     X(cuArray3DCreate, cuArray3DCreate, 2000, 0, (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray)) \
@@ -87,7 +91,9 @@
     X(cuEventQuery, O, (CUevent hEvent)) \
     X(cuEventSynchronize, O, (CUevent hEvent)) \
     X(cuEventElapsedTime, O, (float *pMilliseconds, CUevent hStart, CUevent hEnd)) \
-    X(cuStreamCreate, O, (CUstream *phStream, unsigned int Flags))
+    X(cuStreamCreate, O, (CUstream *phStream, unsigned int Flags)) \
+    X(cuMemGetAllocationPropertiesFromHandle, O, (CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)) \
+    X(cuMemGetAllocationGranularity, O, (size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option))
 
 #define EGPU_NVML_CALLS(X) \
     X(nvmlDeviceGetUUID, R, (nvmlDevice_t device, char *uuid, unsigned int length))

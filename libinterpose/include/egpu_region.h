@@ -19,9 +19,18 @@ typedef struct {
     uint64_t reserved[4];
 } egpu_region_card;
 
+/* procs[].flags */
+#define EGPU_PROC_F_OFD 0x1u  /* liveness: the process holds an OFD write lock (fcntl
+                               * F_OFD_SETLK) on the slot's first byte of the region file; the
+                               * kernel drops it when the process dies (or execs), in whatever
+                               * pid namespace. A peer may reclaim the slot iff no other open
+                               * file description holds that lock. Without the flag (lock not
+                               * available): the pid and its start time, judged in the peer's
+                               * own pid namespace. */
+
 typedef struct {
-    int32_t pid;              /* 0 = free slot */
-    uint32_t flags;
+    int32_t pid;              /* 0 = free slot; as seen in the owner's pid namespace */
+    uint32_t flags;           /* EGPU_PROC_F_* */
     uint64_t start_time;      /* /proc/<pid>/stat starttime, to detect pid reuse */
     uint64_t used[EGPU_REGION_MAX_CARDS];
 } egpu_region_proc;

@@ -20,9 +20,13 @@ typedef struct {
     char uuid[EGPU_UUID_LEN];
 } egpu_dev;
 
-/* Process-local maps: what each live allocation charged, so frees give back the same. */
-enum { MAP_PTR = 1, MAP_VMM, MAP_ARRAY, MAP_CTX };
-typedef struct { uint64_t key; uint64_t bytes; int32_t dev; int32_t kind; } egpu_map_ent;
+/* Process-local maps: what each live allocation charged, so frees give back the same.
+ * MAP_PTR, MAP_ARRAY: ctx = the context it was made in (freed with it).
+ * MAP_VMM: key = handle; aux = VMM_REFS (handles: create, import, retain) | VMM_NMAPS << 32
+ *          (mappings) | VMM_IMPORTED. MAP_VMAP: key = mapped address, bytes = length,
+ *          aux = handle. */
+enum { MAP_PTR = 1, MAP_VMM, MAP_ARRAY, MAP_CTX, MAP_VMAP };
+typedef struct { uint64_t key; uint64_t bytes; uint64_t aux; uint64_t ctx; int32_t dev; int32_t kind; } egpu_map_ent;
 typedef struct {
     pthread_mutex_t mu;
     egpu_map_ent *slots;
@@ -30,8 +34,15 @@ typedef struct {
 } egpu_map;
 void egpu_map_put(egpu_map *m, int kind, uint64_t key, uint64_t bytes, int dev);
 int egpu_map_take(egpu_map *m, int kind, uint64_t key, uint64_t *bytes, int *dev);
+void egpu_map_put_ent(egpu_map *m, const egpu_map_ent *e);
+int egpu_map_take_ent(egpu_map *m, int kind, uint64_t key, egpu_map_ent *out);
+/* Removes every MAP_PTR/MAP_ARRAY entry made in context ctx; returns how many, in *out
+ * (malloc'd, caller frees; NULL when none or out of memory). */
+size_t egpu_map_take_ctx(egpu_map *m, uint64_t ctx, egpu_map_ent **out);
 
-typedef struct { CUmemoryPool pool; int dev; uint64_t charged; } egpu_pool_rec;
+/* charged = the pool's reserve as last seen + pending; pending = what in-flight allocations
+ * charged for growth; claims = the part of the pool's cache in-flight allocations count on. */
+typedef struct { CUmemoryPool pool; int dev; uint64_t charged, pending, claims; } egpu_pool_rec;
 #define EGPU_MAX_POOLS 256
 
 typedef struct {
@@ -60,6 +71,8 @@ typedef struct {
     int npools;
     egpu_pool_rec pools[EGPU_MAX_POOLS];
     uint64_t last_reap_ns;
+    pthread_mutex_t vmm_mu; /* VMM handle/mapping bookkeeping; order: vmm_mu, pool_mu, region */
+    CUcontext primary_ctx[EGPU_MAX_DEVS];
 } egpu_state;
 
 extern egpu_state egpu_g;

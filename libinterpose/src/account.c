@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -41,8 +42,29 @@ static uint64_t proc_start_time(pid_t pid)
     return v;
 }
 
-static int proc_dead(const egpu_region_proc *p)
+/* ---- liveness by OFD lock (see EGPU_PROC_F_OFD) ----------------------------------- */
+static off_t slot_off(int p) { return (off_t)offsetof(egpu_region, procs) + (off_t)p * (off_t)sizeof(egpu_region_proc); }
+
+static int ofd_lock(int fd, int p, short type)
 {
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = slot_off(p), .l_len = 1};
+    return fd >= 0 ? fcntl(fd, F_OFD_SETLK, &fl) : -1;
+}
+
+/* 1: another open file description holds slot p's lock (its process is alive); 0: nobody
+ * does; -1: cannot tell. */
+static int ofd_held(int fd, int p)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = slot_off(p), .l_len = 1};
+    if (fd < 0 || fcntl(fd, F_OFD_GETLK, &fl) != 0) return -1;
+    return fl.l_type != F_UNLCK;
+}
+
+static int proc_dead(const egpu_acct *a, int idx)
+{
+    const egpu_region_proc *p = &a->r->procs[idx];
+    if (idx == a->proc && a->pid == getpid()) return 0; /* mine (my own lock never conflicts) */
+    if (p->flags & EGPU_PROC_F_OFD) return ofd_held(a->fd, idx) == 0; /* pid only a hint */
     if (kill(p->pid, 0) == -1 && errno == ESRCH) return 1;
     if (p->start_time) {
         uint64_t st = proc_start_time(p->pid);
@@ -73,12 +95,13 @@ static void lock(egpu_region *r)
 
 static void unlock(egpu_region *r) { pthread_mutex_unlock(&r->lock.mutex); }
 
-static int reap_locked(egpu_region *r)
+static int reap_locked(egpu_acct *a)
 {
+    egpu_region *r = a->r;
     int n = 0;
     for (int p = 0; p < EGPU_REGION_MAX_PROCS; p++) {
         egpu_region_proc *pr = &r->procs[p];
-        if (!pr->pid || !proc_dead(pr)) continue;
+        if (!pr->pid || !proc_dead(a, p)) continue;
         for (int c = 0; c < EGPU_REGION_MAX_CARDS; c++)
             r->cards[c].used_bytes = sat_sub(r->cards[c].used_bytes, pr->used[c]);
         memset(pr, 0, sizeof *pr);
@@ -105,23 +128,47 @@ static int mkdirs(const char *path)
     return 0;
 }
 
+/* flock with a bound: a process that holds the file's flock forever must not hang us. */
+static int flock_bounded(int fd, int ms)
+{
+    for (int i = 0; i <= ms; i++) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+        if (errno != EWOULDBLOCK && errno != EINTR) return -1;
+        usleep(1000);
+    }
+    errno = ETIMEDOUT;
+    return -1;
+}
+
 int egpu_acct_open(egpu_acct *a, const char *path, char *err, size_t errlen)
 {
     memset(a, 0, sizeof *a);
     a->proc = -1;
+    a->fd = -1;
     if (mkdirs(path) != 0) {
         snprintf(err, errlen, "cannot create the folder of region %s: %s", path, strerror(errno));
         return -1;
     }
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    /* Never follow a link, never block on a FIFO/device, and only a regular file will do:
+     * a region we cannot trust refuses CUDA (never a SIGBUS or a hang later). */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot open region %s: %s", path, strerror(errno));
+        snprintf(err, errlen, "cannot open region %s: %s", path, errno == ELOOP ? "it is a symbolic link" : strerror(errno));
         return -1;
     }
-    flock(fd, LOCK_EX); /* serialises first-time initialisation between processes */
     struct stat st;
-    int rc = -1;
+    int rc = -1, locked = 0;
     egpu_region *r = MAP_FAILED;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "region %s is not a regular file", path);
+        goto out;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    if (flock_bounded(fd, 5000) != 0) { /* serialises first-time initialisation between processes */
+        snprintf(err, errlen, "region %s is locked by another process", path);
+        goto out;
+    }
+    locked = 1;
     if (fstat(fd, &st) != 0) {
         snprintf(err, errlen, "cannot stat region %s: %s", path, strerror(errno));
         goto out;
@@ -158,13 +205,14 @@ int egpu_acct_open(egpu_acct *a, const char *path, char *err, size_t errlen)
         goto out;
     }
     a->r = r;
+    a->fd = fd;
     lock(r);
-    reap_locked(r);
+    reap_locked(a);
     unlock(r);
     rc = 0;
 out:
-    flock(fd, LOCK_UN);
-    close(fd);
+    if (locked) flock(fd, LOCK_UN);
+    if (rc != 0) close(fd);
     return rc;
 }
 
@@ -196,12 +244,15 @@ static egpu_region_proc *my_slot_locked(egpu_acct *a)
             if (!r->procs[p].pid) {
                 memset(&r->procs[p], 0, sizeof r->procs[p]);
                 r->procs[p].start_time = proc_start_time(me);
+                /* the liveness lock is taken before the slot is published (under the
+                 * region lock), so no peer can see the slot without it */
+                if (ofd_lock(a->fd, p, F_WRLCK) == 0) r->procs[p].flags |= EGPU_PROC_F_OFD;
                 __atomic_store_n(&r->procs[p].pid, me, __ATOMIC_RELEASE);
                 a->proc = p;
                 a->pid = me;
                 return &r->procs[p];
             }
-        reap_locked(r);
+        reap_locked(a);
     }
     return NULL;
 }
@@ -215,7 +266,7 @@ int egpu_acct_charge(egpu_acct *a, int card, uint64_t bytes, uint64_t limit)
     for (int pass = 0; pass < 2 && !ok; pass++) {
         uint64_t used = r->cards[card].used_bytes;
         if (used <= limit && bytes <= limit - used) ok = 1;
-        else if (pass == 0 && reap_locked(r) == 0) break;
+        else if (pass == 0 && reap_locked(a) == 0) break;
     }
     egpu_region_proc *me = ok ? my_slot_locked(a) : NULL;
     if (me) {
@@ -266,7 +317,7 @@ uint64_t egpu_acct_my_used(egpu_acct *a, int card)
 int egpu_acct_reap(egpu_acct *a)
 {
     lock(a->r);
-    int n = reap_locked(a->r);
+    int n = reap_locked(a);
     unlock(a->r);
     return n;
 }
@@ -280,8 +331,21 @@ void egpu_acct_detach(egpu_acct *a)
     for (int c = 0; c < EGPU_REGION_MAX_CARDS; c++)
         r->cards[c].used_bytes = sat_sub(r->cards[c].used_bytes, me->used[c]);
     memset(me, 0, sizeof *me);
+    ofd_lock(a->fd, a->proc, F_UNLCK);
     unlock(r);
     a->proc = -1;
 }
 
-void egpu_acct_forget(egpu_acct *a) { a->proc = -1; a->pid = 0; }
+void egpu_acct_forget(egpu_acct *a)
+{
+    a->proc = -1;
+    a->pid = 0;
+    if (a->fd < 0) return;
+    /* The inherited descriptor shares the parent's open file description (and so its
+     * liveness lock): take a description of our own. Closing ours leaves the parent's lock. */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", a->fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC); /* the magic link names the same file, no lookup */
+    close(a->fd);
+    a->fd = fd; /* -1: this process's slot falls back to pid liveness */
+}

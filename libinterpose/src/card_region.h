@@ -68,8 +68,14 @@ typedef struct {
                                 * active (kernel, graph): the charge for an overlapped launch */
     uint64_t overlapped_total; /* monotonic counter of launches measured while others were active */
     uint64_t last_complete_ns; /* last measured completion (in-flight expiry) */
-    uint64_t reserved[25];
+    uint64_t reserved[25];     /* reserved[0]: EGPU_SLOT_PID_OFD */
 } egpu_card_slot;
+
+/* Bit p set: the process in pids[p] holds an OFD write lock (fcntl F_OFD_SETLK) on the first
+ * byte of its pids[p] cell in the region file, which the kernel drops when it dies; a peer
+ * frees the cell iff no other open file description holds that lock: liveness across pid
+ * namespaces (containers). Bit clear: the pid, judged in the peer's own pid namespace. */
+#define EGPU_SLOT_PID_OFD(s) ((s)->reserved[0])
 
 /* The region: a 4096-byte header followed by the slots. */
 typedef struct {
@@ -106,13 +112,17 @@ static_assert(__builtin_offsetof(egpu_card_slot, level_ns) == 96, "slot level of
 static_assert(__builtin_offsetof(egpu_card_slot, busy_total_ns) == 176, "slot busy_total offset");
 
 /* card_region.c */
-/* Opens (creating and initialising if needed) the region at path; NULL with errno on error. */
+/* Opens the region at path, creating it, or initialising in place an existing EMPTY regular
+ * file (the runtime hook pre-creates it), under an flock on the file. Refuses (NULL, errno,
+ * a line on stderr) a link, a non-regular file, a file of another size or layout. */
 egpu_card_region *egpu_card_region_open(const char *path, const char *uuid);
 /* Initialises a region in caller memory (unit tests; process-private memory works too). */
 void egpu_card_region_init(egpu_card_region *r, const char *uuid, uint64_t now_ns);
 void egpu_card_region_close(egpu_card_region *r);
 /* Robust lock: recovers a dead owner's lock (the data is kept: every update is a few
- * stores that leave it consistent enough; counters may lose one update). 0 on success. */
+ * stores that leave it consistent enough; counters may lose one update). 0 on success;
+ * ETIMEDOUT when another process held it for over 200 ms (logged once): the caller then
+ * goes on uncoordinated, never waits forever. */
 int egpu_card_lock(egpu_card_region *r);
 void egpu_card_unlock(egpu_card_region *r);
 /* Claims (or joins) the slot of share `owner` for process pid; frees slots whose processes

@@ -363,10 +363,21 @@ static int load_env(egpu_config *c, char *err, size_t errlen)
     return 0;
 }
 
+/* Which file is the config. /run/egpu/config.json, when it exists (whatever it is: a file, a
+ * dangling link, something unreadable), is ALWAYS the config: the runtime hook put it there and
+ * nothing in the container may override it. EGPU_CONFIG_PATH (tests, raw nodes) is honoured
+ * only where that file does not exist, so setting it inside a pod cannot lift the share. */
+static const char *config_path(void)
+{
+    struct stat st;
+    if (lstat(EGPU_CONTAINER_CONFIG_PATH, &st) == 0 || errno != ENOENT) return EGPU_CONTAINER_CONFIG_PATH;
+    const char *path = getenv(ENV_CONFIG_PATH);
+    return path && *path ? path : EGPU_CONTAINER_CONFIG_PATH;
+}
+
 int egpu_config_load(egpu_config *c, char *err, size_t errlen)
 {
-    const char *path = getenv(ENV_CONFIG_PATH);
-    if (!path || !*path) path = EGPU_CONTAINER_CONFIG_PATH;
+    const char *path = config_path();
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT) return load_env(c, err, errlen);

@@ -23,6 +23,7 @@ egpu_state egpu_g = {
     .dev_mu = PTHREAD_MUTEX_INITIALIZER,
     .map = {.mu = PTHREAD_MUTEX_INITIALIZER},
     .pool_mu = PTHREAD_MUTEX_INITIALIZER,
+    .vmm_mu = PTHREAD_MUTEX_INITIALIZER,
 };
 #define S (&egpu_g)
 #define R (egpu_g.real)
@@ -165,6 +166,15 @@ static CUresult cur_dev(int *dev)
     return r;
 }
 
+/* The calling thread's current context (0 when none or unknown): allocations made in it are
+ * freed by the driver when it is destroyed. */
+static uint64_t cur_ctx_key(void)
+{
+    CUcontext c = NULL;
+    if (!R.cuCtxGetCurrent || R.cuCtxGetCurrent(&c) != CUDA_SUCCESS) return 0;
+    return (uint64_t)(uintptr_t)c;
+}
+
 #define REAL_OR_UNSUPPORTED(fn) do { if (!real_ready() || !R.fn) return real_ready() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_INITIALIZED; } while (0)
 
 /* ---- cuInit ------------------------------------------------------------------------- */
@@ -192,22 +202,33 @@ static CUresult charged_alloc(int dev, uint64_t bytes, int kind, alloc_call call
         uncharge(dev, bytes);
         return r;
     }
-    egpu_map_put(&S->map, kind, key, bytes, dev);
+    egpu_map_ent e = {key, bytes, 0, kind == MAP_CTX ? 0 : cur_ctx_key(), dev, kind};
+    egpu_map_put_ent(&S->map, &e);
     return CUDA_SUCCESS;
 }
 
 static CUresult charged_free(int kind, uint64_t key, CUresult (*call)(void *), void *ctx)
 {
-    uint64_t bytes = 0;
-    int dev = -1;
-    int had = egpu_map_take(&S->map, kind, key, &bytes, &dev) == 0;
+    egpu_map_ent e;
+    int had = egpu_map_take_ent(&S->map, kind, key, &e) == 0;
     CUresult r = call(ctx);
     if (r != CUDA_SUCCESS) {
-        if (had) egpu_map_put(&S->map, kind, key, bytes, dev);
+        if (had) egpu_map_put_ent(&S->map, &e);
         return r;
     }
-    if (had) uncharge(dev, bytes);
+    if (had) uncharge(e.dev, e.bytes);
     return r;
+}
+
+/* The driver frees the memory made in a context when the context is destroyed (cuCtxDestroy,
+ * or the primary context's last release / reset): give back what it held. */
+static void ctx_gone(uint64_t ctx)
+{
+    if (!ctx) return;
+    egpu_map_ent *v = NULL;
+    size_t n = egpu_map_take_ctx(&S->map, ctx, &v);
+    for (size_t i = 0; i < n; i++) uncharge(v[i].dev, v[i].bytes);
+    free(v);
 }
 
 struct a2 { CUdeviceptr *dptr; size_t size; unsigned flags; };
@@ -299,7 +320,8 @@ static CUresult settle_pitch(int dev, uint64_t est, uint64_t actual, uint64_t ke
     } else if (actual < est) {
         uncharge(dev, est - actual);
     }
-    egpu_map_put(&S->map, MAP_PTR, key, actual, dev);
+    egpu_map_ent e = {key, actual, 0, cur_ctx_key(), dev, MAP_PTR};
+    egpu_map_put_ent(&S->map, &e);
     return CUDA_SUCCESS;
 }
 static CUresult undo_v2(uint64_t k) { return R.cuMemFree_v2(k); }
@@ -344,7 +366,7 @@ static egpu_pool_rec *pool_rec(CUmemoryPool pool, int dev, int create)
         if (S->pools[i].pool == pool) return &S->pools[i];
     if (!create || S->npools >= EGPU_MAX_POOLS) return NULL;
     egpu_pool_rec *p = &S->pools[S->npools++];
-    *p = (egpu_pool_rec){pool, dev, 0};
+    *p = (egpu_pool_rec){pool, dev, 0, 0, 0};
     return p;
 }
 
@@ -355,12 +377,16 @@ static uint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a)
     return v;
 }
 
+/* pool_mu held: the pool's charge = its reserve + what in-flight allocations charged for
+ * growth (their reserve may not show yet; dropping it would let a concurrent allocation pass
+ * the cap check on memory that is about to be reserved). */
 static void pool_sync_locked(egpu_pool_rec *p)
 {
     uint64_t reserved = pool_attr(p->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
-    if (reserved > p->charged) force(p->dev, reserved - p->charged);
-    else if (reserved < p->charged) uncharge(p->dev, p->charged - reserved);
-    p->charged = reserved;
+    uint64_t target = reserved > UINT64_MAX - p->pending ? UINT64_MAX : reserved + p->pending;
+    if (target > p->charged) force(p->dev, target - p->charged);
+    else if (target < p->charged) uncharge(p->dev, p->charged - target);
+    p->charged = target;
 }
 
 static void pools_refresh(int only_dev)
@@ -384,6 +410,11 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
     if (!devs_ready() || dev >= S->ndev) return CALL_REAL();
     if (!from_pool && (!R.cuDeviceGetMemPool || R.cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS)) pool = NULL;
     if (!pool || !R.cuMemPoolGetAttribute) return CALL_REAL(); /* let the driver report */
+    /* Under pool_mu: what the pool's cache can serve, less what concurrent in-flight
+     * allocations already count on (claims), is taken from the cache; the rest (need) is
+     * charged against the cap BEFORE the driver call and kept as pending until the call has
+     * returned and the charge is settled on the pool's reserve. So two threads can never
+     * both count on the same cached bytes, nor both grow the pool past the cap. */
     pthread_mutex_lock(&S->pool_mu);
     egpu_pool_rec *p = pool_rec(pool, dev, 1);
     CUresult r;
@@ -392,19 +423,40 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
         EGPU_ERR("more than %d memory pools; refusing the allocation", EGPU_MAX_POOLS);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    int pdev = p->dev;
     pool_sync_locked(p);
+    uint64_t reserved = p->charged - p->pending;
     uint64_t used = pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
-    uint64_t cached = p->charged > used ? p->charged - used : 0;
-    uint64_t need = size > cached ? size - cached : 0;
-    pthread_mutex_unlock(&S->pool_mu); /* charge() may refresh pools itself */
+    uint64_t cached = reserved > used ? reserved - used : 0;
+    cached = cached > p->claims ? cached - p->claims : 0;
+    uint64_t from_cache = size < cached ? size : cached;
+    uint64_t need = size - from_cache;
+    p->claims += from_cache;
     if (need) {
-        r = charge(p->dev, need);
-        if (r != CUDA_SUCCESS) return r;
+        /* charge() may refresh pools (pool_mu) when the cap is reached: charge unlocked,
+         * with the cache claim already visible to other threads */
+        pthread_mutex_unlock(&S->pool_mu);
+        r = charge(pdev, need);
+        pthread_mutex_lock(&S->pool_mu);
+        p = pool_rec(pool, pdev, 0);
+        if (r != CUDA_SUCCESS || !p) {
+            if (p) p->claims -= from_cache;
+            pthread_mutex_unlock(&S->pool_mu);
+            if (r == CUDA_SUCCESS) uncharge(pdev, need); /* the pool was destroyed meanwhile */
+            return r != CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_VALUE;
+        }
+        p->charged += need;
+        p->pending += need;
     }
+    pthread_mutex_unlock(&S->pool_mu);
     r = CALL_REAL();
     pthread_mutex_lock(&S->pool_mu);
-    p->charged += need; /* what we just charged, then settle on what the driver reserved */
-    pool_sync_locked(p);
+    p = pool_rec(pool, pdev, 0);
+    if (p) {
+        p->claims -= from_cache < p->claims ? from_cache : p->claims;
+        p->pending -= need < p->pending ? need : p->pending;
+        pool_sync_locked(p); /* settle on what the driver reserved */
+    } /* else destroyed meanwhile: cuMemPoolDestroy gave back its charge, need included */
     pthread_mutex_unlock(&S->pool_mu);
     return r;
 #undef CALL_REAL
@@ -491,8 +543,35 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
 /* ---- virtual memory management -----------------------------------------------------
  * Physical memory is charged at cuMemCreate to the device named in its properties (not the
  * calling thread's context, which may not exist: FC-01); host-located memory is not charged.
- * cuMemRelease gives it back. Reserving and mapping address ranges costs no memory. */
+ * Reserving address ranges costs nothing. As the driver (cuMemRelease, cuMemUnmap): the
+ * memory is freed only when every handle to it is released AND every mapping of it is
+ * unmapped, so the charge is given back then, not at cuMemRelease of a still-mapped handle
+ * (the documented create-map-release pattern). Handles: cuMemCreate, each
+ * cuMemRetainAllocationHandle and each cuMemImportFromShareableHandle take one; mappings:
+ * cuMemMap/cuMemUnmap ranges. An imported allocation is charged to the importing container:
+ * its size cannot be asked of the driver (no API gives a handle's size), so it is charged
+ * the allocation granularity at import and then the largest extent (offset + size, rounded
+ * up to the granularity) any mapping of it reaches, checked against the cap before cuMemMap.
+ * All under vmm_mu, held across the driver call so that the bookkeeping follows the
+ * driver's order of events. */
 static int loc_is_device(const CUmemAllocationProp *p) { return p && p->location.type == CU_MEM_LOCATION_TYPE_DEVICE; }
+
+#define VMM_REFS(aux) ((aux) & 0xffffffffull)
+#define VMM_NMAPS(aux) (((aux) >> 32) & 0x7fffffffull)
+#define VMM_IMPORTED (1ull << 63)
+#define VMM_AUX(refs, nmaps, imported) ((uint64_t)(refs) | ((uint64_t)(nmaps) << 32) | ((imported) ? VMM_IMPORTED : 0))
+
+/* vmm_mu held: put the handle record back, or give its charge back when it has no handle and
+ * no mapping left. */
+static void vmm_settle_locked(egpu_map_ent *h, uint64_t refs, uint64_t nmaps)
+{
+    if (refs == 0 && nmaps == 0) {
+        uncharge(h->dev, h->bytes);
+        return;
+    }
+    h->aux = VMM_AUX(refs, nmaps, h->aux & VMM_IMPORTED);
+    egpu_map_put_ent(&S->map, h);
+}
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -504,15 +583,138 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
     if (r != CUDA_SUCCESS) return r;
     r = R.cuMemCreate(handle, size, prop, flags);
     if (r != CUDA_SUCCESS) { uncharge(dev, size); return r; }
-    egpu_map_put(&S->map, MAP_VMM, *handle, size, dev);
+    egpu_map_ent e = {*handle, size, VMM_AUX(1, 0, 0), 0, dev, MAP_VMM};
+    pthread_mutex_lock(&S->vmm_mu);
+    egpu_map_put_ent(&S->map, &e);
+    pthread_mutex_unlock(&S->vmm_mu);
     return CUDA_SUCCESS;
 }
 
-static CUresult call_release(void *c) { return R.cuMemRelease(*(CUmemGenericAllocationHandle *)c); }
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     REAL_OR_UNSUPPORTED(cuMemRelease);
-    return charged_free(MAP_VMM, handle, call_release, &handle);
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMemRelease(handle);
+    egpu_map_ent h;
+    if (r == CUDA_SUCCESS && egpu_map_take_ent(&S->map, MAP_VMM, handle, &h) == 0) {
+        uint64_t refs = VMM_REFS(h.aux);
+        vmm_settle_locked(&h, refs ? refs - 1 : 0, VMM_NMAPS(h.aux));
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+static uint64_t vmm_granularity(const CUmemAllocationProp *prop)
+{
+    size_t g = 0;
+    if (!R.cuMemGetAllocationGranularity || R.cuMemGetAllocationGranularity(&g, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !g)
+        g = 2ull << 20;
+    return g;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    REAL_OR_UNSUPPORTED(cuMemMap);
+    pthread_mutex_lock(&S->vmm_mu);
+    egpu_map_ent h;
+    int had = egpu_map_take_ent(&S->map, MAP_VMM, handle, &h) == 0;
+    uint64_t extra = 0;
+    if (had && (h.aux & VMM_IMPORTED) && size && offset <= UINT64_MAX - size) {
+        /* an import: its charge follows the largest extent mapped (see above) */
+        CUmemAllocationProp prop;
+        uint64_t g = R.cuMemGetAllocationPropertiesFromHandle && R.cuMemGetAllocationPropertiesFromHandle(&prop, handle) == CUDA_SUCCESS
+                         ? vmm_granularity(&prop) : (2ull << 20);
+        uint64_t end = offset + size;
+        end = end > UINT64_MAX - (g - 1) ? end : (end + g - 1) / g * g;
+        if (end > h.bytes) {
+            extra = end - h.bytes;
+            CUresult c = charge(h.dev, extra);
+            if (c != CUDA_SUCCESS) {
+                egpu_map_put_ent(&S->map, &h);
+                pthread_mutex_unlock(&S->vmm_mu);
+                return c;
+            }
+        }
+    }
+    CUresult r = R.cuMemMap(ptr, size, offset, handle, flags);
+    if (had) {
+        if (r == CUDA_SUCCESS) {
+            h.bytes += extra;
+            h.aux = VMM_AUX(VMM_REFS(h.aux), VMM_NMAPS(h.aux) + 1, h.aux & VMM_IMPORTED);
+            egpu_map_ent m = {ptr, size, handle, 0, h.dev, MAP_VMAP};
+            egpu_map_put_ent(&S->map, &m);
+        } else if (extra) {
+            uncharge(h.dev, extra);
+        }
+        egpu_map_put_ent(&S->map, &h);
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    REAL_OR_UNSUPPORTED(cuMemUnmap);
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMemUnmap(ptr, size);
+    /* the range is whole mappings, contiguous: walk them from its start */
+    for (uint64_t a = ptr, end = ptr + size; r == CUDA_SUCCESS && a < end && end > ptr;) {
+        egpu_map_ent m, h;
+        if (egpu_map_take_ent(&S->map, MAP_VMAP, a, &m) != 0 || !m.bytes) break;
+        if (egpu_map_take_ent(&S->map, MAP_VMM, m.aux, &h) == 0) {
+            uint64_t n = VMM_NMAPS(h.aux);
+            vmm_settle_locked(&h, VMM_REFS(h.aux), n ? n - 1 : 0);
+        }
+        a += m.bytes;
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+/* Another handle to memory we already track: no new charge, one more reference. */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    REAL_OR_UNSUPPORTED(cuMemRetainAllocationHandle);
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMemRetainAllocationHandle(handle, addr);
+    egpu_map_ent h;
+    if (r == CUDA_SUCCESS && handle && egpu_map_take_ent(&S->map, MAP_VMM, *handle, &h) == 0) {
+        h.aux = VMM_AUX(VMM_REFS(h.aux) + 1, VMM_NMAPS(h.aux), h.aux & VMM_IMPORTED);
+        egpu_map_put_ent(&S->map, &h);
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, CUmemAllocationHandleType type)
+{
+    REAL_OR_UNSUPPORTED(cuMemImportFromShareableHandle);
+    if (egpu_config_ready() != 0) return EGPU_REFUSED_CU;
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMemImportFromShareableHandle(handle, osHandle, type);
+    egpu_map_ent h;
+    CUmemAllocationProp prop;
+    if (r != CUDA_SUCCESS || !handle) {
+        /* the driver's answer */
+    } else if (egpu_map_take_ent(&S->map, MAP_VMM, *handle, &h) == 0) {
+        /* an allocation this process already holds: one more reference */
+        h.aux = VMM_AUX(VMM_REFS(h.aux) + 1, VMM_NMAPS(h.aux), h.aux & VMM_IMPORTED);
+        egpu_map_put_ent(&S->map, &h);
+    } else if (R.cuMemGetAllocationPropertiesFromHandle && R.cuMemGetAllocationPropertiesFromHandle(&prop, *handle) == CUDA_SUCCESS &&
+               loc_is_device(&prop) && devs_ready() && prop.location.id >= 0 && prop.location.id < S->ndev) {
+        int dev = prop.location.id;
+        uint64_t g = vmm_granularity(&prop);
+        CUresult c = charge(dev, g);
+        if (c != CUDA_SUCCESS) {
+            R.cuMemRelease(*handle);
+            r = c;
+        } else {
+            egpu_map_ent e = {*handle, g, VMM_AUX(1, 0, 1), 0, dev, MAP_VMM};
+            egpu_map_put_ent(&S->map, &e);
+        }
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
 }
 
 /* ---- arrays ------------------------------------------------------------------------
@@ -528,13 +730,19 @@ static unsigned fmt_bytes(CUarray_format f)
     }
 }
 
+/* ARR_TOO_BIG: the size does not fit in 64 bits (checked multiplication): refused with
+ * CUDA_ERROR_INVALID_VALUE, as the driver refuses such a size. Otherwise the estimate, which
+ * the cap judges (huge but representable sizes get out-of-memory). */
+#define ARR_TOO_BIG UINT64_MAX
 static uint64_t arr_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format f, unsigned ch, unsigned flags)
 {
-    if (w > (1ull << 20) || h > (1ull << 20) || d > (1ull << 20) || ch > 4) return UINT64_MAX / 2; /* nonsense: let the cap refuse */
-    uint64_t row = (w * fmt_bytes(f) * (ch ? ch : 1) + 511) / 512 * 512;
-    uint64_t depth = d ? d : 1;
+    uint64_t row, bytes, depth = d ? d : 1;
     if ((flags & CUDA_ARRAY3D_CUBEMAP) && !(flags & CUDA_ARRAY3D_LAYERED)) depth = 6;
-    return row * (h ? h : 1) * depth;
+    if (__builtin_mul_overflow(w, (uint64_t)fmt_bytes(f) * (ch ? ch : 1), &row) || row > UINT64_MAX - 511 ||
+        __builtin_mul_overflow((row + 511) / 512 * 512, h ? h : 1, &bytes) || __builtin_mul_overflow(bytes, depth, &bytes) ||
+        bytes == ARR_TOO_BIG)
+        return ARR_TOO_BIG;
+    return bytes;
 }
 
 struct arr { void *out; const void *desc; int which; unsigned levels; };
@@ -559,6 +767,7 @@ static CUresult arr_create(void *out, const void *desc, int which, unsigned leve
     struct arr a = {out, desc, which, levels};
     uint64_t dummy;
     if (!out || !desc || cur_dev(&dev) != CUDA_SUCCESS) return call_arr(&a, &dummy);
+    if (bytes == ARR_TOO_BIG) return CUDA_ERROR_INVALID_VALUE;
     return charged_alloc(dev, bytes, MAP_ARRAY, call_arr, &a);
 }
 
@@ -589,7 +798,8 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARRAY3D_DESCRIPT
     if (d) {
         uint64_t w = d->Width, hh = d->Height, z = d->Depth;
         for (unsigned l = 0; l < levels && l < 32; l++) {
-            total += arr_bytes(w, hh, z, d->Format, d->NumChannels, d->Flags);
+            uint64_t lv = arr_bytes(w, hh, z, d->Format, d->NumChannels, d->Flags);
+            total = lv == ARR_TOO_BIG || total >= ARR_TOO_BIG - lv ? ARR_TOO_BIG : total + lv;
             w = w > 1 ? w / 2 : 1;
             hh = hh > 1 ? hh / 2 : hh;
             if (!(d->Flags & CUDA_ARRAY3D_LAYERED)) z = z > 1 ? z / 2 : z;
@@ -668,12 +878,16 @@ static CUresult call_ctx_destroy_v2(void *c) { return R.cuCtxDestroy_v2(*(CUcont
 CUresult cuCtxDestroy(CUcontext ctx)
 {
     REAL_OR_UNSUPPORTED(cuCtxDestroy);
-    return charged_free(MAP_CTX, (uint64_t)(uintptr_t)ctx, call_ctx_destroy, &ctx);
+    CUresult r = charged_free(MAP_CTX, (uint64_t)(uintptr_t)ctx, call_ctx_destroy, &ctx);
+    if (r == CUDA_SUCCESS) ctx_gone((uint64_t)(uintptr_t)ctx);
+    return r;
 }
 CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     REAL_OR_UNSUPPORTED(cuCtxDestroy_v2);
-    return charged_free(MAP_CTX, (uint64_t)(uintptr_t)ctx, call_ctx_destroy_v2, &ctx);
+    CUresult r = charged_free(MAP_CTX, (uint64_t)(uintptr_t)ctx, call_ctx_destroy_v2, &ctx);
+    if (r == CUDA_SUCCESS) ctx_gone((uint64_t)(uintptr_t)ctx);
+    return r;
 }
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -686,7 +900,10 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     CUresult r = first ? charge(dev, S->cfg.context_overhead) : CUDA_SUCCESS;
     if (r == CUDA_SUCCESS) {
         r = R.cuDevicePrimaryCtxRetain(pctx, dev);
-        if (r == CUDA_SUCCESS) S->primary_refs[dev]++;
+        if (r == CUDA_SUCCESS) {
+            S->primary_refs[dev]++;
+            S->primary_ctx[dev] = *pctx;
+        }
         else if (first) uncharge(dev, S->cfg.context_overhead);
     }
     pthread_mutex_unlock(&S->dev_mu);
@@ -700,7 +917,10 @@ static CUresult primary_down(CUdevice dev, CUresult (*fn)(CUdevice), int reset)
     CUresult r = fn(dev);
     if (r == CUDA_SUCCESS && S->primary_refs[dev] > 0) {
         S->primary_refs[dev] = reset ? 0 : S->primary_refs[dev] - 1;
-        if (S->primary_refs[dev] == 0) uncharge(dev, S->cfg.context_overhead);
+        if (S->primary_refs[dev] == 0) {
+            uncharge(dev, S->cfg.context_overhead);
+            ctx_gone((uint64_t)(uintptr_t)S->primary_ctx[dev]); /* the driver destroyed it */
+        }
     }
     pthread_mutex_unlock(&S->dev_mu);
     return r;

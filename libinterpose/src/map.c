@@ -33,20 +33,59 @@ static int grow(egpu_map *m)
 
 void egpu_map_put(egpu_map *m, int kind, uint64_t key, uint64_t bytes, int dev)
 {
+    egpu_map_ent e = {key, bytes, 0, 0, dev, kind};
+    egpu_map_put_ent(m, &e);
+}
+
+void egpu_map_put_ent(egpu_map *m, const egpu_map_ent *e)
+{
     pthread_mutex_lock(&m->mu);
     if ((m->count + m->tombs + 1) * 2 > m->cap && grow(m) != 0) {
         pthread_mutex_unlock(&m->mu);
         return; /* out of host memory: the charge stays until the process exits */
     }
-    size_t j = hash(key, kind) & (m->cap - 1);
+    size_t j = hash(e->key, e->kind) & (m->cap - 1);
     while (m->slots[j].kind > 0) j = (j + 1) & (m->cap - 1);
     if (m->slots[j].kind == TOMB) m->tombs--;
-    m->slots[j] = (egpu_map_ent){key, bytes, dev, kind};
+    m->slots[j] = *e;
     m->count++;
     pthread_mutex_unlock(&m->mu);
 }
 
 int egpu_map_take(egpu_map *m, int kind, uint64_t key, uint64_t *bytes, int *dev)
+{
+    egpu_map_ent e;
+    if (egpu_map_take_ent(m, kind, key, &e) != 0) return -1;
+    *bytes = e.bytes;
+    *dev = e.dev;
+    return 0;
+}
+
+size_t egpu_map_take_ctx(egpu_map *m, uint64_t ctx, egpu_map_ent **out)
+{
+    size_t n = 0, cap = 0;
+    *out = NULL;
+    pthread_mutex_lock(&m->mu);
+    for (size_t i = 0; i < m->cap; i++) {
+        egpu_map_ent *e = &m->slots[i];
+        if ((e->kind != MAP_PTR && e->kind != MAP_ARRAY) || e->ctx != ctx) continue;
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            egpu_map_ent *ns = realloc(*out, nc * sizeof *ns);
+            if (!ns) break; /* out of host memory: the rest stays charged until exit */
+            *out = ns;
+            cap = nc;
+        }
+        (*out)[n++] = *e;
+        e->kind = TOMB;
+        m->count--;
+        m->tombs++;
+    }
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
+int egpu_map_take_ent(egpu_map *m, int kind, uint64_t key, egpu_map_ent *out)
 {
     int found = -1;
     pthread_mutex_lock(&m->mu);
@@ -55,8 +94,7 @@ int egpu_map_take(egpu_map *m, int kind, uint64_t key, uint64_t *bytes, int *dev
         while (m->slots[j].kind) {
             egpu_map_ent *e = &m->slots[j];
             if (e->kind == kind && e->key == key) {
-                *bytes = e->bytes;
-                *dev = e->dev;
+                *out = *e;
                 e->kind = TOMB;
                 m->count--;
                 m->tombs++;

@@ -6,7 +6,11 @@
  *   nvml [idx] | nvml2 [idx] | async MiB | freeasync | sync | pool_create [dev] | pool_alloc MiB
  *   pool_trim MiB | pool_threshold MiB | pool_destroy
  *   vmm MiB host|dev ID | vmm_map | vmm_unmap | vmm_release | thread_vmm MiB DEV
- *   array W H | array3d W H D | mipmap W H LEVELS | array_destroy | hostalloc MiB | hostfree
+ *   vmm_retain (retain the handle of the last mapping: a new handle entry)
+ *   vmm_share (export the last handle as a POSIX fd and import it: a new handle entry)
+ *   vmm_map_part MiB (map only the first MiB of the last handle)
+ *   ctx_destroy (destroy the last context made by "ctx")
+ *   array W H | array3d W H D [CH] | mipmap W H LEVELS | array_destroy | hostalloc MiB | hostfree
  *   sleep MS | hold (print "holding" and sleep until killed) | kill (SIGKILL itself)
  *   loop N <steps...> ;  (repeat steps up to ";" N times, printing only failures)
  */
@@ -28,6 +32,9 @@ static CUmemGenericAllocationHandle vh[256];
 static size_t vsz[256];
 static int nvh;
 static CUdeviceptr vaddr[256];
+static CUdeviceptr maddr[256]; /* mappings made by vmm_map(_part), a stack: vmm_unmap pops */
+static size_t mres[256], mlen[256];
+static int nmap;
 static CUarray arrs[64];
 static int narr;
 static int arr_is_mip[64];
@@ -69,11 +76,18 @@ static int step(int argc, char **argv, int i)
 {
     const char *s = argv[i++];
 #define ARG(def) (i < argc && argv[i][0] >= '0' && argv[i][0] <= '9' ? strtoull(argv[i++], NULL, 10) : (def))
+    static CUcontext ctxs[64];
+    static int nctx;
     if (!strcmp(s, "init")) out(s, p_cuInit(0), NULL);
     else if (!strcmp(s, "ctx")) {
         CUcontext c;
         int d = (int)ARG(0);
-        out(s, p_cuCtxCreate_v2(&c, 0, d), NULL);
+        CUresult r = p_cuCtxCreate_v2(&c, 0, d);
+        if (!r && nctx < 64) ctxs[nctx++] = c;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "ctx_destroy")) {
+        out(s, nctx ? p_cuCtxDestroy_v2(ctxs[--nctx]) : 1, NULL);
+        if (nctx) p_cuCtxSetCurrent(ctxs[nctx - 1]);
     } else if (!strcmp(s, "primary")) {
         CUcontext c = NULL;
         int d = (int)ARG(0);
@@ -179,6 +193,7 @@ static int step(int argc, char **argv, int i)
         prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
         prop.location.type = !strcmp(where, "host") ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
         prop.location.id = id;
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         CUresult r = p_cuMemCreate(&vh[nvh], mib * MIB, &prop, 0);
         if (r == CUDA_SUCCESS) vsz[nvh++] = mib * MIB;
         out(s, r, NULL);
@@ -188,11 +203,32 @@ static int step(int argc, char **argv, int i)
         if (!r) r = p_cuMemMap(vaddr[k], vsz[k], 0, vh[k], 0);
         CUmemAccessDesc ad = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, 3};
         if (!r) r = p_cuMemSetAccess(vaddr[k], vsz[k], &ad, 1);
+        if (!r) { maddr[nmap] = vaddr[k]; mres[nmap] = mlen[nmap] = vsz[k]; nmap++; }
         out(s, r, NULL);
     } else if (!strcmp(s, "vmm_unmap")) {
+        int k = nmap - 1;
+        CUresult r = k < 0 ? 1 : p_cuMemUnmap(maddr[k], mlen[k]);
+        if (!r) r = p_cuMemAddressFree(maddr[k], mres[k]);
+        if (!r) nmap--;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "vmm_map_part")) {
         int k = nvh - 1;
-        CUresult r = k < 0 ? 1 : p_cuMemUnmap(vaddr[k], vsz[k]);
-        if (!r) r = p_cuMemAddressFree(vaddr[k], vsz[k]);
+        size_t len = ARG(2) * MIB;
+        CUresult r = k < 0 ? 1 : p_cuMemAddressReserve(&vaddr[k], vsz[k], 0, 0, 0);
+        if (!r) r = p_cuMemMap(vaddr[k], len, 0, vh[k], 0);
+        if (!r) { maddr[nmap] = vaddr[k]; mres[nmap] = vsz[k]; mlen[nmap] = len; nmap++; }
+        out(s, r, NULL);
+    } else if (!strcmp(s, "vmm_retain")) {
+        int k = nmap - 1;
+        CUresult r = k < 0 ? 1 : p_cuMemRetainAllocationHandle(&vh[nvh], (void *)(uintptr_t)maddr[k]);
+        if (!r) { vsz[nvh] = mres[k]; nvh++; }
+        out(s, r, NULL);
+    } else if (!strcmp(s, "vmm_share")) {
+        int k = nvh - 1, fd = -1;
+        CUresult r = k < 0 ? 1 : p_cuMemExportToShareableHandle(&fd, vh[k], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (!r) r = p_cuMemImportFromShareableHandle(&vh[nvh], (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (!r) { vsz[nvh] = vsz[k]; nvh++; }
+        if (fd >= 0) close(fd);
         out(s, r, NULL);
     } else if (!strcmp(s, "vmm_release")) {
         out(s, nvh ? p_cuMemRelease(vh[--nvh]) : 1, NULL);
@@ -210,6 +246,7 @@ static int step(int argc, char **argv, int i)
         out(s, r, NULL);
     } else if (!strcmp(s, "array3d")) {
         CUDA_ARRAY3D_DESCRIPTOR d = {ARG(256), ARG(256), ARG(256), CU_AD_FORMAT_FLOAT, 1, 0};
+        d.NumChannels = (unsigned)ARG(1);
         CUresult r = p_cuArray3DCreate_v2(&arrs[narr], &d);
         if (!r) arr_is_mip[narr++] = 0;
         out(s, r, NULL);

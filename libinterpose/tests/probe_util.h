@@ -28,6 +28,9 @@
     X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)) \
     X(cuMemAddressFree, (CUdeviceptr, size_t)) \
     X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
+    X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *, void *)) \
+    X(cuMemExportToShareableHandle, (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
+    X(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType)) \
     X(cuMemUnmap, (CUdeviceptr, size_t)) X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)) \
     X(cuArrayCreate_v2, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *)) X(cuArrayDestroy, (CUarray)) \
     X(cuArray3DCreate_v2, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *)) \

@@ -1,0 +1,330 @@
+"""Fixes for the adversarial review (F3..F9): each test is named after its finding."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import LIB, MIB, one, parse
+
+UUID0 = "GPU-00000000-0000-0000-0000-000000000000"
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1)"
+)
+
+
+def _in_mount_ns_with_config(rig, doc: dict | None, steps, **extra) -> list[dict]:
+    """Run cuprobe in a private mount namespace whose /run/egpu/config.json is `doc` (as the
+    runtime hook binds it), or where /run/egpu does not exist (doc None)."""
+    setup = "mount -t tmpfs none /run"
+    if doc is not None:
+        setup += " && mkdir -p /run/egpu && cat > /run/egpu/config.json && chmod 444 /run/egpu/config.json"
+    script = f'{setup} && exec "$@"'
+    p = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", str(LIB / "cuprobe"), *map(str, steps)],
+        input=json.dumps(doc) if doc is not None else "",
+        env=rig.base_env(True, **extra),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    return parse(p.stdout)
+
+
+def _doc(rig, mib: int) -> dict:
+    return {
+        "version": 1,
+        "namespace": "ns",
+        "pod": "p",
+        "pod_uid": "uid",
+        "container": "c",
+        "container_region": str(rig.tmp / "egpu" / "containers" / "uid_c" / "region"),
+        "cards": [{"uuid": UUID0, "memory_mib": mib, "cores": 0}],
+    }
+
+
+# ---- F3: EGPU_CONFIG_PATH cannot override the node's config file -------------------------
+@needs_root
+def test_config_path_env_ignored_when_node_config_exists(rig):
+    own = rig.tmp / "mine.json"
+    own.write_text(json.dumps(_doc(rig, 20000)))
+    steps = ["init", "primary", "totalmem", "alloc", 5000]
+    for env_path in (str(rig.tmp / "missing.json"), str(own)):
+        rows = _in_mount_ns_with_config(
+            rig, _doc(rig, 4096), steps, EGPU_CONFIG_PATH=env_path, EGPU_MEMORY_LIMIT_MIB=20000
+        )
+        assert one(rows, "init")["rc"] == 0, rows
+        assert one(rows, "totalmem")["total"] == 4096 * MIB, (env_path, rows)
+        assert one(rows, "alloc")["rc"] == 2, (env_path, rows)  # over the node's 4096 MiB cap
+
+
+@needs_root
+def test_config_path_env_honoured_without_node_config(rig):
+    own = rig.tmp / "mine.json"
+    own.write_text(json.dumps(_doc(rig, 6000)))
+    rows = _in_mount_ns_with_config(rig, None, ["init", "primary", "totalmem"], EGPU_CONFIG_PATH=str(own))
+    assert one(rows, "totalmem")["total"] == 6000 * MIB, rows
+    rows = _in_mount_ns_with_config(
+        rig, None, ["init", "primary", "totalmem"],
+        EGPU_CONFIG_PATH=str(rig.tmp / "missing.json"), EGPU_MEMORY_LIMIT_MIB=3000,
+    )
+    assert one(rows, "totalmem")["total"] == 3000 * MIB, rows
+
+
+# ---- F4: VMM memory is freed when released AND unmapped ----------------------------------
+def test_vmm_release_while_mapped_stays_charged(rig):
+    steps = ["init", "ctx"]
+    for _ in range(6):
+        steps += ["vmm", 1024, "dev", 0, "vmm_map", "vmm_release"]
+    steps += ["meminfo"]
+    rows = rig.probe(*steps, EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0)
+    creates = [r["rc"] for r in rows if r["step"] == "vmm"]
+    assert creates == [0, 0, 0, 0, 2, 2], rows  # mapped memory still counts after release
+    assert one(rows, "meminfo")["used"] == 4096 * MIB
+
+
+def test_vmm_release_then_unmap_gives_back(rig):
+    rows = rig.probe(
+        "init", "ctx", "vmm", 1024, "dev", 0, "vmm_map", "vmm_release", "meminfo", "nvml",
+        "vmm_unmap", "meminfo", "nvml",
+        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+    )
+    assert all(r["rc"] == 0 for r in rows), rows
+    assert one(rows, "meminfo", 0)["used"] == 1024 * MIB
+    assert one(rows, "nvml", 0)["used"] == 1024 * MIB
+    assert one(rows, "meminfo", 1)["used"] == 0  # released and unmapped: freed
+    assert one(rows, "nvml", 1)["used"] == 0
+
+
+def test_vmm_release_while_mapped_fake_driver_keeps_memory(rig):
+    # the fake driver itself (no interposer) is faithful: card usage stays until the unmap
+    rows = rig.probe(
+        "init", "ctx", "vmm", 1024, "dev", 0, "vmm_map", "vmm_release", "meminfo", "vmm_unmap", "meminfo",
+        preload=False,
+    )
+    assert all(r["rc"] == 0 for r in rows), rows
+    assert one(rows, "meminfo", 0)["used"] == 1024 * MIB
+    assert one(rows, "meminfo", 1)["used"] == 0
+
+
+def test_vmm_retain_allocation_handle_no_double_charge(rig):
+    rows = rig.probe(
+        "init", "ctx", "vmm", 1024, "dev", 0, "vmm_map", "vmm_retain", "meminfo",
+        "vmm_release", "meminfo",  # the retained handle
+        "vmm_release", "meminfo",  # the original: still mapped
+        "vmm_unmap", "meminfo",
+        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+    )
+    assert all(r["rc"] == 0 for r in rows), rows
+    assert [r["used"] for r in rows if r["step"] == "meminfo"] == [1024 * MIB] * 3 + [0]
+
+
+def test_vmm_import_charged_to_importer(rig):
+    # an import is charged the granularity (2 MiB) at import, then what its mappings reach
+    rows = rig.probe(
+        "init", "ctx", "vmm", 512, "dev", 0, "vmm_share", "meminfo",
+        "vmm_map_part", 256, "meminfo", "vmm_unmap", "vmm_release", "meminfo", "vmm_release", "meminfo",
+        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+    )
+    assert all(r["rc"] == 0 for r in rows), rows
+    used = [r["used"] for r in rows if r["step"] == "meminfo"]
+    assert used == [(512 + 2) * MIB, (512 + 256) * MIB, 512 * MIB, 0], used
+
+
+def test_vmm_import_mapping_over_cap_refused(rig):
+    rows = rig.probe(
+        "init", "ctx", "vmm", 3000, "dev", 0, "vmm_share", "vmm_map", "meminfo",
+        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+    )
+    assert one(rows, "vmm_share")["rc"] == 0
+    assert one(rows, "vmm_map")["rc"] == 2, rows  # 3000 + 3000 MiB > 4096 MiB
+    assert one(rows, "meminfo")["used"] == (3000 + 2) * MIB
+
+
+# ---- F7: concurrent pool allocations cannot pass the cap together ------------------------
+def test_pool_race_concurrent_alloc_from_pool_within_cap(rig):
+    # the fake driver sleeps 200 us in each pool allocation: both threads are inside it together
+    p = rig.run("pool_race", 200, EGPU_MEMORY_LIMIT_MIB=1536, FAKEGPU_POOL_ALLOC_DELAY_US=200, timeout=120)
+    row = one(parse(p.stdout), "pool_race")
+    assert row["rc"] == 0 and row["rounds"] == 200, p.stdout
+    assert row["both"] == 0, p.stdout
+    assert row["one"] == 200, p.stdout  # and one of the two always succeeds (cache reuse)
+
+
+# ---- F9: array size overflow; context destroy gives back its allocations ----------------
+def test_arr_bytes_overflow_refused(rig):
+    big = 1 << 20
+    rows = rig.probe(
+        "init", "primary", "array3d", big, big, big, 4, "meminfo", "array3d", 64, 64, 64, 4, "meminfo",
+        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+    )
+    assert one(rows, "array3d", 0)["rc"] == 1, rows  # CUDA_ERROR_INVALID_VALUE, never charged 0
+    assert one(rows, "meminfo", 0)["used"] == 0
+    assert one(rows, "array3d", 1)["rc"] == 0
+    assert one(rows, "meminfo", 1)["used"] == 64 * 64 * 64 * 16
+
+
+def test_ctx_destroy_gives_back_its_allocations(rig):
+    rows = rig.probe(
+        "init", "primary", "ctx", "alloc", 1024, "pitch", 1000, 1000, "array", 256, 256, "meminfo",
+        "ctx_destroy", "meminfo", "nvml",
+        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+    )
+    assert all(r["rc"] == 0 for r in rows), rows
+    assert one(rows, "meminfo", 0)["used"] > 1024 * MIB
+    assert one(rows, "meminfo", 1)["used"] == 0, rows  # the driver freed them with the context
+    assert one(rows, "nvml")["used"] == 0
+
+
+def test_ctx_destroy_keeps_other_contexts_allocations(rig):
+    rows = rig.probe(
+        "init", "ctx", "alloc", 512, "ctx", "alloc", 256, "ctx_destroy", "meminfo",
+        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+    )
+    assert all(r["rc"] == 0 for r in rows), rows
+    assert one(rows, "meminfo")["used"] == 512 * MIB
+
+
+# ---- F6: a process in another pid namespace is not reaped while alive --------------------
+@needs_root
+def test_nested_pid_namespace_usage_not_reaped_while_alive(rig):
+    env = rig.base_env(True, EGPU_MEMORY_LIMIT_MIB=4096)
+    holder = subprocess.Popen(
+        ["unshare", "-pf", "--mount-proc", "--kill-child", str(LIB / "cuprobe"),
+         "init", "ctx", "alloc", "3000", "meminfo", "hold"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        lines = []
+        for line in holder.stdout:
+            lines.append(line)
+            if line.startswith("hold"):
+                break
+        rows = parse("".join(lines))
+        assert one(rows, "alloc")["rc"] == 0, (lines, holder.stderr)
+        # the holder is pid 1 (or so) in its namespace: here that pid is dead or someone else
+        time.sleep(0.1)  # past the 50 ms reap interval of capacity queries
+        rows = rig.probe("init", "ctx", "meminfo", "alloc", 3000, "meminfo", EGPU_MEMORY_LIMIT_MIB=4096)
+        assert one(rows, "meminfo")["used"] >= 3000 * MIB + 2 * 256 * MIB, rows
+        assert one(rows, "alloc")["rc"] == 2, rows  # the holder's 3000 MiB still count
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    time.sleep(0.2)
+    # once it is gone, its slot is reclaimed (the kernel dropped its lock)
+    rows = rig.probe("init", "ctx", "alloc", 3000, "meminfo", EGPU_MEMORY_LIMIT_MIB=4096)
+    assert one(rows, "alloc")["rc"] == 0, rows
+    assert one(rows, "meminfo")["used"] == 3000 * MIB + 256 * MIB
+
+
+# ---- F5: region files that are not what they should be are refused, never hang or crash --
+def _bad_files(d: Path) -> dict[str, Path]:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "target").write_bytes(b"")
+    os.mkfifo(d / "fifo")
+    (d / "link").symlink_to(d / "target")
+    (d / "short").write_bytes(b"\0" * 100)
+    (d / "foreign").write_bytes(b"\x01" * 20480)  # the right size, not ours
+    return {k: d / k for k in ("fifo", "link", "short", "foreign")}
+
+
+def test_region_files_fifo_symlink_short_refused(rig):
+    bad = _bad_files(rig.tmp / "bad")
+    for kind, path in bad.items():
+        for what in ("card", "acct"):
+            if what == "acct" and kind == "foreign":
+                continue
+            p = rig.run("region_check", what, path, preload=False, timeout=20)
+            assert one(parse(p.stdout), what)["rc"] == 1, (what, kind, p.stdout, p.stderr)
+            assert "refused" in p.stderr or "not a regular file" in p.stderr or "symbolic link" in p.stderr \
+                or "size" in p.stderr or "magic" in p.stderr, (what, kind, p.stderr)
+    assert (rig.tmp / "bad" / "short").stat().st_size == 100  # never grown or rewritten
+    assert (rig.tmp / "bad" / "target").stat().st_size == 0  # the link was not followed
+
+
+def test_region_files_empty_preexisting_initialised_in_place(rig):
+    card = rig.tmp / "cards" / "GPU-x"
+    card.parent.mkdir(parents=True)
+    card.write_bytes(b"")
+    card.chmod(0o666)
+    ino = card.stat().st_ino
+    p = rig.run("region_check", "card", card, "card", card, "lock", card, preload=False, timeout=20)
+    rows = parse(p.stdout)
+    assert [r["rc"] for r in rows] == [0, 0, 0], p.stdout
+    assert card.stat().st_ino == ino  # the same file (bind mounts cannot be replaced)
+    assert card.stat().st_size == 20480
+
+
+def test_card_region_lock_held_forever_does_not_hang(rig):
+    card = rig.tmp / "card"
+    holder = subprocess.Popen(
+        [str(LIB / "region_check"), "hold", str(card)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().startswith("hold rc=0")
+        p = rig.run("region_check", "lock", card, preload=False, timeout=20)
+        row = one(parse(p.stdout), "lock")
+        assert row["rc"] == 110 and row["ms"] < 2000, p.stdout  # ETIMEDOUT, bounded
+        assert "not coordinated" in p.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_region_files_bad_container_region_refuses_cuda(rig):
+    bad = _bad_files(rig.tmp / "bad")
+    for kind in ("fifo", "link", "short"):
+        rows = rig.probe("init", EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTAINER_REGION=bad[kind])
+        assert one(rows, "init")["rc"] == 3, (kind, rows)  # CUDA refused, no hang, no crash
+
+
+def test_region_files_bad_card_region_compute_not_shared(rig):
+    bad = _bad_files(rig.tmp / "bad")
+    for kind in ("fifo", "link", "short"):
+        path = rig.egpu_config([(UUID0, 4096)])
+        doc = json.loads(path.read_text())
+        doc["cards"][0]["cores"] = 50
+        doc["cards"][0]["card_region"] = str(bad[kind])
+        path.write_text(json.dumps(doc))
+        p = rig.run("cuprobe", "init", "primary", "launch", 3, "alloc", 64, timeout=30)
+        rows = parse(p.stdout)
+        assert all(r["rc"] == 0 for r in rows), (kind, rows, p.stderr)
+        assert "compute on that card is not shared" in p.stderr, (kind, p.stderr)
+
+
+@needs_root
+def test_nested_pid_namespace_card_slot_not_reaped_while_alive(rig):
+    """The same kind in the card region (shared by containers in other pid namespaces): a
+    share's slot is not freed by a peer while its process lives."""
+    card = rig.tmp / "card"
+    pid = 77777
+    try:
+        os.kill(pid, 0)
+        pytest.skip(f"pid {pid} exists here")
+    except ProcessLookupError:
+        pass
+    holder = subprocess.Popen(
+        ["unshare", "-pf", "--mount-proc", "--kill-child", "sh", "-c",
+         f'echo {pid - 1} > /proc/sys/kernel/ns_last_pid && "$0" claim "$1"; true',
+         str(LIB / "region_check"), str(card)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        row = one(parse(holder.stdout.readline()), "claim")
+        assert row["rc"] == 0 and row["pid"] == pid, row
+        p = rig.run("region_check", "peer", card, preload=False, timeout=20)
+        assert one(parse(p.stdout), "peer")["owners"] == 2, p.stdout  # A is alive: kept
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    time.sleep(0.2)
+    p = rig.run("region_check", "peer", card, preload=False, timeout=20)
+    assert one(parse(p.stdout), "peer")["owners"] == 1, p.stdout  # A is gone: freed
