@@ -25,7 +25,8 @@ def _in_mount_ns_with_config(rig, doc: dict | None, steps, **extra) -> list[dict
     runtime hook binds it), or where /run/egpu does not exist (doc None)."""
     setup = "mount -t tmpfs none /run"
     if doc is not None:
-        setup += " && mkdir -p /run/egpu && cat > /run/egpu/config.json && chmod 444 /run/egpu/config.json"
+        setup += (" && mkdir -p /run/egpu && cat > /run/egpu/config.json"
+                  " && chmod 444 /run/egpu/config.json")
     script = f'{setup} && exec "$@"'
     p = subprocess.run(
         ["unshare", "-m", "sh", "-c", script, "sh", str(LIB / "cuprobe"), *map(str, steps)],
@@ -70,11 +71,16 @@ def test_config_path_env_ignored_when_node_config_exists(rig):
 def test_config_path_env_honoured_without_node_config(rig):
     own = rig.tmp / "mine.json"
     own.write_text(json.dumps(_doc(rig, 6000)))
-    rows = _in_mount_ns_with_config(rig, None, ["init", "primary", "totalmem"], EGPU_CONFIG_PATH=str(own))
+    rows = _in_mount_ns_with_config(
+        rig, None, ["init", "primary", "totalmem"], EGPU_CONFIG_PATH=str(own)
+    )
     assert one(rows, "totalmem")["total"] == 6000 * MIB, rows
     rows = _in_mount_ns_with_config(
-        rig, None, ["init", "primary", "totalmem"],
-        EGPU_CONFIG_PATH=str(rig.tmp / "missing.json"), EGPU_MEMORY_LIMIT_MIB=3000,
+        rig,
+        None,
+        ["init", "primary", "totalmem"],
+        EGPU_CONFIG_PATH=str(rig.tmp / "missing.json"),
+        EGPU_MEMORY_LIMIT_MIB=3000,
     )
     assert one(rows, "totalmem")["total"] == 3000 * MIB, rows
 
@@ -93,9 +99,21 @@ def test_vmm_release_while_mapped_stays_charged(rig):
 
 def test_vmm_release_then_unmap_gives_back(rig):
     rows = rig.probe(
-        "init", "ctx", "vmm", 1024, "dev", 0, "vmm_map", "vmm_release", "meminfo", "nvml",
-        "vmm_unmap", "meminfo", "nvml",
-        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+        "init",
+        "ctx",
+        "vmm",
+        1024,
+        "dev",
+        0,
+        "vmm_map",
+        "vmm_release",
+        "meminfo",
+        "nvml",
+        "vmm_unmap",
+        "meminfo",
+        "nvml",
+        EGPU_MEMORY_LIMIT_MIB=4096,
+        EGPU_CONTEXT_OVERHEAD_MIB=0,
     )
     assert all(r["rc"] == 0 for r in rows), rows
     assert one(rows, "meminfo", 0)["used"] == 1024 * MIB
@@ -107,7 +125,17 @@ def test_vmm_release_then_unmap_gives_back(rig):
 def test_vmm_release_while_mapped_fake_driver_keeps_memory(rig):
     # the fake driver itself (no interposer) is faithful: card usage stays until the unmap
     rows = rig.probe(
-        "init", "ctx", "vmm", 1024, "dev", 0, "vmm_map", "vmm_release", "meminfo", "vmm_unmap", "meminfo",
+        "init",
+        "ctx",
+        "vmm",
+        1024,
+        "dev",
+        0,
+        "vmm_map",
+        "vmm_release",
+        "meminfo",
+        "vmm_unmap",
+        "meminfo",
         preload=False,
     )
     assert all(r["rc"] == 0 for r in rows), rows
@@ -117,11 +145,23 @@ def test_vmm_release_while_mapped_fake_driver_keeps_memory(rig):
 
 def test_vmm_retain_allocation_handle_no_double_charge(rig):
     rows = rig.probe(
-        "init", "ctx", "vmm", 1024, "dev", 0, "vmm_map", "vmm_retain", "meminfo",
-        "vmm_release", "meminfo",  # the retained handle
-        "vmm_release", "meminfo",  # the original: still mapped
-        "vmm_unmap", "meminfo",
-        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+        "init",
+        "ctx",
+        "vmm",
+        1024,
+        "dev",
+        0,
+        "vmm_map",
+        "vmm_retain",
+        "meminfo",
+        "vmm_release",
+        "meminfo",  # the retained handle
+        "vmm_release",
+        "meminfo",  # the original: still mapped
+        "vmm_unmap",
+        "meminfo",
+        EGPU_MEMORY_LIMIT_MIB=4096,
+        EGPU_CONTEXT_OVERHEAD_MIB=0,
     )
     assert all(r["rc"] == 0 for r in rows), rows
     assert [r["used"] for r in rows if r["step"] == "meminfo"] == [1024 * MIB] * 3 + [0]
@@ -130,9 +170,24 @@ def test_vmm_retain_allocation_handle_no_double_charge(rig):
 def test_vmm_import_charged_to_importer(rig):
     # an import is charged the granularity (2 MiB) at import, then what its mappings reach
     rows = rig.probe(
-        "init", "ctx", "vmm", 512, "dev", 0, "vmm_share", "meminfo",
-        "vmm_map_part", 256, "meminfo", "vmm_unmap", "vmm_release", "meminfo", "vmm_release", "meminfo",
-        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+        "init",
+        "ctx",
+        "vmm",
+        512,
+        "dev",
+        0,
+        "vmm_share",
+        "meminfo",
+        "vmm_map_part",
+        256,
+        "meminfo",
+        "vmm_unmap",
+        "vmm_release",
+        "meminfo",
+        "vmm_release",
+        "meminfo",
+        EGPU_MEMORY_LIMIT_MIB=4096,
+        EGPU_CONTEXT_OVERHEAD_MIB=0,
     )
     assert all(r["rc"] == 0 for r in rows), rows
     used = [r["used"] for r in rows if r["step"] == "meminfo"]
@@ -141,8 +196,17 @@ def test_vmm_import_charged_to_importer(rig):
 
 def test_vmm_import_mapping_over_cap_refused(rig):
     rows = rig.probe(
-        "init", "ctx", "vmm", 3000, "dev", 0, "vmm_share", "vmm_map", "meminfo",
-        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+        "init",
+        "ctx",
+        "vmm",
+        3000,
+        "dev",
+        0,
+        "vmm_share",
+        "vmm_map",
+        "meminfo",
+        EGPU_MEMORY_LIMIT_MIB=4096,
+        EGPU_CONTEXT_OVERHEAD_MIB=0,
     )
     assert one(rows, "vmm_share")["rc"] == 0
     assert one(rows, "vmm_map")["rc"] == 2, rows  # 3000 + 3000 MiB > 4096 MiB
@@ -152,7 +216,9 @@ def test_vmm_import_mapping_over_cap_refused(rig):
 # ---- F7: concurrent pool allocations cannot pass the cap together ------------------------
 def test_pool_race_concurrent_alloc_from_pool_within_cap(rig):
     # the fake driver sleeps 200 us in each pool allocation: both threads are inside it together
-    p = rig.run("pool_race", 200, EGPU_MEMORY_LIMIT_MIB=1536, FAKEGPU_POOL_ALLOC_DELAY_US=200, timeout=120)
+    p = rig.run(
+        "pool_race", 200, EGPU_MEMORY_LIMIT_MIB=1536, FAKEGPU_POOL_ALLOC_DELAY_US=200, timeout=120
+    )
     row = one(parse(p.stdout), "pool_race")
     assert row["rc"] == 0 and row["rounds"] == 200, p.stdout
     assert row["both"] == 0, p.stdout
@@ -163,8 +229,22 @@ def test_pool_race_concurrent_alloc_from_pool_within_cap(rig):
 def test_arr_bytes_overflow_refused(rig):
     big = 1 << 20
     rows = rig.probe(
-        "init", "primary", "array3d", big, big, big, 4, "meminfo", "array3d", 64, 64, 64, 4, "meminfo",
-        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+        "init",
+        "primary",
+        "array3d",
+        big,
+        big,
+        big,
+        4,
+        "meminfo",
+        "array3d",
+        64,
+        64,
+        64,
+        4,
+        "meminfo",
+        EGPU_MEMORY_LIMIT_MIB=4096,
+        EGPU_CONTEXT_OVERHEAD_MIB=0,
     )
     assert one(rows, "array3d", 0)["rc"] == 1, rows  # CUDA_ERROR_INVALID_VALUE, never charged 0
     assert one(rows, "meminfo", 0)["used"] == 0
@@ -174,9 +254,23 @@ def test_arr_bytes_overflow_refused(rig):
 
 def test_ctx_destroy_gives_back_its_allocations(rig):
     rows = rig.probe(
-        "init", "primary", "ctx", "alloc", 1024, "pitch", 1000, 1000, "array", 256, 256, "meminfo",
-        "ctx_destroy", "meminfo", "nvml",
-        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+        "init",
+        "primary",
+        "ctx",
+        "alloc",
+        1024,
+        "pitch",
+        1000,
+        1000,
+        "array",
+        256,
+        256,
+        "meminfo",
+        "ctx_destroy",
+        "meminfo",
+        "nvml",
+        EGPU_MEMORY_LIMIT_MIB=4096,
+        EGPU_CONTEXT_OVERHEAD_MIB=0,
     )
     assert all(r["rc"] == 0 for r in rows), rows
     assert one(rows, "meminfo", 0)["used"] > 1024 * MIB
@@ -186,8 +280,17 @@ def test_ctx_destroy_gives_back_its_allocations(rig):
 
 def test_ctx_destroy_keeps_other_contexts_allocations(rig):
     rows = rig.probe(
-        "init", "ctx", "alloc", 512, "ctx", "alloc", 256, "ctx_destroy", "meminfo",
-        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+        "init",
+        "ctx",
+        "alloc",
+        512,
+        "ctx",
+        "alloc",
+        256,
+        "ctx_destroy",
+        "meminfo",
+        EGPU_MEMORY_LIMIT_MIB=4096,
+        EGPU_CONTEXT_OVERHEAD_MIB=0,
     )
     assert all(r["rc"] == 0 for r in rows), rows
     assert one(rows, "meminfo")["used"] == 512 * MIB
@@ -198,9 +301,23 @@ def test_ctx_destroy_keeps_other_contexts_allocations(rig):
 def test_nested_pid_namespace_usage_not_reaped_while_alive(rig):
     env = rig.base_env(True, EGPU_MEMORY_LIMIT_MIB=4096)
     holder = subprocess.Popen(
-        ["unshare", "-pf", "--mount-proc", "--kill-child", str(LIB / "cuprobe"),
-         "init", "ctx", "alloc", "3000", "meminfo", "hold"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            "unshare",
+            "-pf",
+            "--mount-proc",
+            "--kill-child",
+            str(LIB / "cuprobe"),
+            "init",
+            "ctx",
+            "alloc",
+            "3000",
+            "meminfo",
+            "hold",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         lines = []
@@ -212,7 +329,9 @@ def test_nested_pid_namespace_usage_not_reaped_while_alive(rig):
         assert one(rows, "alloc")["rc"] == 0, (lines, holder.stderr)
         # the holder is pid 1 (or so) in its namespace: here that pid is dead or someone else
         time.sleep(0.1)  # past the 50 ms reap interval of capacity queries
-        rows = rig.probe("init", "ctx", "meminfo", "alloc", 3000, "meminfo", EGPU_MEMORY_LIMIT_MIB=4096)
+        rows = rig.probe(
+            "init", "ctx", "meminfo", "alloc", 3000, "meminfo", EGPU_MEMORY_LIMIT_MIB=4096
+        )
         assert one(rows, "meminfo")["used"] >= 3000 * MIB + 2 * 256 * MIB, rows
         assert one(rows, "alloc")["rc"] == 2, rows  # the holder's 3000 MiB still count
     finally:
@@ -244,8 +363,13 @@ def test_region_files_fifo_symlink_short_refused(rig):
                 continue
             p = rig.run("region_check", what, path, preload=False, timeout=20)
             assert one(parse(p.stdout), what)["rc"] == 1, (what, kind, p.stdout, p.stderr)
-            assert "refused" in p.stderr or "not a regular file" in p.stderr or "symbolic link" in p.stderr \
-                or "size" in p.stderr or "magic" in p.stderr, (what, kind, p.stderr)
+            assert (
+                "refused" in p.stderr
+                or "not a regular file" in p.stderr
+                or "symbolic link" in p.stderr
+                or "size" in p.stderr
+                or "magic" in p.stderr
+            ), (what, kind, p.stderr)
     assert (rig.tmp / "bad" / "short").stat().st_size == 100  # never grown or rewritten
     assert (rig.tmp / "bad" / "target").stat().st_size == 0  # the link was not followed
 
@@ -312,10 +436,19 @@ def test_nested_pid_namespace_card_slot_not_reaped_while_alive(rig):
     except ProcessLookupError:
         pass
     holder = subprocess.Popen(
-        ["unshare", "-pf", "--mount-proc", "--kill-child", "sh", "-c",
-         f'echo {pid - 1} > /proc/sys/kernel/ns_last_pid && "$0" claim "$1"; true',
-         str(LIB / "region_check"), str(card)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            "unshare",
+            "-pf",
+            "--mount-proc",
+            "--kill-child",
+            "sh",
+            "-c",
+            f'echo {pid - 1} > /proc/sys/kernel/ns_last_pid && "$0" claim "$1"; true',
+            str(LIB / "region_check"),
+            str(card),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         row = one(parse(holder.stdout.readline()), "claim")

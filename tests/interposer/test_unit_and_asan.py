@@ -150,17 +150,52 @@ def test_asan_review_fixes(rig, asan, tmp_path):
 
     rows = parse(
         _run(
-            rig, "cuprobe", asan,
-            "init", "ctx", "vmm", 64, "dev", 0, "vmm_map", "vmm_retain", "vmm_release", "vmm_release",
-            "vmm_unmap", "vmm", 64, "dev", 0, "vmm_share", "vmm_map_part", 32, "vmm_unmap", "vmm_release",
-            "vmm_release", "alloc", 64, "array", 64, 64, "array3d", 1 << 20, 1 << 20, 1 << 20, 4,
-            "ctx_destroy", "primary", "meminfo",
-            EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+            rig,
+            "cuprobe",
+            asan,
+            "init",
+            "ctx",
+            "vmm",
+            64,
+            "dev",
+            0,
+            "vmm_map",
+            "vmm_retain",
+            "vmm_release",
+            "vmm_release",
+            "vmm_unmap",
+            "vmm",
+            64,
+            "dev",
+            0,
+            "vmm_share",
+            "vmm_map_part",
+            32,
+            "vmm_unmap",
+            "vmm_release",
+            "vmm_release",
+            "alloc",
+            64,
+            "array",
+            64,
+            64,
+            "array3d",
+            1 << 20,
+            1 << 20,
+            1 << 20,
+            4,
+            "ctx_destroy",
+            "primary",
+            "meminfo",
+            EGPU_MEMORY_LIMIT_MIB=4096,
+            EGPU_CONTEXT_OVERHEAD_MIB=0,
         )
     )
     assert [r["step"] for r in rows if r["rc"] != 0] == ["array3d"], rows
     assert one(rows, "meminfo")["used"] == 0
-    out = _run(rig, "pool_race", asan, 50, EGPU_MEMORY_LIMIT_MIB=1536, FAKEGPU_POOL_ALLOC_DELAY_US=200)
+    out = _run(
+        rig, "pool_race", asan, 50, EGPU_MEMORY_LIMIT_MIB=1536, FAKEGPU_POOL_ALLOC_DELAY_US=200
+    )
     assert "both=0" in out, out
     import os
 
@@ -168,9 +203,23 @@ def test_asan_review_fixes(rig, asan, tmp_path):
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "short").write_bytes(b"\0" * 100)
     p = subprocess.run(
-        [str(ASAN_LIB / "region_check"), "card", str(tmp_path / "empty"), "card", str(tmp_path / "fifo"),
-         "card", str(tmp_path / "short"), "acct", str(tmp_path / "fifo"), "acct", str(tmp_path / "a" / "region")],
-        capture_output=True, text=True, timeout=60, env={"ASAN_OPTIONS": "detect_leaks=0"},
+        [
+            str(ASAN_LIB / "region_check"),
+            "card",
+            str(tmp_path / "empty"),
+            "card",
+            str(tmp_path / "fifo"),
+            "card",
+            str(tmp_path / "short"),
+            "acct",
+            str(tmp_path / "fifo"),
+            "acct",
+            str(tmp_path / "a" / "region"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"ASAN_OPTIONS": "detect_leaks=0"},
     )
     assert [r["rc"] for r in parse(p.stdout)] == [0, 1, 1, 1, 0], p.stdout + p.stderr
     assert "runtime error" not in p.stderr and "AddressSanitizer" not in p.stderr, p.stderr
