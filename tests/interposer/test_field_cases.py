@@ -82,6 +82,7 @@ def test_fc02_expandable_segments(rig):
 
 
 def test_fc03_stream_ordered_allocation_and_pools(rig):
+    """FC-03: 1000 rounds of 256 MiB async alloc/free never OOM; pool 1 GiB ok, 3 GiB refused."""
     rows = rig.probe(
         "init",
         "primary",
@@ -116,6 +117,7 @@ def test_fc03_stream_ordered_allocation_and_pools(rig):
 
 
 def test_fc03_pool_cache_counts_until_released(rig):
+    """FC-03: memory a pool keeps cached stays charged until the pool releases it."""
     rows = rig.probe(
         "init",
         "primary",
@@ -156,11 +158,13 @@ def _fc04_second(rig):
 
 
 def test_fc04_processes_one_after_another(rig):
+    """FC-04: a later process sees exactly its own 1 GiB drop; 8 GiB more is refused."""
     rig.probe("init", "primary", "alloc", 1024, EGPU_MEMORY_LIMIT_MIB=8192)
     _fc04_second(rig)
 
 
 def test_fc04_first_process_sigkilled(rig):
+    """FC-04: a SIGKILLed process leaks nothing and deadlocks no one."""
     p = rig.spawn("init", "primary", "alloc", 1024, "hold", EGPU_MEMORY_LIMIT_MIB=8192)
     assert p.stdout.readline().startswith("init")
     while not p.stdout.readline().startswith("hold"):
@@ -171,6 +175,7 @@ def test_fc04_first_process_sigkilled(rig):
 
 
 def test_fc04_processes_at_once_share_one_cap(rig):
+    """FC-04: processes running at once share one cap."""
     p = rig.spawn("init", "primary", "alloc", 4096, "hold", EGPU_MEMORY_LIMIT_MIB=8192)
     while not p.stdout.readline().startswith("hold"):
         pass
