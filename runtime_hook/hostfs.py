@@ -153,6 +153,9 @@ def create_file(folder: int, folder_path: str, name: str, mode: int) -> int:
     path = os.path.join(folder_path, name)
     fd = _open_file(folder, name, path, os.O_RDWR | os.O_CREAT, mode)
     try:
+        # In a sticky, world-writable folder (cards/) another user could have made the file;
+        # its owner could later chmod it and lock every share out of the card.
+        _owned(fd, path, "file")
         os.fchmod(fd, mode)
     except BaseException:
         os.close(fd)

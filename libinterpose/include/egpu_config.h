@@ -36,6 +36,9 @@ typedef struct {
 
 typedef struct {
     int source;
+    /* 1 when the config is the node's /run/egpu/config.json: then no EGPU_* variable of the
+     * container (context overhead, compute tunables, floor) may change the share. */
+    int node_file;
     char ns[128], pod[256], pod_uid[128], container[128];
     int priority;
     int compute_policy;

@@ -422,7 +422,8 @@ static uint64_t env_u64(const char *name, uint64_t def)
     if (!v || !*v) return def;
     char *end;
     unsigned long long x = strtoull(v, &end, 10);
-    return end != v ? (uint64_t)x : def;
+    /* 0 or garbage keeps the default: a zero tick or burst would divide by zero or spin. */
+    return end != v && !*end && x > 0 && x < (1ull << 40) ? (uint64_t)x : def;
 }
 
 void egpu_compute_env(egpu_ctl_params *p, egpu_compute_cfg *cfg)

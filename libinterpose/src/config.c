@@ -395,8 +395,17 @@ int egpu_config_load(egpu_config *c, char *err, size_t errlen)
     char sub[400];
     int rc = egpu_config_parse_json(buf, (size_t)n, c, sub, sizeof sub);
     free(buf);
-    if (rc) snprintf(err, errlen, "%s: %s", path, sub);
-    return rc;
+    if (rc) {
+        snprintf(err, errlen, "%s: %s", path, sub);
+        return rc;
+    }
+    if (!strcmp(path, EGPU_CONTAINER_CONFIG_PATH)) {
+        /* The node's file: the pod's environment must not change the share (it could set
+         * the context overhead to 0 and hold contexts' memory uncharged). */
+        c->node_file = 1;
+        c->context_overhead = (uint64_t)EGPU_CONTEXT_OVERHEAD_MIB_DEFAULT * MIB;
+    }
+    return 0;
 }
 
 uint64_t egpu_config_limit(const egpu_config *c, const char *uuid, uint64_t total)

@@ -71,7 +71,10 @@ void egpu_compute_setup(void)
     c.share_key[kn] = 0;
     egpu_ctl_params p;
     egpu_ctl_defaults(&p);
-    egpu_compute_env(&p, &c);
+    if (s->cfg.node_file)
+        c.floor_pct = 0; /* the node's config: the pod's EGPU_COMPUTE_* env must not lift the cap */
+    else
+        egpu_compute_env(&p, &c); /* raw nodes and tests: tunables from the environment */
     egpu_compute_init(&c, &p, &d);
     __atomic_store_n(&g_setup_done, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_setup_mu);

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import signal
 import socket
@@ -596,6 +597,13 @@ def test_allocation_and_priority_cannot_be_edited_and_binds_still_work(env: Env)
                 (["label", "--overwrite", "pod/a", "egpu.io/priority=high"],
                  "egpu.io/priority cannot be changed or removed"),
                 (["label", "pod/a", "egpu.io/priority-"],
+                 "egpu.io/priority cannot be changed or removed"),
+                # the status subresource carries metadata too
+                (["patch", "pod/a", "--subresource=status", "--type=merge", "-p",
+                  json.dumps({"metadata": {"annotations": {ANN_ALLOCATION: lowered}}})],
+                 "egpu.io/allocation cannot be changed or removed"),
+                (["patch", "pod/a", "--subresource=status", "--type=merge", "-p",
+                  '{"metadata":{"labels":{"egpu.io/priority":"high"}}}'],
                  "egpu.io/priority cannot be changed or removed")):
             result = _kubectl(env, "-n", ns, *args)
             assert result.returncode != 0, (args, result.stdout)

@@ -461,3 +461,16 @@ def test_nested_pid_namespace_card_slot_not_reaped_while_alive(rig):
     time.sleep(0.2)
     p = rig.run("region_check", "peer", card, preload=False, timeout=20)
     assert one(parse(p.stdout), "peer")["owners"] == 1, p.stdout  # A is gone: freed
+
+
+# ---- F3 (retest): no EGPU_* tunable of the pod changes a share set by the node's file ----
+@needs_root
+def test_pod_env_cannot_zero_context_overhead_under_node_config(rig):
+    """With /run/egpu/config.json present, EGPU_CONTEXT_OVERHEAD_MIB=0 from the pod's env is
+    ignored: contexts stay charged (else 40 contexts hold memory past the cap uncharged)."""
+    steps = ["init", "primary", "meminfo"]
+    rows = _in_mount_ns_with_config(rig, _doc(rig, 4096), steps, EGPU_CONTEXT_OVERHEAD_MIB=0)
+    assert one(rows, "meminfo")["used"] == 256 * MIB, rows
+    rows = _in_mount_ns_with_config(rig, None, steps, EGPU_CONTEXT_OVERHEAD_MIB=0,
+                                    EGPU_MEMORY_LIMIT_MIB=4096)
+    assert one(rows, "meminfo")["used"] == 0, rows  # raw node / tests: the knob still works

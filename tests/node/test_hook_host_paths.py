@@ -122,6 +122,7 @@ def test_the_reviewers_symlinked_region_folder_is_refused(world: World) -> None:
     "containers-folder-symlink", "cards-folder-symlink", "card-file-symlink",
     "card-file-hardlink", "card-file-fifo", "card-file-folder", "runtime-dir-symlink",
     "private-hook-folder-symlink", "private-config-symlink", "region-folder-is-a-file",
+    "card-file-of-another-user",
 ])
 def test_every_trap_under_the_hooks_folders_is_refused(world: World, trap: str) -> None:
     runtime, private = world.runtime, world.private
@@ -138,6 +139,9 @@ def test_every_trap_under_the_hooks_folders_is_refused(world: World, trap: str) 
             os.link(world.victim_file, card)
         elif trap == "card-file-fifo":
             os.mkfifo(card)
+        elif trap == "card-file-of-another-user":
+            card.write_text("")
+            os.chown(card, 65534, 65534)  # it could chmod it later and lock the card's shares
         else:
             card.mkdir()
     elif trap == "runtime-dir-symlink":
@@ -156,7 +160,7 @@ def test_every_trap_under_the_hooks_folders_is_refused(world: World, trap: str) 
     assert status != 0, err
     assert "egpu-hook: container cid-app: cannot install its egpu share" in err
     assert any(word in err for word in ("symlink", "not a folder", "not a regular file",
-                                        "hard links", "is a folder")), err
+                                        "hard links", "is a folder", "belongs to uid")), err
     assert mounts == []
     world.untouched()
     if trap == "card-file-hardlink":
