@@ -36,7 +36,10 @@ def test_pod_fields_policy_covers_pod_create_and_update_not_the_binding() -> Non
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert policy["spec"]["failurePolicy"] == "Fail"
     (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
-    assert rule["resources"] == ["pods"]  # not pods/binding: the extender's Binding passes
+    # Every subresource that can change a pod's metadata, but not pods/binding: the
+    # extender's Binding writes the allocation.
+    assert set(rule["resources"]) == {"pods", "pods/status", "pods/resize",
+                                      "pods/ephemeralcontainers"}
     assert set(rule["operations"]) == {"CREATE", "UPDATE"}
     text = " ".join(v["expression"] for v in policy["spec"]["validations"])
     assert "egpu.io/allocation" in text and "egpu.io/priority" in text
