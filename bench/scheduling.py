@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,6 +34,7 @@ import yaml
 
 from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
+from devcluster.extender import ExtenderProcess
 from scheduler.kube import ApiStatusError, RawApi
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,49 +51,6 @@ def _wait(what: str, check: Any, timeout: float = 120, interval: float = 0.25) -
             return value
         time.sleep(interval)
     raise SystemExit(f"timed out waiting for {what}")
-
-
-class ExtenderProcess:
-    """``python -m scheduler.main`` on 127.0.0.1:<free port>, as a child of this process."""
-
-    def __init__(self, kubeconfig: str, config: Path, log: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self.kubeconfig, self.config, self.log = kubeconfig, config, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _healthy(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise SystemExit(f"extender exited ({self.proc.returncode}):\n"
-                             + self.log.read_text()[-3000:])
-        try:
-            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "scheduler.main", "--kubeconfig", self.kubeconfig,
-                 "--host", "127.0.0.1", "--port", str(self.port), "--config", str(self.config)],
-                stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-        _wait("the extender's /healthz", self._healthy, timeout=120)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
 
 
 def add_nodes(api: RawApi, n: int, cards: int) -> list[str]:

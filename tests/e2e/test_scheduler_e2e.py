@@ -15,14 +15,9 @@ import contextlib
 import copy
 import json
 import os
-import signal
-import socket
-import ssl
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +27,7 @@ import yaml
 
 from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
+from devcluster.extender import ExtenderProcess
 from egpu.booking import CardBooking, allocation_bookings
 from egpu.contract import ANN_ALLOCATION, DEFAULT_SCHEDULER_NAME, VOLCANO_ALIASES
 from egpu.records import Allocation, Inventory
@@ -46,23 +42,6 @@ SHARES_PER_CARD = devnodes.DEFAULT_SHARES_PER_CARD
 
 # --- processes -----------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _http_ok(url: str, timeout: float = 2.0) -> bool:
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    try:
-        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def _wait(what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.3) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -74,51 +53,10 @@ def _wait(what: str, check: Callable[[], Any], timeout: float = 60, interval: fl
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
-class Extender:
-    """The extender as a child process of this test (started, killed and restarted here)."""
-
-    def __init__(self, kubeconfig: str, config: Path, log: Path) -> None:
-        self.port = _free_port()
-        self.kubeconfig, self.config, self.log = kubeconfig, config, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "scheduler.main", "--kubeconfig", self.kubeconfig,
-                 "--host", "127.0.0.1", "--port", str(self.port), "--config", str(self.config)],
-                stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-        _wait("the extender's /healthz", lambda: self._alive() and _http_ok(self.url + "/healthz"))
-
-    def _alive(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(f"extender exited ({self.proc.returncode}):\n"
-                                 + self.log.read_text()[-3000:])
-        return True
-
-    def kill(self) -> None:
-        """SIGKILL: nothing of its memory survives."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
 class Env:
     """What the tests use: the API (plain JSON), the extender, and helpers."""
 
-    def __init__(self, cluster: Any, extender: Extender) -> None:
+    def __init__(self, cluster: Any, extender: ExtenderProcess) -> None:
         self.cluster = cluster
         self.client = cluster.api_client()
         self.api = RawApi(self.client)
@@ -193,7 +131,7 @@ def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]
     config = workdir / "egpu-config.yaml"
     config.write_text(yaml.safe_dump({"sharesPerCard": SHARES_PER_CARD,
                                       "heartbeatTimeoutSeconds": 3600}))
-    extender = Extender(cluster.kubeconfig, config, workdir / "extender.log")
+    extender = ExtenderProcess(cluster.kubeconfig, config, workdir / "extender.log")
     extender.start()
     handle = Env(cluster, extender)
     previous = (cluster.info.extender_url, cluster.info.extender_ca_file)
