@@ -7,6 +7,7 @@
  * then recomputed from the proc slots (each slot update is one aligned 64-bit store). */
 #define _GNU_SOURCE
 #include "egpu_account.h"
+#include "egpu_fsutil.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -111,41 +112,12 @@ static int reap_locked(egpu_acct *a)
     return n;
 }
 
-static int mkdirs(const char *path)
-{
-    char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    char *slash = strrchr(tmp, '/');
-    if (!slash || slash == tmp) return 0;
-    *slash = 0;
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        mkdir(tmp, 0755);
-        *p = '/';
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-    return 0;
-}
-
-/* flock with a bound: a process that holds the file's flock forever must not hang us. */
-static int flock_bounded(int fd, int ms)
-{
-    for (int i = 0; i <= ms; i++) {
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
-        if (errno != EWOULDBLOCK && errno != EINTR) return -1;
-        usleep(1000);
-    }
-    errno = ETIMEDOUT;
-    return -1;
-}
-
 int egpu_acct_open(egpu_acct *a, const char *path, char *err, size_t errlen)
 {
     memset(a, 0, sizeof *a);
     a->proc = -1;
     a->fd = -1;
-    if (mkdirs(path) != 0) {
+    if (egpu_mkdirs_for(path) != 0) {
         snprintf(err, errlen, "cannot create the folder of region %s: %s", path, strerror(errno));
         return -1;
     }
@@ -164,7 +136,7 @@ int egpu_acct_open(egpu_acct *a, const char *path, char *err, size_t errlen)
         goto out;
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    if (flock_bounded(fd, 5000) != 0) { /* serialises first-time initialisation between processes */
+    if (egpu_flock_bounded(fd, 5000) != 0) { /* serialises first-time initialisation between processes */
         snprintf(err, errlen, "region %s is locked by another process", path);
         goto out;
     }

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "card_region.h"
 
+#include "egpu_fsutil.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -46,30 +47,6 @@ void egpu_card_region_init(egpu_card_region *r, const char *uuid, uint64_t now_n
     __atomic_store_n(&r->magic, EGPU_CARD_MAGIC, __ATOMIC_RELEASE); /* last: marks it ready */
 }
 
-static void mkdirs(const char *path)
-{
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        mkdir(buf, 0755);
-        *p = '/';
-    }
-}
-
-/* flock with a bound: a process holding the file's flock forever must not hang us. */
-static int flock_bounded(int fd, int ms)
-{
-    for (int i = 0; i <= ms; i++) {
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
-        if (errno != EWOULDBLOCK && errno != EINTR) return -1;
-        usleep(1000);
-    }
-    errno = ETIMEDOUT;
-    return -1;
-}
-
 /* The runtime hook pre-creates the file EMPTY (mode 0666) and bind-mounts just that file into
  * the container, so it is initialised in place: ftruncate + init under an flock on the file
  * itself, never a temporary file renamed over it. Anything but a regular file of size 0 (new)
@@ -78,7 +55,7 @@ static int flock_bounded(int fd, int ms)
 egpu_card_region *egpu_card_region_open(const char *path, const char *uuid)
 {
     if (!path || !*path) { errno = EINVAL; return NULL; }
-    mkdirs(path);
+    egpu_mkdirs_for(path);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
     if (fd < 0) {
         if (errno == ELOOP) fprintf(stderr, "egpu: card region %s is a symbolic link: refused\n", path);
@@ -94,7 +71,7 @@ egpu_card_region *egpu_card_region_open(const char *path, const char *uuid)
         goto fail;
     }
     if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) goto fail;
-    if (flock_bounded(fd, 5000) != 0) {
+    if (egpu_flock_bounded(fd, 5000) != 0) {
         fprintf(stderr, "egpu: card region %s is locked by another process: refused\n", path);
         goto fail;
     }

@@ -22,21 +22,30 @@ static int nvml_card(nvmlDevice_t dev, uint64_t phys_total, int *slot, uint64_t 
     return *slot >= 0 ? 0 : -1;
 }
 
+/* Replace the driver's figures of `dev` by the share's view (total = min(cap, card), used =
+ * the container's use, free clamped). 1 replaced; 0 not a card of this share (left as the
+ * driver said); -1 CUDA is refused in this process. */
+static int share_view(nvmlDevice_t dev, unsigned long long *total, unsigned long long *used,
+                      unsigned long long *free_b)
+{
+    if (egpu_config_ready() != 0) return -1;
+    int slot;
+    uint64_t limit, t, u, f;
+    if (nvml_card(dev, *total, &slot, &limit) != 0) return 0;
+    egpu_view(slot, limit, *free_b, &t, &u, &f);
+    *total = t;
+    *used = u;
+    *free_b = f;
+    return 1;
+}
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m)
 {
     pthread_once(&S->nvml_once, egpu_real_nvml_init);
     if (!R.nvmlDeviceGetMemoryInfo) return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t r = R.nvmlDeviceGetMemoryInfo(dev, m);
     if (r != NVML_SUCCESS) return r;
-    if (egpu_config_ready() != 0) return EGPU_REFUSED_NVML;
-    int slot;
-    uint64_t limit, t, u, f;
-    if (nvml_card(dev, m->total, &slot, &limit) != 0) return r;
-    egpu_view(slot, limit, m->free, &t, &u, &f);
-    m->total = t;
-    m->used = u;
-    m->free = f;
-    return r;
+    return share_view(dev, &m->total, &m->used, &m->free) < 0 ? EGPU_REFUSED_NVML : r;
 }
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m)
@@ -45,14 +54,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m)
     if (!R.nvmlDeviceGetMemoryInfo_v2) return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t r = R.nvmlDeviceGetMemoryInfo_v2(dev, m);
     if (r != NVML_SUCCESS) return r;
-    if (egpu_config_ready() != 0) return EGPU_REFUSED_NVML;
-    int slot;
-    uint64_t limit, t, u, f;
-    if (nvml_card(dev, m->total, &slot, &limit) != 0) return r;
-    egpu_view(slot, limit, m->free, &t, &u, &f);
-    m->total = t;
-    m->reserved = 0;
-    m->used = u;
-    m->free = f;
+    int applied = share_view(dev, &m->total, &m->used, &m->free);
+    if (applied < 0) return EGPU_REFUSED_NVML;
+    if (applied) m->reserved = 0; /* the share's view has no driver-reserved part */
     return r;
 }
