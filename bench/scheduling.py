@@ -34,6 +34,7 @@ import yaml
 
 from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
+from devcluster.cluster import wait_until
 from devcluster.extender import ExtenderProcess
 from scheduler.kube import ApiStatusError, RawApi
 
@@ -43,14 +44,6 @@ NS = "egpu-bench"
 SHARES = devnodes.DEFAULT_SHARES_PER_CARD
 
 
-def _wait(what: str, check: Any, timeout: float = 120, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise SystemExit(f"timed out waiting for {what}")
 
 
 def add_nodes(api: RawApi, n: int, cards: int) -> list[str]:
@@ -123,11 +116,11 @@ def run(api: RawApi, scheduler: str, count: int) -> tuple[float, float]:
         items = api.json("GET", f"/api/v1/namespaces/{NS}/pods")["items"]
         return sum(1 for p in items if p["spec"].get("nodeName")) >= count
 
-    _wait(f"{count} pods bound by {scheduler}", all_bound, timeout=900, interval=0.2)
+    wait_until(f"{count} pods bound by {scheduler}", all_bound, timeout=900, interval=0.2)
     elapsed = time.monotonic() - t0
     api.json("DELETE", f"/api/v1/namespaces/{NS}/pods", query={"gracePeriodSeconds": 0})
-    _wait("pods deleted", lambda: not api.json("GET", f"/api/v1/namespaces/{NS}/pods")["items"],
-          timeout=300)
+    wait_until("pods deleted",
+               lambda: not api.json("GET", f"/api/v1/namespaces/{NS}/pods")["items"], timeout=300)
     return count / elapsed, count / ungated
 
 

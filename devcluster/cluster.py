@@ -202,6 +202,21 @@ class ClusterStatus:
 # --- helpers ------------------------------------------------------------------------------
 
 
+def wait_until(what: str, check: Any, timeout: float = 60, interval: float = 0.3) -> Any:
+    """Poll ``check()`` every ``interval`` s until it returns something truthy, and return it.
+
+    Raises DevClusterError naming ``what`` (and the last value) after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise DevClusterError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))

@@ -89,14 +89,7 @@ class E2ECluster:
         self, what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.5
     ) -> Any:
         """Poll ``check()`` until truthy; fail naming ``what``."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            last = check()
-            if last:
-                return last
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+        return devcluster.wait_until(what, check, timeout, interval)
 
     def ensure_namespace(self, name: str) -> None:
         """Create the namespace if missing and wait for its default service account."""

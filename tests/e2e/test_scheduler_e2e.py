@@ -18,7 +18,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +42,7 @@ SHARES_PER_CARD = devnodes.DEFAULT_SHARES_PER_CARD
 
 # --- processes -----------------------------------------------------------------------------
 
-def _wait(what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.3) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+_wait = devcluster.wait_until
 
 
 class Env:
