@@ -27,7 +27,6 @@ def test_every_valid_input_reads_as_its_comment_says(shared_dir: Path, capsys: A
     by_object = {r["object"]: r for r in reports}
     vllm = by_object["Deployment ml-serving/chat-serving"]
     assert vllm["priority"] == "high" and vllm["filters"] == {"use_gpu_types": ["H100", "A100"]}
-    assert vllm["containers"][0] | {} == vllm["containers"][0]
     assert (vllm["containers"][0]["memory_mib"], vllm["containers"][0]["cores"]) == (24000, 50)
     train = by_object["Job ml-training/lora-finetune"]
     assert (train["priority"], train["compute_policy"]) == ("low", "elastic")
