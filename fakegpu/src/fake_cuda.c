@@ -23,6 +23,10 @@
 #define POOL_MAGIC 0x504f4f4cu
 #define VMM_MAGIC 0x564d4d31u
 #define ARR_MAGIC 0x41525231u
+#define GRAPH_MAGIC 0x47524146u
+#define GEXEC_MAGIC 0x47455843u
+#define STREAM_NON_BLOCKING 0x1u
+#define STREAM_PER_THREAD ((CUstream)0x2)
 
 struct CUstream_st;
 struct CUctx_st {
@@ -33,8 +37,18 @@ struct CUctx_st {
     unsigned flags;
     uint64_t null_end_ns; /* the default stream's simulated end */
 };
-struct CUstream_st { uint32_t magic; struct CUctx_st *ctx; uint64_t end_ns; struct CUstream_st *next; };
-struct CUevent_st { uint32_t magic; uint64_t ts; int recorded; };
+/* A graph holds what was captured: kernels on the simulated timeline, as their total time. */
+struct CUgraph_st { uint32_t magic; uint64_t work_ns; unsigned nkernels; };
+struct CUgraphExec_st { uint32_t magic; uint64_t work_ns; unsigned nkernels; };
+struct CUstream_st {
+    uint32_t magic; struct CUctx_st *ctx; uint64_t end_ns; struct CUstream_st *next;
+    unsigned flags;
+    struct CUgraph_st *capture; /* while capturing (under g_mu): the graph being recorded */
+    int cap_mode;               /* CUstreamCaptureMode of the capture */
+    pthread_t cap_thread;       /* the thread that began it */
+    int cap_invalid;            /* invalidated: cuStreamEndCapture fails */
+};
+struct CUevent_st { uint32_t magic; uint64_t ts; int recorded; int captured; /* last recorded in a capture */ };
 struct CUmemPoolHandle_st {
     uint32_t magic;
     int dev;
@@ -70,6 +84,63 @@ static uint64_t g_ctx_bytes;
 
 static __thread struct CUctx_st *t_stack[32];
 static __thread int t_depth;
+
+/* ---- stream capture rules (CUDA driver API: cuStreamBeginCapture_v2,
+ * cuThreadExchangeStreamCaptureMode; CUDA programming guide, "Prohibited and Unhandled
+ * Operations"). During a capture some calls are "potentially unsafe": they are not enqueued
+ * and not seen by the capture (synchronous allocation and free, event and stream queries and
+ * synchronisation). A thread not in RELAXED mode is refused them
+ * (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) while it has a non-relaxed capture of its own going,
+ * or, in GLOBAL mode (the default), while any thread has a GLOBAL capture going; each capture
+ * concerned is invalidated (cuStreamEndCapture then answers
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED). */
+static atomic_int g_ncaptures;
+static __thread int t_capture_mode; /* CU_STREAM_CAPTURE_MODE_GLOBAL (0) until exchanged */
+
+static CUresult capture_unsafe_call(void)
+{
+    if (!atomic_load(&g_ncaptures) || t_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+    int hit = 0;
+    pthread_t self = pthread_self();
+    pthread_mutex_lock(&g_mu);
+    for (struct CUstream_st *s = g_streams; s; s = s->next) {
+        if (!s->capture || s->cap_mode == CU_STREAM_CAPTURE_MODE_RELAXED) continue;
+        if (pthread_equal(s->cap_thread, self) ||
+            (t_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && s->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            s->cap_invalid = 1;
+            hit = 1;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return hit ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+/* The legacy default stream of a context in which a blocking stream captures: using it would
+ * make it depend on captured work (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT); a use (not a mere
+ * status query) invalidates those captures. */
+static CUresult capture_legacy_use(struct CUctx_st *c, int invalidate)
+{
+    if (!atomic_load(&g_ncaptures)) return CUDA_SUCCESS;
+    int hit = 0;
+    pthread_mutex_lock(&g_mu);
+    for (struct CUstream_st *s = g_streams; s; s = s->next)
+        if (s->capture && s->ctx == c && !(s->flags & STREAM_NON_BLOCKING)) {
+            if (invalidate) s->cap_invalid = 1;
+            hit = 1;
+        }
+    pthread_mutex_unlock(&g_mu);
+    return hit ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+}
+
+/* Querying or synchronising a stream that captures is invalid: refused, capture invalidated. */
+static int capture_stream_busy(struct CUstream_st *s)
+{
+    pthread_mutex_lock(&g_mu);
+    int busy = s->capture != NULL;
+    if (busy) s->cap_invalid = 1;
+    pthread_mutex_unlock(&g_mu);
+    return busy;
+}
 
 /* ---- allocation table (ptr -> size, card, pool) ------------------------------------ */
 typedef struct alloc_ent {
@@ -480,6 +551,8 @@ static CUresult dev_alloc(CUdeviceptr *out, uint64_t size, int kind)
 {
     NEED_INIT();
     if (!out) return CUDA_ERROR_INVALID_VALUE;
+    CUresult cr = capture_unsafe_call();
+    if (cr != CUDA_SUCCESS) return cr;
     struct CUctx_st *c = cur_ctx();
     if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
     if (!size) return CUDA_ERROR_INVALID_VALUE;
@@ -503,6 +576,8 @@ FG_EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
     NEED_INIT();
     if (!ctx_ok(cur_ctx())) return CUDA_ERROR_INVALID_CONTEXT;
     if (p == 0) return CUDA_SUCCESS;
+    CUresult cr = capture_unsafe_call();
+    if (cr != CUDA_SUCCESS) return cr;
     alloc_ent e;
     if (tab_take(p, K_DEV, &e) != 0) return CUDA_ERROR_INVALID_VALUE;
     if (!(e.kind == K_MANAGED && managed_host())) fg_uncharge(card_of(e.dev), e.size);
@@ -614,7 +689,6 @@ static CUresult stream_end(CUstream s, struct CUctx_st **ctx, uint64_t **end)
 
 FG_EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags)
 {
-    (void)flags;
     NEED_INIT();
     if (!ps) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c = cur_ctx();
@@ -623,6 +697,7 @@ FG_EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags)
     if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
     s->magic = STREAM_MAGIC;
     s->ctx = c;
+    s->flags = flags;
     pthread_mutex_lock(&g_mu);
     s->next = g_streams;
     g_streams = s;
@@ -639,6 +714,10 @@ FG_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
     pthread_mutex_lock(&g_mu);
     for (struct CUstream_st **pp = &g_streams; *pp; pp = &(*pp)->next)
         if (*pp == s) { *pp = s->next; break; }
+    if (s->capture) {
+        free(s->capture);
+        atomic_fetch_sub(&g_ncaptures, 1);
+    }
     pthread_mutex_unlock(&g_mu);
     s->magic = 0;
     free(s);
@@ -668,6 +747,15 @@ static void pools_trim_dev(int dev, int to_threshold, uint64_t keep_min)
     pthread_mutex_unlock(&g_mu);
 }
 
+/* The capture rules for waiting on / asking about a stream (see capture_unsafe_call). */
+static CUresult capture_stream_check(CUstream s, struct CUctx_st *c)
+{
+    if (!atomic_load(&g_ncaptures)) return CUDA_SUCCESS;
+    if (!is_default_stream(s) && capture_stream_busy(s)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if ((s == NULL || (uintptr_t)s == 1) && capture_legacy_use(c, 1) != CUDA_SUCCESS) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    return capture_unsafe_call();
+}
+
 FG_EXPORT CUresult cuStreamSynchronize(CUstream s)
 {
     NEED_INIT();
@@ -675,6 +763,7 @@ FG_EXPORT CUresult cuStreamSynchronize(CUstream s)
     uint64_t *end;
     CUresult r = stream_end(s, &c, &end);
     if (r != CUDA_SUCCESS) return r;
+    if ((r = capture_stream_check(s, c)) != CUDA_SUCCESS) return r;
     sleep_until(*end);
     pools_trim_dev(c->dev, 1, 0);
     return CUDA_SUCCESS;
@@ -688,6 +777,7 @@ FG_EXPORT CUresult cuStreamQuery(CUstream s)
     uint64_t *end;
     CUresult r = stream_end(s, &c, &end);
     if (r != CUDA_SUCCESS) return r;
+    if ((r = capture_stream_check(s, c)) != CUDA_SUCCESS) return r;
     return fg_now_ns() >= *end ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -697,12 +787,58 @@ FG_EXPORT CUresult cuCtxSynchronize(void)
     struct CUctx_st *c = cur_ctx();
     if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
     uint64_t end = c->null_end_ns;
+    int capturing = 0;
     pthread_mutex_lock(&g_mu);
-    for (struct CUstream_st *s = g_streams; s; s = s->next)
+    for (struct CUstream_st *s = g_streams; s; s = s->next) {
         if (s->ctx == c && s->end_ns > end) end = s->end_ns;
+        if (s->ctx == c && s->capture) {
+            s->cap_invalid = 1; /* a context-wide wait would include captured work */
+            capturing = 1;
+        }
+    }
     pthread_mutex_unlock(&g_mu);
+    if (capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    CUresult cr = capture_unsafe_call();
+    if (cr != CUDA_SUCCESS) return cr;
     sleep_until(end);
     pools_trim_dev(c->dev, 1, 0);
+    return CUDA_SUCCESS;
+}
+
+/* Pushes `ns` of simulated work (`kernels` kernels) on a stream: into the stream's graph while
+ * it captures, otherwise onto the card's timeline. Kernels on one card run one after another:
+ * each starts at the later of now, the stream's previous work and the card's clock (shared by
+ * every process on the card). */
+static CUresult stream_push(CUstream s, uint64_t ns, unsigned kernels)
+{
+    struct CUctx_st *c;
+    uint64_t *end;
+    CUresult r = stream_end(s, &c, &end);
+    if (r != CUDA_SUCCESS) return r;
+    if (atomic_load(&g_ncaptures)) {
+        if (!is_default_stream(s)) {
+            pthread_mutex_lock(&g_mu);
+            struct CUgraph_st *g = s->capture;
+            if (g) {
+                g->work_ns += ns;
+                g->nkernels += kernels;
+            }
+            pthread_mutex_unlock(&g_mu);
+            if (g) return CUDA_SUCCESS;
+        } else if (s != STREAM_PER_THREAD && (r = capture_legacy_use(c, 1)) != CUDA_SUCCESS) {
+            return r;
+        }
+    }
+    if (!ns) return CUDA_SUCCESS;
+    fg_world *w = fg_get();
+    _Atomic uint64_t *clk = (_Atomic uint64_t *)&w->sh->cards[w->slot[card_of(c->dev)]].clock_ns;
+    uint64_t now = fg_now_ns(), old = atomic_load(clk), start, fin;
+    do {
+        start = now > old ? now : old;
+        if (*end > start) start = *end;
+        fin = start + ns;
+    } while (!atomic_compare_exchange_weak(clk, &old, fin));
+    *end = fin;
     return CUDA_SUCCESS;
 }
 
@@ -717,24 +853,12 @@ FG_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsign
     if (r != CUDA_SUCCESS) return r;
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
     if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
-    if (!g_kernel_ns) return CUDA_SUCCESS;
-    /* Kernels on one card run one after another: start at the later of now, the stream's
-     * previous work and the card's clock (shared by every process on the card). */
-    fg_world *w = fg_get();
-    _Atomic uint64_t *clk = (_Atomic uint64_t *)&w->sh->cards[w->slot[card_of(c->dev)]].clock_ns;
-    uint64_t now = fg_now_ns(), old = atomic_load(clk), start, fin;
-    do {
-        start = now > old ? now : old;
-        if (*end > start) start = *end;
-        fin = start + g_kernel_ns;
-    } while (!atomic_compare_exchange_weak(clk, &old, fin));
-    *end = fin;
-    return CUDA_SUCCESS;
+    return stream_push(s, g_kernel_ns, 1);
 }
 FG_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                        unsigned bz, unsigned shmem, CUstream s, void **params, void **extra)
 {
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s ? s : STREAM_PER_THREAD, params, extra);
 }
 /* issue 8: the other launch entry points, on the same simulated timeline */
 FG_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
@@ -779,17 +903,36 @@ FG_EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
     uint64_t *end;
     CUresult r = stream_end(s, &c, &end);
     if (r != CUDA_SUCCESS) return r;
+    if (atomic_load(&g_ncaptures)) {
+        int captured = 0;
+        if (!is_default_stream(s)) {
+            pthread_mutex_lock(&g_mu);
+            captured = s->capture != NULL;
+            pthread_mutex_unlock(&g_mu);
+        } else if (s != STREAM_PER_THREAD && (r = capture_legacy_use(c, 1)) != CUDA_SUCCESS) {
+            return r;
+        }
+        if (captured) { /* a node of the graph: it fires when the graph runs, not now */
+            e->captured = 1;
+            e->recorded = 1;
+            return CUDA_SUCCESS;
+        }
+    }
     uint64_t now = fg_now_ns();
     e->ts = *end > now ? *end : now;
     e->recorded = 1;
+    e->captured = 0;
     return CUDA_SUCCESS;
 }
-FG_EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
+FG_EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s ? s : STREAM_PER_THREAD); }
 
 FG_EXPORT CUresult cuEventSynchronize(CUevent e)
 {
     NEED_INIT();
     if (!e || e->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (e->captured) return CUDA_ERROR_CAPTURED_EVENT;
+    CUresult cr = capture_unsafe_call();
+    if (cr != CUDA_SUCCESS) return cr;
     if (e->recorded) sleep_until(e->ts);
     return CUDA_SUCCESS;
 }
@@ -798,6 +941,9 @@ FG_EXPORT CUresult cuEventQuery(CUevent e)
 {
     NEED_INIT();
     if (!e || e->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (e->captured) return CUDA_ERROR_CAPTURED_EVENT;
+    CUresult cr = capture_unsafe_call();
+    if (cr != CUDA_SUCCESS) return cr;
     return !e->recorded || fg_now_ns() >= e->ts ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -807,6 +953,7 @@ FG_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
     if (!ms) return CUDA_ERROR_INVALID_VALUE;
     if (!a || !b || a->magic != EVENT_MAGIC || b->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
     if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    if (a->captured || b->captured) return CUDA_ERROR_CAPTURED_EVENT;
     uint64_t now = fg_now_ns();
     if (now < a->ts || now < b->ts) return CUDA_ERROR_NOT_READY;
     *ms = (float)((double)((int64_t)(b->ts - a->ts)) / 1e6);
@@ -823,6 +970,159 @@ FG_EXPORT CUresult cuEventDestroy_v2(CUevent e)
     return CUDA_SUCCESS;
 }
 FG_EXPORT CUresult cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
+
+/* ---- stream capture and graphs (CUDA driver API; rules at capture_unsafe_call) --------
+ * The fake captures into streams made with cuStreamCreate only (not the default streams).
+ * A graph is the simulated time of the kernels captured into it; cuGraphLaunch runs that
+ * time on the card's timeline as one piece of work. */
+static CUresult begin_capture(CUstream s, int mode)
+{
+    NEED_INIT();
+    if (is_default_stream(s)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (s->magic != STREAM_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraph_st *g = calloc(1, sizeof *g);
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    g->magic = GRAPH_MAGIC;
+    pthread_mutex_lock(&g_mu);
+    if (s->capture) {
+        pthread_mutex_unlock(&g_mu);
+        free(g);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    s->capture = g;
+    s->cap_mode = mode;
+    s->cap_thread = pthread_self();
+    s->cap_invalid = 0;
+    atomic_fetch_add(&g_ncaptures, 1);
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuStreamBeginCapture(CUstream s) { return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL); }
+FG_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) { return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL); }
+FG_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) { return begin_capture(s, (int)mode); }
+FG_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) { return begin_capture(s, (int)mode); }
+
+FG_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *pg)
+{
+    NEED_INIT();
+    if (!pg) return CUDA_ERROR_INVALID_VALUE;
+    if (is_default_stream(s) || s->magic != STREAM_MAGIC) return CUDA_ERROR_ILLEGAL_STATE;
+    pthread_mutex_lock(&g_mu);
+    struct CUgraph_st *g = s->capture;
+    if (!g) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    if (s->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED && !pthread_equal(s->cap_thread, pthread_self())) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    }
+    int invalid = s->cap_invalid;
+    s->capture = NULL;
+    s->cap_invalid = 0;
+    atomic_fetch_sub(&g_ncaptures, 1);
+    pthread_mutex_unlock(&g_mu);
+    if (invalid) {
+        free(g);
+        *pg = NULL;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    *pg = g;
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *pg) { return cuStreamEndCapture(s, pg); }
+
+FG_EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
+{
+    NEED_INIT();
+    if (!st) return CUDA_ERROR_INVALID_VALUE;
+    *st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (is_default_stream(s)) {
+        struct CUctx_st *c = cur_ctx();
+        if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
+        return s == STREAM_PER_THREAD ? CUDA_SUCCESS : capture_legacy_use(c, 0);
+    }
+    if (s->magic != STREAM_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_mu);
+    if (s->capture) *st = s->cap_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st)
+{
+    return cuStreamIsCapturing(s ? s : STREAM_PER_THREAD, st);
+}
+
+FG_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    if (!mode || (int)*mode < CU_STREAM_CAPTURE_MODE_GLOBAL || (int)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int old = t_capture_mode;
+    t_capture_mode = (int)*mode;
+    *mode = (CUstreamCaptureMode)old;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphCreate(CUgraph *pg, unsigned int flags)
+{
+    NEED_INIT();
+    if (!pg || flags) return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraph_st *g = calloc(1, sizeof *g);
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    g->magic = GRAPH_MAGIC;
+    *pg = g;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphDestroy(CUgraph g)
+{
+    NEED_INIT();
+    if (!g || g->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    g->magic = 0;
+    free(g);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long long flags)
+{
+    (void)flags;
+    NEED_INIT();
+    if (!pe || !g || g->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphExec_st *e = calloc(1, sizeof *e);
+    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+    *e = (struct CUgraphExec_st){GEXEC_MAGIC, g->work_ns, g->nkernels};
+    *pe = e;
+    return CUDA_SUCCESS;
+}
+/* CUDA 10/11 form: (exec, graph, error node, log buffer, its size) */
+FG_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *pe, CUgraph g, void *err_node, char *log, size_t n)
+{
+    (void)err_node;
+    if (log && n) log[0] = 0;
+    return cuGraphInstantiateWithFlags(pe, g, 0);
+}
+FG_EXPORT CUresult cuGraphInstantiate(CUgraphExec *pe, CUgraph g, void *err_node, char *log, size_t n)
+{
+    return cuGraphInstantiate_v2(pe, g, err_node, log, n);
+}
+
+FG_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+    NEED_INIT();
+    if (!e || e->magic != GEXEC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    e->magic = 0;
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
+{
+    NEED_INIT();
+    if (!e || e->magic != GEXEC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    return stream_push(s, e->work_ns, e->nkernels);
+}
+FG_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e, s ? s : STREAM_PER_THREAD); }
 
 /* ---- memory pools and stream-ordered allocation ------------------------------------- */
 static int pool_ok(CUmemoryPool p) { return p && p->magic == POOL_MAGIC && p->alive; }

@@ -82,6 +82,8 @@
     X(cuCtxGetDevice, R, (CUdevice *device)) \
     X(cuDeviceGetMemPool, O, (CUmemoryPool *pool, CUdevice dev)) \
     X(cuMemPoolGetAttribute, O, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
+    /* FC-15: a stream-ordered free of a managed fallback waits for its stream (hooks_mem.c) */ \
+    X(cuStreamSynchronize, O, (CUstream hStream)) \
     /* compute gate (issue 8): measuring launches with events */ \
     X(cuCtxGetCurrent, O, (CUcontext *pctx)) \
     X(cuCtxSetCurrent, O, (CUcontext ctx)) \
@@ -92,6 +94,8 @@
     X(cuEventSynchronize, O, (CUevent hEvent)) \
     X(cuEventElapsedTime, O, (float *pMilliseconds, CUevent hStart, CUevent hEnd)) \
     X(cuStreamCreate, O, (CUstream *phStream, unsigned int Flags)) \
+    X(cuStreamIsCapturing, O, (CUstream hStream, CUstreamCaptureStatus *captureStatus)) \
+    X(cuThreadExchangeStreamCaptureMode, O, (CUstreamCaptureMode *mode)) \
     X(cuMemGetAllocationPropertiesFromHandle, O, (CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)) \
     X(cuMemGetAllocationGranularity, O, (size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option))
 

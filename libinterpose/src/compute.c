@@ -4,6 +4,7 @@
  * clock passed in. Part 2, the launch gate, measures launches with CUDA events and sleeps
  * while part 1 says wait. Neither holds the card lock while sleeping or calling the driver. */
 #define _GNU_SOURCE
+#include "capture.h"
 #include "compute.h"
 
 #include <errno.h>
@@ -356,7 +357,6 @@ enum { MODE_NONE = 0, MODE_CTL = 1, MODE_WATCH = 2 };
 #define MAX_FREE_EVENTS 1024
 #define MAX_CTX 32
 #define CU_STREAM_NON_BLOCKING_ 0x1
-#define CU_STREAM_PER_THREAD_ ((CUstream)0x2)
 #define REANCHOR_NS 20000000000ULL
 
 typedef struct {
@@ -471,9 +471,30 @@ static ctx_ent *ctx_find(CUcontext ctx)
     return NULL;
 }
 
+/* The gate's own event queries, synchronisations and anchors run in RELAXED capture mode
+ * (capture.h): an application's graph capture must never be invalidated by them. */
+static egpu_capture_relax relax_capture(void) { return egpu_capture_relaxed(g_c.d.cuThreadExchangeStreamCaptureMode); }
+static void restore_capture(egpu_capture_relax c) { egpu_capture_restore(g_c.d.cuThreadExchangeStreamCaptureMode, c); }
+
+/* A launch into a capturing stream is recorded into a graph, not run: it is charged when the
+ * graph is launched (cuGraphLaunch goes through the gate as one launch). */
+static int stream_capturing(CUstream s, int kind)
+{
+    return egpu_stream_capturing(g_c.d.cuStreamIsCapturing, egpu_stream_of(s, kind & EGPU_LAUNCH_PTSZ));
+}
+
 /* Host time of an anchor event: record on our own idle stream, wait, take the midpoint of
  * the tightest of three tries. The current context must be ctx. */
+static int make_anchor_relaxed(ctx_ent *e);
 static int make_anchor(ctx_ent *e)
+{
+    egpu_capture_relax cr = relax_capture();
+    int rc = make_anchor_relaxed(e);
+    restore_capture(cr);
+    return rc;
+}
+
+static int make_anchor_relaxed(ctx_ent *e)
 {
     const egpu_compute_drv *d = &g_c.d;
     if (!e->anchor_stream && d->cuStreamCreate(&e->anchor_stream, CU_STREAM_NON_BLOCKING_) != CUDA_SUCCESS)
@@ -561,7 +582,17 @@ static void event_give(CUevent ev, CUcontext ctx)
 /* Completes finished records (lock held). only_ctx: when not NULL, only that context's
  * records (a launching thread must not switch its current context). Returns the number
  * still pending; sets *hi_busy when one of them is not finished. */
+static int poll_locked_relaxed(CUcontext only_ctx, int switch_ctx, int *hi_busy_mask);
 static int poll_locked(CUcontext only_ctx, int switch_ctx, int *hi_busy_mask)
+{
+    if (!g_c.npend) return 0;
+    egpu_capture_relax cr = relax_capture();
+    int n = poll_locked_relaxed(only_ctx, switch_ctx, hi_busy_mask);
+    restore_capture(cr);
+    return n;
+}
+
+static int poll_locked_relaxed(CUcontext only_ctx, int switch_ctx, int *hi_busy_mask)
 {
     const egpu_compute_drv *d = &g_c.d;
     uint64_t now = egpu_now_ns();
@@ -738,7 +769,6 @@ void egpu_compute_shutdown(void)
 
 void egpu_compute_before(CUstream s, int kind, egpu_launch_ticket *t)
 {
-    (void)s;
     t->dev = -1;
     t->gated = 0;
     t->est = 0;
@@ -756,7 +786,7 @@ void egpu_compute_before(CUstream s, int kind, egpu_launch_ticket *t)
     if (dev < 0 || dev >= EGPU_COMPUTE_MAX_DEVS) return;
     card_ent *c = &g_c.card[dev];
     int mode = __atomic_load_n(&c->mode, __ATOMIC_RELAXED);
-    if (mode == MODE_NONE) return;
+    if (mode == MODE_NONE || stream_capturing(s, kind)) return;
     uint64_t now = egpu_now_ns();
     if (mode == MODE_CTL) {
         uint64_t est = 0, wait = 0, waited_from = 0;
@@ -792,7 +822,7 @@ void egpu_compute_after(CUstream s, egpu_launch_ticket *t, CUresult r)
         return;
     }
     /* _ptsz entry points: stream 0 is the calling thread's default stream */
-    CUstream rs = (!s && (t->kind & EGPU_LAUNCH_PTSZ)) ? CU_STREAM_PER_THREAD_ : s;
+    CUstream rs = egpu_stream_of(s, t->kind & EGPU_LAUNCH_PTSZ);
     pthread_mutex_lock(&g_c.mu);
     CUevent ev = g_c.npend < MAX_PENDING ? event_take(t->ctx) : NULL;
     if (ev && g_c.d.cuEventRecord(ev, rs) != CUDA_SUCCESS) {

@@ -17,6 +17,7 @@
 #ifndef EGPU_COMPUTE_H
 #define EGPU_COMPUTE_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "card_region.h"
 #include "egpu_cuda.h"
@@ -92,7 +93,16 @@ typedef struct {
     CUresult (*cuEventSynchronize)(CUevent ev);
     CUresult (*cuEventElapsedTime)(float *ms, CUevent a, CUevent b);
     CUresult (*cuStreamCreate)(CUstream *s, unsigned int flags);
+    /* Optional (NULL on drivers before CUDA 10.1): stream capture. A launch into a capturing
+     * stream is recorded into a graph, not run: it is neither gated nor measured, and the
+     * gate's own event calls run in RELAXED capture mode so that they never invalidate an
+     * application's capture (cuThreadExchangeStreamCaptureMode). */
+    CUresult (*cuStreamIsCapturing)(CUstream s, CUstreamCaptureStatus *status);
+    CUresult (*cuThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *mode);
 } egpu_compute_drv;
+
+/* How many of egpu_compute_drv's functions are required (those before the optional ones). */
+#define EGPU_COMPUTE_DRV_REQUIRED (offsetof(egpu_compute_drv, cuStreamIsCapturing) / sizeof(void *))
 
 #define EGPU_COMPUTE_MAX_DEVS 16
 

@@ -30,9 +30,11 @@ void egpu_compute_setup(void)
         .cuEventDestroy = R.cuEventDestroy_v2, .cuEventRecord = R.cuEventRecord,
         .cuEventQuery = R.cuEventQuery, .cuEventSynchronize = R.cuEventSynchronize,
         .cuEventElapsedTime = R.cuEventElapsedTime, .cuStreamCreate = R.cuStreamCreate,
+        .cuStreamIsCapturing = R.cuStreamIsCapturing,
+        .cuThreadExchangeStreamCaptureMode = R.cuThreadExchangeStreamCaptureMode,
     };
     void **fns = (void **)&d;
-    for (size_t i = 0; i < sizeof d / sizeof(void *); i++)
+    for (size_t i = 0; i < EGPU_COMPUTE_DRV_REQUIRED; i++)
         if (!fns[i]) {
             EGPU_ERR("the driver lacks the event functions: compute is not shared on this node");
             g_setup_done = 1;

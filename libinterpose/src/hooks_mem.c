@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include "egpu_log.h"
 #include "egpu_state.h"
+#include "capture.h" /* FC-15 fallbacks beside a graph capture */
 #include "compute.h" /* compute gate (issue 8): egpu_compute_setup */
 
 egpu_state egpu_g = {
@@ -188,7 +189,9 @@ CUresult cuInit(unsigned int flags)
 }
 
 /* ---- linear allocations ------------------------------------------------------------- */
-typedef CUresult (*alloc_call)(void *ctx, uint64_t *ptr_out);
+/* An allocation call: the driver call, its key in *key_out, and in *aux_out what the map
+ * entry must remember besides (0, or PTR_MANAGED_FALLBACK). */
+typedef CUresult (*alloc_call)(void *ctx, uint64_t *key_out, uint64_t *aux_out);
 
 /* The common charged path: reserve `bytes` on the current device, run the driver call,
  * remember (kind, key) -> bytes. */
@@ -196,13 +199,13 @@ static CUresult charged_alloc(int dev, uint64_t bytes, int kind, alloc_call call
 {
     CUresult r = charge(dev, bytes);
     if (r != CUDA_SUCCESS) return r;
-    uint64_t key = 0;
-    r = call(ctx, &key);
+    uint64_t key = 0, aux = 0;
+    r = call(ctx, &key, &aux);
     if (r != CUDA_SUCCESS) {
         uncharge(dev, bytes);
         return r;
     }
-    egpu_map_ent e = {key, bytes, 0, kind == MAP_CTX ? 0 : cur_ctx_key(), dev, kind};
+    egpu_map_ent e = {key, bytes, aux, kind == MAP_CTX ? 0 : cur_ctx_key(), dev, kind};
     egpu_map_put_ent(&S->map, &e);
     return CUDA_SUCCESS;
 }
@@ -231,15 +234,42 @@ static void ctx_gone(uint64_t ctx)
     free(v);
 }
 
+/* ---- FC-15: managed memory for an oversubscribed share ------------------------------
+ * For a share with memory_oversubscription, what the card cannot hold comes from managed
+ * memory (cuMemAllocManaged, CU_MEM_ATTACH_GLOBAL): the excess lives in host memory and
+ * migrates on touch. Every fallback is made only AFTER the share's cap was charged for it,
+ * so nothing is ever allocated beyond the cap; the charge is exactly what was allocated. Such
+ * pointers are MAP_PTR entries with aux = PTR_MANAGED_FALLBACK: cuMemFree gives the charge
+ * back, and a stream-ordered free (cuMemFreeAsync) synchronises the stream, then frees. */
+#define PTR_MANAGED_FALLBACK 1ull
+static CUstream strm_handle(CUstream s, int pt) { return egpu_stream_of(s, pt); }
+static int strm_capturing(CUstream s, int pt) { return egpu_stream_capturing(R.cuStreamIsCapturing, strm_handle(s, pt)); }
+
+/* The managed allocation itself (the cap already charged by the caller). The driver's
+ * answer was out-of-memory: that stays the answer when managed memory cannot be had. */
+static CUresult managed_fallback(CUdeviceptr *dptr, size_t size)
+{
+    if (!S->cfg.oversubscription || !R.cuMemAllocManaged || !dptr || !size) return CUDA_ERROR_OUT_OF_MEMORY;
+    egpu_capture_relax cr = egpu_capture_relaxed(R.cuThreadExchangeStreamCaptureMode);
+    CUdeviceptr p = 0;
+    CUresult r = R.cuMemAllocManaged(&p, size, CU_MEM_ATTACH_GLOBAL);
+    egpu_capture_restore(R.cuThreadExchangeStreamCaptureMode, cr);
+    if (r != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
+    *dptr = p;
+    return CUDA_SUCCESS;
+}
+
 struct a2 { CUdeviceptr *dptr; size_t size; unsigned flags; };
-static CUresult call_alloc_v2(void *c, uint64_t *k)
+static CUresult call_alloc_v2(void *c, uint64_t *k, uint64_t *aux)
 {
     struct a2 *a = c;
     CUresult r = R.cuMemAlloc_v2(a->dptr, a->size);
     /* issue 8, FC-15: the share's cap was charged already (charged_alloc), so what the card
      * cannot hold comes from managed memory, never beyond the cap */
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && S->cfg.oversubscription && R.cuMemAllocManaged)
-        r = R.cuMemAllocManaged(a->dptr, a->size, CU_MEM_ATTACH_GLOBAL);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && S->cfg.oversubscription && managed_fallback(a->dptr, a->size) == CUDA_SUCCESS) {
+        r = CUDA_SUCCESS;
+        *aux = PTR_MANAGED_FALLBACK;
+    }
     if (r == CUDA_SUCCESS) *k = *a->dptr;
     return r;
 }
@@ -254,8 +284,9 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 }
 
 struct a1 { CUdeviceptr_v1 *dptr; unsigned size; };
-static CUresult call_alloc_v1(void *c, uint64_t *k)
+static CUresult call_alloc_v1(void *c, uint64_t *k, uint64_t *aux)
 {
+    (void)aux;
     struct a1 *a = c;
     CUresult r = R.cuMemAlloc(a->dptr, a->size);
     if (r == CUDA_SUCCESS) *k = *a->dptr;
@@ -271,8 +302,9 @@ CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
     return charged_alloc(dev, bytesize, MAP_PTR, call_alloc_v1, &a);
 }
 
-static CUresult call_managed(void *c, uint64_t *k)
+static CUresult call_managed(void *c, uint64_t *k, uint64_t *aux)
 {
+    (void)aux;
     struct a2 *a = c;
     CUresult r = R.cuMemAllocManaged(a->dptr, a->size, a->flags);
     if (r == CUDA_SUCCESS) *k = *a->dptr;
@@ -305,11 +337,21 @@ CUresult cuMemFree(CUdeviceptr_v1 dptr)
     return charged_free(MAP_PTR, dptr, call_free_v1, &dptr);
 }
 
-/* Pitched allocations: charge an estimate (rows padded to 512 bytes), then settle on the
- * pitch the driver chose. */
-static uint64_t pitch_estimate(uint64_t w, uint64_t h) { return (w + 511) / 512 * 512 * h; }
+/* Pitched allocations: charge an estimate (rows padded to PITCH_ALIGN bytes), then settle
+ * on the pitch the driver chose. PITCH_ALIGN is the pitch alignment current drivers use for
+ * cuMemAllocPitch (512 bytes); the fake GPU pads alike. A size that does not fit in 64 bits
+ * is refused with CUDA_ERROR_INVALID_VALUE before the driver is called (as for arrays). */
+#define PITCH_ALIGN 512ull
+#define PITCH_TOO_BIG UINT64_MAX
+static uint64_t pitch_of(uint64_t w) { return w > UINT64_MAX - (PITCH_ALIGN - 1) ? PITCH_TOO_BIG : (w + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN; }
+static uint64_t pitch_estimate(uint64_t w, uint64_t h)
+{
+    uint64_t p = pitch_of(w), bytes;
+    if (p == PITCH_TOO_BIG || __builtin_mul_overflow(p, h, &bytes) || bytes == PITCH_TOO_BIG) return PITCH_TOO_BIG;
+    return bytes;
+}
 
-static CUresult settle_pitch(int dev, uint64_t est, uint64_t actual, uint64_t key, CUresult (*undo)(uint64_t))
+static CUresult settle_pitch(int dev, uint64_t est, uint64_t actual, uint64_t key, uint64_t aux, CUresult (*undo)(uint64_t))
 {
     if (actual > est) {
         if (charge(dev, actual - est) != CUDA_SUCCESS) {
@@ -320,38 +362,78 @@ static CUresult settle_pitch(int dev, uint64_t est, uint64_t actual, uint64_t ke
     } else if (actual < est) {
         uncharge(dev, est - actual);
     }
-    egpu_map_ent e = {key, actual, 0, cur_ctx_key(), dev, MAP_PTR};
+    egpu_map_ent e = {key, actual, aux, cur_ctx_key(), dev, MAP_PTR};
     egpu_map_put_ent(&S->map, &e);
     return CUDA_SUCCESS;
 }
 static CUresult undo_v2(uint64_t k) { return R.cuMemFree_v2(k); }
 static CUresult undo_v1(uint64_t k) { return R.cuMemFree((CUdeviceptr_v1)k); }
 
+/* FC-15: the driver is out of memory and `est` bytes are charged: managed memory of
+ * pitch x h with the pitch the driver would have used (the width rounded up to PITCH_ALIGN),
+ * never more than the charge (pitch x h is the estimate itself; a layout that would exceed
+ * it is refused). */
+static CUresult pitch_fallback(uint64_t w, uint64_t h, uint64_t est, CUdeviceptr *p, uint64_t *pitch)
+{
+    uint64_t pp = pitch_of(w), bytes;
+    if (pp == PITCH_TOO_BIG || __builtin_mul_overflow(pp, h, &bytes) || bytes > est) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (managed_fallback(p, bytes) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
+    *pitch = pp;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t w, size_t h, unsigned int elem)
 {
     REAL_OR_UNSUPPORTED(cuMemAllocPitch_v2);
     int dev;
-    if (!dptr || !pPitch || !w || !h || w > (1ull << 48) || h > (1ull << 32) || cur_dev(&dev) != CUDA_SUCCESS)
-        return R.cuMemAllocPitch_v2(dptr, pPitch, w, h, elem);
-    uint64_t est = pitch_estimate(w, h);
+    if (!dptr || !pPitch || !w || !h || cur_dev(&dev) != CUDA_SUCCESS) return R.cuMemAllocPitch_v2(dptr, pPitch, w, h, elem);
+    uint64_t est = pitch_estimate(w, h), aux = 0;
+    if (est == PITCH_TOO_BIG) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = charge(dev, est);
     if (r != CUDA_SUCCESS) return r;
     r = R.cuMemAllocPitch_v2(dptr, pPitch, w, h, elem);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && S->cfg.oversubscription) {
+        CUdeviceptr p = 0;
+        uint64_t pitch = 0;
+        if (pitch_fallback(w, h, est, &p, &pitch) == CUDA_SUCCESS) {
+            *dptr = p;
+            *pPitch = pitch;
+            aux = PTR_MANAGED_FALLBACK;
+            r = CUDA_SUCCESS;
+        }
+    }
     if (r != CUDA_SUCCESS) { uncharge(dev, est); return r; }
-    return settle_pitch(dev, est, (uint64_t)*pPitch * h, *dptr, undo_v2);
+    return settle_pitch(dev, est, (uint64_t)*pPitch * h, *dptr, aux, undo_v2);
 }
 
+/* The 32-bit legacy entry point: a managed fallback serves it only when its address fits in
+ * 32 bits, which a 64-bit driver's managed memory in practice never does; otherwise the
+ * driver's out-of-memory stands. */
 CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int w, unsigned int h, unsigned int elem)
 {
     REAL_OR_UNSUPPORTED(cuMemAllocPitch);
     int dev;
     if (!dptr || !pPitch || !w || !h || cur_dev(&dev) != CUDA_SUCCESS) return R.cuMemAllocPitch(dptr, pPitch, w, h, elem);
-    uint64_t est = pitch_estimate(w, h);
+    uint64_t est = pitch_estimate(w, h), aux = 0; /* < 2^64: both factors < 2^32 + 1 */
     CUresult r = charge(dev, est);
     if (r != CUDA_SUCCESS) return r;
     r = R.cuMemAllocPitch(dptr, pPitch, w, h, elem);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && S->cfg.oversubscription) {
+        CUdeviceptr p = 0;
+        uint64_t pitch = 0;
+        if (pitch_fallback(w, h, est, &p, &pitch) == CUDA_SUCCESS) {
+            if (p <= 0xffffffffull && pitch <= 0xffffffffull) {
+                *dptr = (CUdeviceptr_v1)p;
+                *pPitch = (unsigned)pitch;
+                aux = PTR_MANAGED_FALLBACK;
+                r = CUDA_SUCCESS;
+            } else {
+                R.cuMemFree_v2(p);
+            }
+        }
+    }
     if (r != CUDA_SUCCESS) { uncharge(dev, est); return r; }
-    return settle_pitch(dev, est, (uint64_t)*pPitch * h, *dptr, undo_v1);
+    return settle_pitch(dev, est, (uint64_t)*pPitch * h, *dptr, aux, undo_v1);
 }
 
 /* ---- memory pools and stream-ordered allocation ------------------------------------
@@ -396,6 +478,27 @@ static void pools_refresh(int only_dev)
     for (int i = 0; i < S->npools; i++)
         if (only_dev < 0 || S->pools[i].dev == only_dev) pool_sync_locked(&S->pools[i]);
     pthread_mutex_unlock(&S->pool_mu);
+}
+
+/* FC-15: a stream-ordered allocation the driver could not serve, for an oversubscribed
+ * share: managed memory of the same size, charged against the cap first like a cuMemAlloc
+ * allocation (to the pool's device) and recorded as a plain pointer, so that cuMemFree or
+ * cuMemFreeAsync of it gives the charge back. It is usable at once, so also by the stream's
+ * later work. Not while the stream captures a graph: there the driver's answer stands (the
+ * allocation would have to become a graph memory node). */
+static CUresult stream_fallback(CUdeviceptr *dptr, size_t size, int dev, CUstream st, int pt)
+{
+    if (!R.cuMemAllocManaged || strm_capturing(st, pt)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (charge(dev, size) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUdeviceptr p = 0;
+    if (managed_fallback(&p, size) != CUDA_SUCCESS) {
+        uncharge(dev, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    egpu_map_ent e = {p, size, PTR_MANAGED_FALLBACK, cur_ctx_key(), dev, MAP_PTR};
+    egpu_map_put_ent(&S->map, &e);
+    *dptr = p;
+    return CUDA_SUCCESS;
 }
 
 static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream st, int from_pool, int pt)
@@ -458,6 +561,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
         pool_sync_locked(p); /* settle on what the driver reserved */
     } /* else destroyed meanwhile: cuMemPoolDestroy gave back its charge, need included */
     pthread_mutex_unlock(&S->pool_mu);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && S->cfg.oversubscription) r = stream_fallback(dptr, size, pdev, st, pt);
     return r;
 #undef CALL_REAL
 }
@@ -468,24 +572,56 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool p, CU
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool p, CUstream s) { REAL_OR_UNSUPPORTED(cuMemAllocFromPoolAsync_ptsz); return pool_alloc(dptr, n, p, s, 1, 1); }
 
 /* A stream-ordered free of pool memory leaves it cached in the pool (still charged); a
- * stream-ordered free of cuMemAlloc memory gives its charge back. */
+ * stream-ordered free of cuMemAlloc memory gives its charge back. FC-15: a managed fallback
+ * (see stream_fallback) is not pool memory and cannot be freed in stream order: the stream
+ * is synchronised first (its earlier work may still use the memory), then the memory is
+ * freed with cuMemFree and its charge given back, so this free is synchronous. While the
+ * stream captures a graph (a synchronisation would invalidate the capture) the driver's
+ * stream-ordered free is called and its answer stands. */
 struct fa { CUdeviceptr p; CUstream s; int pt; };
 static CUresult call_free_async(void *c)
 {
     struct fa *f = c;
     return f->pt ? R.cuMemFreeAsync_ptsz(f->p, f->s) : R.cuMemFreeAsync(f->p, f->s);
 }
+
+static CUresult free_managed_synced(CUdeviceptr p, CUstream s, int pt)
+{
+    egpu_capture_relax cr = egpu_capture_relaxed(R.cuThreadExchangeStreamCaptureMode);
+    CUresult r = R.cuStreamSynchronize(strm_handle(s, pt));
+    if (r == CUDA_SUCCESS) r = R.cuMemFree_v2(p);
+    egpu_capture_restore(R.cuThreadExchangeStreamCaptureMode, cr);
+    return r;
+}
+
+static CUresult free_async(CUdeviceptr p, CUstream s, int pt)
+{
+    egpu_map_ent e;
+    int had = p && egpu_map_take_ent(&S->map, MAP_PTR, p, &e) == 0;
+    CUresult r;
+    if (had && (e.aux & PTR_MANAGED_FALLBACK) && R.cuStreamSynchronize && !strm_capturing(s, pt)) {
+        r = free_managed_synced(p, s, pt);
+    } else {
+        struct fa f = {p, s, pt};
+        r = call_free_async(&f);
+    }
+    if (r != CUDA_SUCCESS) {
+        if (had) egpu_map_put_ent(&S->map, &e);
+        return r;
+    }
+    if (had) uncharge(e.dev, e.bytes);
+    return r;
+}
+
 CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 {
     REAL_OR_UNSUPPORTED(cuMemFreeAsync);
-    struct fa f = {p, s, 0};
-    return charged_free(MAP_PTR, p, call_free_async, &f);
+    return free_async(p, s, 0);
 }
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
 {
     REAL_OR_UNSUPPORTED(cuMemFreeAsync_ptsz);
-    struct fa f = {p, s, 1};
-    return charged_free(MAP_PTR, p, call_free_async, &f);
+    return free_async(p, s, 1);
 }
 
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
@@ -746,8 +882,9 @@ static uint64_t arr_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format f, 
 }
 
 struct arr { void *out; const void *desc; int which; unsigned levels; };
-static CUresult call_arr(void *c, uint64_t *k)
+static CUresult call_arr(void *c, uint64_t *k, uint64_t *aux)
 {
+    (void)aux;
     struct arr *a = c;
     CUresult r;
     switch (a->which) {
@@ -766,7 +903,7 @@ static CUresult arr_create(void *out, const void *desc, int which, unsigned leve
     int dev;
     struct arr a = {out, desc, which, levels};
     uint64_t dummy;
-    if (!out || !desc || cur_dev(&dev) != CUDA_SUCCESS) return call_arr(&a, &dummy);
+    if (!out || !desc || cur_dev(&dev) != CUDA_SUCCESS) return call_arr(&a, &dummy, &dummy);
     if (bytes == ARR_TOO_BIG) return CUDA_ERROR_INVALID_VALUE;
     return charged_alloc(dev, bytes, MAP_ARRAY, call_arr, &a);
 }
@@ -826,8 +963,9 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
  * constant per context (EGPU_CONTEXT_OVERHEAD_MIB, default 256 MiB) on creation and gives it
  * back on destruction; the primary context is charged once while it is retained. */
 struct cc { CUcontext *pctx; unsigned flags; CUdevice dev; int which; void *params; int n; };
-static CUresult call_ctx(void *c, uint64_t *k)
+static CUresult call_ctx(void *c, uint64_t *k, uint64_t *aux)
 {
+    (void)aux;
     struct cc *a = c;
     CUresult r;
     switch (a->which) {
@@ -844,7 +982,7 @@ static CUresult ctx_create(struct cc *a)
 {
     uint64_t dummy;
     if (egpu_config_ready() != 0) return EGPU_REFUSED_CU;
-    if (!a->pctx || !devs_ready() || a->dev < 0 || a->dev >= S->ndev) return call_ctx(a, &dummy);
+    if (!a->pctx || !devs_ready() || a->dev < 0 || a->dev >= S->ndev) return call_ctx(a, &dummy, &dummy);
     return charged_alloc(a->dev, S->cfg.context_overhead, MAP_CTX, call_ctx, a);
 }
 

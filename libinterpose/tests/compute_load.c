@@ -10,10 +10,14 @@
  *     -p   periodic mode: one launch every PERIOD_US, synchronized; latency recorded
  *     -k   the kernel time this program assumes for its figures (default FAKEGPU_KERNEL_US)
  *     -e   launch with cuLaunchKernelEx; -c with cuLaunchCooperativeKernel
+ *     -g   graph mode: first queue 8 kernels (measurements pending), then capture N kernels
+ *          into a graph on a second stream in GLOBAL mode, staying in capture for 50 ms
+ *          (the gate's poller runs meanwhile), then launch that graph instead of kernels
  *
  * Prints one JSON object per device on stdout:
  *   {"dev":0,"launches":N,"wall_s":W,"use_pct":U,"win_use_pct":[...1 s windows...],
  *    "max_gap_ms":G,"lat_us_p50":..,"lat_us_p99":..,"lat_us_max":..}
+ *   graph mode adds "capture_rc" (cuStreamEndCapture's answer) and "graph_kernels":N
  * win_use_pct: GPU use in consecutive 1 s windows (scaled by -w WINDOW_MS). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -40,7 +44,12 @@ static CUresult (*p_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, un
 static CUresult (*p_cuLaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
 static CUresult (*p_cuLaunchCooperativeKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                                unsigned, CUstream, void **);
+static CUresult (*p_cuStreamBeginCapture_v2)(CUstream, CUstreamCaptureMode);
+static CUresult (*p_cuStreamEndCapture)(CUstream, CUgraph *);
+static CUresult (*p_cuGraphInstantiateWithFlags)(CUgraphExec *, CUgraph, unsigned long long);
+static CUresult (*p_cuGraphLaunch)(CUgraphExec, CUstream);
 static int g_entry; /* 0 cuLaunchKernel, 'e' Ex, 'c' cooperative */
+static int g_graph; /* -g: kernels per graph (0: launch kernels) */
 
 static CUresult launch(CUfunction f, CUstream s)
 {
@@ -83,11 +92,27 @@ static void *run_dev(void *arg)
     CK(p_cuDevicePrimaryCtxRetain(&ctx, d));
     CK(p_cuCtxSetCurrent(ctx));
     CK(p_cuStreamCreate(&s, 0));
+    CUfunction f = (CUfunction)(uintptr_t)0x1000;
+    CUgraphExec gx = NULL;
+    int capture_rc = -1;
+    if (g_graph) {
+        CUstream cs;
+        CUgraph g = NULL;
+        CK(p_cuStreamCreate(&cs, 0));
+        for (int i = 0; i < 8; i++) CK(launch(f, s)); /* the gate has measurements pending */
+        CK(p_cuStreamBeginCapture_v2(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        for (int i = 0; i < g_graph; i++) CK(launch(f, cs));
+        struct timespec st = {0, 50 * 1000 * 1000};
+        nanosleep(&st, NULL);
+        capture_rc = (int)p_cuStreamEndCapture(cs, &g);
+        if (capture_rc == CUDA_SUCCESS) CK(p_cuGraphInstantiateWithFlags(&gx, g, 0));
+        CK(p_cuStreamSynchronize(s));
+    }
     size_t cap = 1 << 22, n = 0, nl = 0;
     uint64_t *ts = malloc(cap * sizeof *ts), *lat = malloc(cap * sizeof *lat);
     uint64_t t0 = now_ns(), end = t0 + (uint64_t)(g_seconds * 1e9), last = t0, max_gap = 0;
     uint64_t next = t0;
-    CUfunction f = (CUfunction)(uintptr_t)0x1000;
+    double unit_us = g_kernel_us * (g_graph ? g_graph : 1); /* device time of one launch */
     while (now_ns() < end && n < cap) {
         if (g_period_us) {
             uint64_t t = now_ns();
@@ -95,7 +120,9 @@ static void *run_dev(void *arg)
             next += (uint64_t)g_period_us * 1000;
         }
         uint64_t a = now_ns();
-        CK(launch(f, s));
+        if (g_graph && gx) CK(p_cuGraphLaunch(gx, s));
+        else if (!g_graph) CK(launch(f, s));
+        else break; /* the capture failed: nothing to launch */
         uint64_t b = now_ns();
         ts[n++] = b;
         if (b - last > max_gap) max_gap = b - last;
@@ -111,15 +138,19 @@ static void *run_dev(void *arg)
     uint64_t t1 = now_ns();
     double wall = (double)(t1 - t0) / 1e9;
     int off = snprintf(j->json, sizeof j->json,
-                       "{\"dev\":%d,\"launches\":%zu,\"wall_s\":%.4f,\"use_pct\":%.3f,\"max_gap_ms\":%.3f,\"win_use_pct\":[",
-                       j->dev, n, wall, 100.0 * (double)n * g_kernel_us / 1e6 / wall, (double)max_gap / 1e6);
+                       "{\"dev\":%d,\"launches\":%zu,\"wall_s\":%.4f,\"use_pct\":%.3f,\"max_gap_ms\":%.3f,",
+                       j->dev, n, wall, 100.0 * (double)n * unit_us / 1e6 / wall, (double)max_gap / 1e6);
+    if (g_graph)
+        off += snprintf(j->json + off, sizeof j->json - (size_t)off, "\"capture_rc\":%d,\"graph_kernels\":%d,",
+                        capture_rc, g_graph);
+    off += snprintf(j->json + off, sizeof j->json - (size_t)off, "\"win_use_pct\":[");
     uint64_t win = (uint64_t)(g_window_ms * 1e6);
     size_t i = 0;
     for (uint64_t w0 = t0; w0 + win <= t1 && off < (int)sizeof j->json - 64; w0 += win) {
         size_t c = 0;
         while (i < n && ts[i] < w0 + win) { if (ts[i] >= w0) c++; i++; }
         off += snprintf(j->json + off, sizeof j->json - (size_t)off, "%s%.3f", w0 == t0 ? "" : ",",
-                        100.0 * (double)c * g_kernel_us * 1e3 / (double)win);
+                        100.0 * (double)c * unit_us * 1e3 / (double)win);
     }
     off += snprintf(j->json + off, sizeof j->json - (size_t)off, "]");
     if (nl) {
@@ -140,7 +171,7 @@ int main(int argc, char **argv)
     const char *k = getenv("FAKEGPU_KERNEL_US");
     g_kernel_us = k ? atof(k) : 0;
     int opt;
-    while ((opt = getopt(argc, argv, "t:d:s:p:k:w:ec")) != -1) {
+    while ((opt = getopt(argc, argv, "t:d:s:p:k:w:g:ec")) != -1) {
         switch (opt) {
         case 't': g_seconds = atof(optarg); break;
         case 'd': g_ndev = atoi(optarg); break;
@@ -149,6 +180,7 @@ int main(int argc, char **argv)
         case 'k': g_kernel_us = atof(optarg); break;
         case 'w': g_window_ms = atof(optarg); break;
         case 'e': case 'c': g_entry = opt; break;
+        case 'g': g_graph = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
         default: fprintf(stderr, "usage: see the comment at the top of compute_load.c\n"); return 2;
         }
     }
@@ -159,6 +191,9 @@ int main(int argc, char **argv)
     LD(cuStreamCreate); LD(cuStreamSynchronize); LD(cuLaunchKernel);
     if (g_entry == 'e') LD(cuLaunchKernelEx);
     if (g_entry == 'c') LD(cuLaunchCooperativeKernel);
+    if (g_graph) {
+        LD(cuStreamBeginCapture_v2); LD(cuStreamEndCapture); LD(cuGraphInstantiateWithFlags); LD(cuGraphLaunch);
+    }
     CK(p_cuInit(0));
     if (g_ndev < 1 || g_ndev > 16) g_ndev = 1;
     job jobs[16];

@@ -69,7 +69,7 @@ def test_whole_script_against_the_fake_gpu(tmp_path: Path) -> None:
         OUT=str(tmp_path / "out"),
         LD_LIBRARY_PATH=str(ROOT / "fakegpu" / "build"),
         FAKEGPU_STATE_DIR=str(tmp_path / "fake"),
-        EGPU_GPU_SUITE_ARGS="--fake --scale 0.25 --only fc15,fc16,split_ptx,overhead",
+        EGPU_GPU_SUITE_ARGS="--fake --scale 0.25 --only fc15,fc16,split_ptx,overhead,graphs",
         PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
     )
     subprocess.run(["make", "-s", "-C", str(ROOT / "fakegpu")], check=True, capture_output=True)
@@ -83,3 +83,5 @@ def test_whole_script_against_the_fake_gpu(tmp_path: Path) -> None:
     assert fig["fc16"]["cu_total_mib"] == 12288, fig["fc16"]
     assert fig["split_ptx"]["split"] is not None
     assert fig["overhead"]["overhead_pct"] is not None
+    assert fig["graphs"]["ptx"]["capture_rc"] == 0, fig["graphs"]
+    assert fig["graphs"]["ptx_cap_error_pts"] <= 3, fig["graphs"]

@@ -110,6 +110,42 @@ class Driver:
     def sync(self) -> None:
         self._ck("cuStreamSynchronize", self.stream)
 
+    def launch_on(self, stream: C.c_void_p) -> int:
+        it = C.c_uint32(self.iters)
+        params = (C.c_void_p * 2)(
+            C.cast(C.byref(self.out), C.c_void_p), C.cast(C.byref(it), C.c_void_p)
+        )
+        return self.lib.cuLaunchKernel(
+            self.func, self.blocks, 1, 1, 256, 1, 1, 0, stream, params, None
+        )
+
+    def capture_graph(self, kernels: int, hold_s: float = 0.05) -> tuple[int, C.c_void_p]:
+        """Captures `kernels` launches into a graph on a second stream in GLOBAL mode (the
+        default of cudaStreamBeginCapture), staying in capture for hold_s while earlier
+        launches are still pending (what an interposer's event poller would see). Returns
+        (cuStreamEndCapture's CUresult, the instantiated graph or None)."""
+        cs = C.c_void_p()
+        self._ck("cuStreamCreate", C.byref(cs), 0)
+        for _ in range(8):
+            self.launch()
+        self._ck("cuStreamBeginCapture_v2", cs, 0)
+        for _ in range(kernels):
+            rc = self.launch_on(cs)
+            if rc != CUDA_SUCCESS:
+                break
+        time.sleep(hold_s)
+        g = C.c_void_p()
+        rc = self.lib.cuStreamEndCapture(cs, C.byref(g))
+        self.sync()
+        if rc != CUDA_SUCCESS:
+            return rc, C.c_void_p()
+        ex = C.c_void_p()
+        self._ck("cuGraphInstantiateWithFlags", C.byref(ex), g, C.c_ulonglong(0))
+        return rc, ex
+
+    def graph_launch(self, ex: C.c_void_p) -> None:
+        self._ck("cuGraphLaunch", ex, self.stream)
+
     def calibrate(self, target_us: float) -> float:
         """Sets iters so that one launch takes about target_us alone; returns the measured us."""
         if self.fake:

@@ -237,6 +237,26 @@ class Suite:
             "low_throughput_kept": figures.ratio(lo_r.get("use_pct"), lo_alone.get("use_pct")),
         }
 
+    def graphs(self) -> dict:
+        """CUDA graphs under a 30% share: the capture survives the gate (GLOBAL mode, the
+        poller running) and replays are capped; PyTorch's torch.cuda.graph likewise."""
+        it, us = self.k("mid")
+        secs = self.secs(4)
+        out: dict = {
+            "ptx": self.run(
+                "workload.py",
+                ["graph", secs, it, us, 5],
+                self.share_env("graph30", cores=30, kernel="mid"),
+            )
+        }
+        use = figures.steady(out["ptx"]) if "win_use_pct" in out["ptx"] else None
+        out["ptx_cap_error_pts"] = round(abs(use - 30), 2) if use is not None else None
+        if self.torch:
+            out["torch"] = self.run(
+                "torch_work.py", ["graph", secs], self.share_env("tgraph30", cores=30), 180
+            )
+        return out
+
     def overhead(self) -> dict:
         it, _ = self.k("tiny")
         secs = self.secs(3)
@@ -373,6 +393,12 @@ class Suite:
                 "resumption",
             ),
             (
+                "graph capture under a 30% cap",
+                g("graphs", "ptx", "capture_rc"),
+                f"0 = ok; replay cap error {g('graphs', 'ptx_cap_error_pts')} pts;"
+                f" torch.cuda.graph ok {g('graphs', 'torch', 'capture_ok')}",
+            ),
+            (
                 "FC-15 oversubscription ok",
                 g("fc15", "ok"),
                 f"{g('fc15', 'allocated_mib')} MiB of {g('fc15', 'limit_mib')}",
@@ -432,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("caps", s.caps),
                 ("split_ptx", s.split_ptx),
                 ("priority_ptx", s.priority_ptx),
+                ("graphs", s.graphs),
                 ("fc15", s.fc15),
                 ("fc16", s.fc16),
                 ("torch", s.torch_checks),

@@ -4,6 +4,7 @@ python torch_work.py matmul SECONDS          4096x4096 fp32 products back to bac
 python torch_work.py hiloop SECONDS PERIOD_MS a small kernel every PERIOD_MS, latency
 python torch_work.py fc02 STEPS STEP_MIB      expandable segments: grow in steps
 python torch_work.py fc16 ALLOC_MIB           mem_get_info after an allocation
+python torch_work.py graph SECONDS            capture a step with torch.cuda.graph, replay it
 """
 
 from __future__ import annotations
@@ -111,6 +112,38 @@ def fc16(alloc_mib: int) -> dict:
     return {"total_mib": total / MIB, "used_mib": (total - free) / MIB, "sized_at_0_9_fits": fits}
 
 
+def graph(seconds: float) -> dict:
+    """torch.cuda.graph capture of a small MLP step (what vLLM / reduce-overhead do), then
+    replays: the capture must succeed under the interposer's gate."""
+    x = torch.randn(256, 1024, device="cuda")
+    w1 = torch.randn(1024, 4096, device="cuda")
+    w2 = torch.randn(4096, 1024, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as PyTorch asks
+        for _ in range(3):
+            y = torch.relu(x @ w1) @ w2
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            y = torch.relu(x @ w1) @ w2
+    except RuntimeError as e:
+        return {"capture_ok": False, "error": str(e)[:500]}
+    wait_start()
+    n, t0 = 0, time.monotonic()
+    while time.monotonic() < t0 + seconds:
+        g.replay()
+        n += 1
+        if n % 8 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    wall = time.monotonic() - t0
+    del y
+    return {"capture_ok": True, "replays": n, "per_s": round(n / wall, 2)}
+
+
 def main(argv: list[str]) -> int:
     cmd, a = argv[0], argv[1:]
     if cmd == "matmul":
@@ -121,6 +154,8 @@ def main(argv: list[str]) -> int:
         res = fc02(int(a[0]), int(a[1]))
     elif cmd == "fc16":
         res = fc16(int(a[0]))
+    elif cmd == "graph":
+        res = graph(float(a[0]))
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@
     python workload.py loop SECONDS ITERS KERNEL_US SYNC_EVERY
     python workload.py periodic SECONDS ITERS KERNEL_US PERIOD_MS
     python workload.py launchrate SECONDS ITERS
+    python workload.py graph SECONDS ITERS KERNEL_US KERNELS  (capture, then replay a graph)
     python workload.py fc15 LIMIT_MIB                  (allocate 1 GiB steps up to the limit)
     python workload.py fc16 ALLOC_MIB
 
@@ -85,6 +86,28 @@ def periodic(seconds: float, iters: int, kernel_us: float, period_ms: float) -> 
         d.sync()
         lat.append((time.perf_counter() - a) * 1e6)
     return {"lat_n": len(lat), **figures.percentiles(lat, "lat_us"), "kernel_us": kernel_us}
+
+
+def graph(seconds: float, iters: int, kernel_us: float, kernels: int) -> dict:
+    """Captures a graph of `kernels` launches (GLOBAL mode, with measurements pending) and
+    replays it for `seconds`, synchronising after each replay."""
+    d = Driver()
+    d.iters = iters
+    d.launch()
+    d.sync()
+    rc, ex = d.capture_graph(kernels)
+    out: dict = {"capture_rc": rc, "graph_kernels": kernels}
+    if rc != 0:
+        return out
+    wait_start()
+    stamps: list[float] = []
+    t0 = time.monotonic()
+    while time.monotonic() < t0 + seconds:
+        d.graph_launch(ex)
+        d.sync()
+        stamps.append(time.monotonic())
+    t1 = time.monotonic()
+    return {**out, **figures.loop_summary(stamps, t0, t1, kernel_us * kernels)}
 
 
 def launchrate(seconds: float, iters: int) -> dict:
@@ -170,6 +193,8 @@ def main(argv: list[str]) -> int:
         res = loop(float(args[0]), int(args[1]), float(args[2]), int(args[3]))
     elif cmd == "periodic":
         res = periodic(float(args[0]), int(args[1]), float(args[2]), float(args[3]))
+    elif cmd == "graph":
+        res = graph(float(args[0]), int(args[1]), float(args[2]), int(args[3]))
     elif cmd == "launchrate":
         res = launchrate(float(args[0]), int(args[1]))
     elif cmd == "fc15":
