@@ -21,6 +21,8 @@ Keys (YAML, camelCase as Kubernetes configs are)::
     ignoredNamespaces: [kube-system, egpu-system]
     allowPrivileged: false                 # deny privileged containers with a share unless true
     heartbeatTimeoutSeconds: 120           # a node's inventory older than this takes no shares
+    lowPriorityFloorPercent: 0             # 0..100: what a low-priority share keeps of a card
+                                           # beside busy high-priority work (0: it yields fully)
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class Config:
     ignored_namespaces: tuple[str, ...] = ("kube-system", NAMESPACE)
     allow_privileged: bool = False
     heartbeat_timeout_seconds: int = 120
+    low_priority_floor_percent: int = 0
 
 
 def _choice(value: Any, key: str, allowed: tuple[str, ...]) -> str:
@@ -152,6 +155,7 @@ def parse_config(data: Any) -> Config:
         "ignoredNamespaces": ("ignored_namespaces", lambda v, k: _names(v, k)),
         "allowPrivileged": ("allow_privileged", lambda v, k: _bool(v, k)),
         "heartbeatTimeoutSeconds": ("heartbeat_timeout_seconds", lambda v, k: _int(v, k, 1)),
+        "lowPriorityFloorPercent": ("low_priority_floor_percent", lambda v, k: _int(v, k, 0, 100)),
     }
     _check_unknown(data, set(parsers), "")
     values = {attr: parse(data[key], key) for key, (attr, parse) in parsers.items() if key in data}

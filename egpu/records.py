@@ -237,6 +237,7 @@ class ContainerConfig:
     memory_oversubscription: bool
     container_region: str
     cards: tuple[ConfigCard, ...] = field(default_factory=tuple)
+    low_priority_floor: int = 0  # %, a low-priority share's floor (the node's config)
 
     def encode(self) -> str:
         """JSON text with ``version`` first; see docs/design.md for the schema."""
@@ -278,7 +279,16 @@ class ContainerConfig:
             memory_oversubscription=_field(data, "memory_oversubscription", bool, "config"),
             container_region=_field(data, "container_region", str, "config"),
             cards=tuple(cards),
+            low_priority_floor=_floor(data, "config"),
         )
+
+
+def _floor(data: dict[str, Any], where: str) -> int:
+    """The optional ``low_priority_floor`` (%, 0..100; absent in files of older agents: 0)."""
+    value = data.get("low_priority_floor", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+        raise RecordError(f"{where}.low_priority_floor: {value!r}; allowed: an integer 0..100")
+    return value
 
 
 @dataclass(frozen=True)
@@ -297,10 +307,12 @@ class PodShares:
     compute_policy: str
     memory_oversubscription: bool
     allocation: Allocation
+    low_priority_floor: int = 0  # %, from the node's config (lowPriorityFloorPercent)
 
     def encode(self) -> str:
         """JSON text: ``{"version": 1, "namespace", "pod", "pod_uid", "priority",
-        "compute_policy", "memory_oversubscription", "allocation": <Allocation JSON>}``."""
+        "compute_policy", "memory_oversubscription", "low_priority_floor",
+        "allocation": <Allocation JSON>}``."""
         body = {
             "version": RECORD_VERSION,
             "namespace": self.namespace,
@@ -309,6 +321,7 @@ class PodShares:
             "priority": self.priority,
             "compute_policy": self.compute_policy,
             "memory_oversubscription": self.memory_oversubscription,
+            "low_priority_floor": self.low_priority_floor,
             "allocation": json.loads(self.allocation.encode()),
         }
         return json.dumps(body, separators=(",", ":"))
@@ -336,6 +349,7 @@ class PodShares:
             compute_policy=policy,
             memory_oversubscription=_field(data, "memory_oversubscription", bool, "pod-shares"),
             allocation=Allocation.decode(json.dumps(allocation)),
+            low_priority_floor=_floor(data, "pod-shares"),
         )
 
 

@@ -66,6 +66,7 @@ def pod_shares(pod: Mapping[str, Any], config: Config) -> PodShares | None:
         compute_policy=request.compute_policy if request else config.defaults.compute_policy,
         memory_oversubscription=request.memory_oversubscription if request else False,
         allocation=allocation,
+        low_priority_floor=config.low_priority_floor_percent,
     )
 
 

@@ -163,6 +163,7 @@ def container_config(shares: PodShares | RecordPodShares,
             )
             for c in entry.cards
         ),
+        low_priority_floor=shares.low_priority_floor,
     )
 
 

@@ -89,16 +89,25 @@ class Allocation:
 class PodShares:
     """A pod's allocation file, as the hook reads it (see the module docstring)."""
 
-    __slots__ = ("allocation", "compute_policy", "memory_oversubscription", "namespace", "pod",
-                 "pod_uid", "priority")
+    __slots__ = ("allocation", "compute_policy", "low_priority_floor", "memory_oversubscription",
+                 "namespace", "pod", "pod_uid", "priority")
 
     def __init__(self, namespace: str, pod: str, pod_uid: str, priority: str,
                  compute_policy: str, memory_oversubscription: bool,
-                 allocation: Allocation) -> None:
+                 allocation: Allocation, low_priority_floor: int = 0) -> None:
         self.namespace, self.pod, self.pod_uid = namespace, pod, pod_uid
         self.priority, self.compute_policy = priority, compute_policy
         self.memory_oversubscription = memory_oversubscription
         self.allocation = allocation
+        self.low_priority_floor = low_priority_floor
+
+
+def _floor(data: dict[str, Any], where: str) -> int:
+    """The optional ``low_priority_floor`` (%, 0..100; absent: 0), as egpu.records reads it."""
+    value = data.get("low_priority_floor", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+        raise ShareError(f"{where}.low_priority_floor: {value!r}; allowed: an integer 0..100")
+    return value
 
 
 def _card(obj: Any, where: str) -> CardShare:
@@ -161,6 +170,7 @@ def decode_pod_shares(text: str | bytes) -> PodShares:
         compute_policy=policy,
         memory_oversubscription=_field(data, "memory_oversubscription", bool, where),
         allocation=_allocation(allocation),
+        low_priority_floor=_floor(data, where),
     )
 
 
@@ -178,16 +188,18 @@ class ContainerConfig:
     """The interposer's config file, ``/run/egpu/config.json`` (egpu.records.ContainerConfig)."""
 
     __slots__ = ("cards", "compute_policy", "container", "container_region",
-                 "memory_oversubscription", "namespace", "pod", "pod_uid", "priority")
+                 "low_priority_floor", "memory_oversubscription", "namespace", "pod", "pod_uid",
+                 "priority")
 
     def __init__(self, namespace: str, pod: str, pod_uid: str, container: str, priority: str,
                  compute_policy: str, memory_oversubscription: bool, container_region: str,
-                 cards: tuple[ConfigCard, ...] = ()) -> None:
+                 cards: tuple[ConfigCard, ...] = (), low_priority_floor: int = 0) -> None:
         self.namespace, self.pod, self.pod_uid = namespace, pod, pod_uid
         self.container, self.priority, self.compute_policy = container, priority, compute_policy
         self.memory_oversubscription = memory_oversubscription
         self.container_region = container_region
         self.cards = cards
+        self.low_priority_floor = low_priority_floor
 
     def encode(self) -> str:
         """The text of ``egpu.records.ContainerConfig.encode()`` (``version`` first)."""
@@ -203,4 +215,5 @@ class ContainerConfig:
             "container_region": self.container_region,
             "cards": [{"uuid": c.uuid, "memory_mib": c.memory_mib, "cores": c.cores,
                        "card_region": c.card_region} for c in self.cards],
+            "low_priority_floor": self.low_priority_floor,
         })

@@ -564,8 +564,10 @@ static CUevent event_take(CUcontext ctx)
         return ev;
     }
     CUevent ev = NULL;
-    if (g_c.d.cuEventCreate(&ev, 0) != CUDA_SUCCESS) return NULL;
-    return ev;
+    egpu_capture_relax cr = relax_capture(); /* not a stream operation: keep it out of captures */
+    CUresult r = g_c.d.cuEventCreate(&ev, 0);
+    restore_capture(cr);
+    return r == CUDA_SUCCESS ? ev : NULL;
 }
 
 static void event_give(CUevent ev, CUcontext ctx)

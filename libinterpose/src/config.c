@@ -269,6 +269,9 @@ int egpu_config_parse_json(const char *text, size_t len, egpu_config *c, char *e
     const jnode *os = member(root, "memory_oversubscription");
     if (os && os->t != J_BOOL) { snprintf(err, errlen, "config: \"memory_oversubscription\" must be true or false"); goto out; }
     c->oversubscription = os ? os->b : 0;
+    long long floor_pct = 0; /* optional: the node's lowPriorityFloorPercent */
+    if (get_int(root, "low_priority_floor", 0, 100, &floor_pct, 0, err, errlen)) goto out;
+    c->low_priority_floor = (int)floor_pct;
     const jnode *cards = member(root, "cards");
     if (!cards || cards->t != J_ARR || !cards->child) { snprintf(err, errlen, "config: \"cards\" must be a non-empty list"); goto out; }
     for (const jnode *k = cards->child; k; k = k->next) {

@@ -74,8 +74,10 @@ void egpu_compute_setup(void)
     egpu_ctl_params p;
     egpu_ctl_defaults(&p);
     if (s->cfg.node_file)
-        c.floor_pct = 0; /* the node's config: the pod's EGPU_COMPUTE_* env must not lift the cap */
-    else
+        c.floor_pct = s->cfg.low_priority_floor; /* the node's config: never the pod's env */
+    else if (s->cfg.source == EGPU_SRC_FILE && s->cfg.low_priority_floor)
+        c.floor_pct = s->cfg.low_priority_floor; /* a file's floor wins over the env's */
+    if (!s->cfg.node_file)
         egpu_compute_env(&p, &c); /* raw nodes and tests: tunables from the environment */
     egpu_compute_init(&c, &p, &d);
     __atomic_store_n(&g_setup_done, 1, __ATOMIC_RELEASE);

@@ -99,6 +99,9 @@ static void test_config(void)
     CHECK(!strcmp(c.container_region, "/r/region") && !strcmp(c.pod_uid, "uid"));
     CHECK(egpu_config_limit(&c, "GPU-1", 1ull << 40) == 4096 * MIB);
     CHECK(egpu_config_limit(&c, "GPU-2", 1ull << 40) == 0);
+    CHECK(c.low_priority_floor == 0); /* absent: no floor */
+    CHECK(parse("{\"version\":1,\"container_region\":\"/r\",\"low_priority_floor\":15,"
+                "\"cards\":[{\"uuid\":\"G\",\"memory_mib\":1}]}", &c) == 0 && c.low_priority_floor == 15);
     /* whitespace, order, unknown keys, escapes */
     CHECK(parse(" \n{ \"cards\" : [ { \"memory_mib\" : 1 , \"uuid\" : \"GPU-\\u0041\", \"x\": {\"y\": [1, 2.5e3, null]} } ] ,"
                 "\t\"container_region\":\"/a\\/b\", \"future\": false, \"version\" : 1 }\n", &c) == 0);
@@ -119,6 +122,8 @@ static void test_config(void)
         "{\"version\":1,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\",\"memory_mib\":1}],\"memory_oversubscription\":\"yes\"}",
         "{\"version\":1,\"container_region\":\"\",\"cards\":[{\"uuid\":\"G\",\"memory_mib\":1}]}",
         "{\"version\":1,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\\q\",\"memory_mib\":1}]}",
+        "{\"version\":1,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\",\"memory_mib\":1}],\"low_priority_floor\":101}",
+        "{\"version\":1,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\",\"memory_mib\":1}],\"low_priority_floor\":true}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int r = parse(bad[i], &c);

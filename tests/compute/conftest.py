@@ -60,6 +60,7 @@ class Node:
         oversubscription: bool = False,
         kernel_us: float | None = None,
         preload: bool = True,
+        low_priority_floor: int | None = None,
         **extra: object,
     ) -> dict:
         cfg = {
@@ -82,6 +83,8 @@ class Node:
                 for c in cards
             ],
         }
+        if low_priority_floor is not None:
+            cfg["low_priority_floor"] = low_priority_floor
         path = self.tmp / f"config-{share}.json"
         path.write_text(json.dumps(cfg))
         env = {

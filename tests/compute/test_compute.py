@@ -185,11 +185,16 @@ def test_fc14_low_priority_waits_while_high_is_busy_and_resumes(node: Node) -> N
     assert min(w[4:]) >= 70, rl
 
 
+@pytest.mark.parametrize("source", ["env", "file"])
 @pytest.mark.parametrize("floor", [0, 10])
-def test_fc14_starvation_floor(node: Node, floor: int) -> None:
-    """The floor (EGPU_LOW_PRIORITY_FLOOR, off by default) keeps a low share alive beside a
-    high share that never goes idle."""
-    extra = {"EGPU_LOW_PRIORITY_FLOOR": floor} if floor else {}
+def test_fc14_starvation_floor(node: Node, floor: int, source: str) -> None:
+    """The floor (off by default) keeps a low share alive beside a high share that never goes
+    idle; set by the config file's low_priority_floor (clusters: lowPriorityFloorPercent) or,
+    on raw nodes, EGPU_LOW_PRIORITY_FLOOR."""
+    if source == "file":
+        extra: dict = {"low_priority_floor": floor}
+    else:
+        extra = {"EGPU_LOW_PRIORITY_FLOOR": floor} if floor else {}
     hi = node.load(node.env("hi", [0], kernel_us=1000), 3, "-s", 1)
     lo = node.load(
         node.env("lo", [0], priority="low", kernel_us=1000, **extra), 2.5, "-s", 1, delay=0.3

@@ -91,6 +91,8 @@ CORRUPTIONS = [
     {"allocation__containers__0__cards__1": 7},
     {"allocation__containers__0__name": KeyError}, {"allocation__containers__0__init": 0},
     {"allocation__node": 3}, {"pod_uid": None},
+    {"low_priority_floor": 101}, {"low_priority_floor": -1}, {"low_priority_floor": True},
+    {"low_priority_floor": "10"},
 ]
 
 
@@ -112,8 +114,9 @@ def test_unreadable_files_are_refused_by_both(text: str) -> None:
         decode_pod_shares(text)
 
 
-def test_the_hook_writes_the_config_records_writes() -> None:
-    text = json.dumps(_pod())
+@pytest.mark.parametrize("floor", [None, 0, 15], ids=["absent", "0", "15"])
+def test_the_hook_writes_the_config_records_writes(floor: int | None) -> None:
+    text = json.dumps(_pod(low_priority_floor=KeyError if floor is None else floor))
     env = {"NVIDIA_VISIBLE_DEVICES": "GPU-b,GPU-a"}
     ann = {"io.kubernetes.cri.sandbox-uid": "uid-1", "io.kubernetes.cri.container-name": "main"}
     ours = decide(Inputs("c", env, ann, decode_pod_shares(text)))
@@ -125,8 +128,10 @@ def test_the_hook_writes_the_config_records_writes() -> None:
     reference = ContainerConfig(**{k: getattr(ours.config, k) for k in (
         "namespace", "pod", "pod_uid", "container", "priority", "compute_policy",
         "memory_oversubscription", "container_region")}, cards=tuple(
-        ConfigCard(c.uuid, c.memory_mib, c.cores, c.card_region) for c in ours.config.cards))
+        ConfigCard(c.uuid, c.memory_mib, c.cores, c.card_region) for c in ours.config.cards),
+        low_priority_floor=floor or 0)
     assert ours.config.encode() == theirs.config.encode() == reference.encode()
+    assert json.loads(ours.config.encode())["low_priority_floor"] == (floor or 0)
     assert ContainerConfig.decode(ours.config.encode()) == reference
 
 

@@ -61,3 +61,12 @@ def test_a_deleted_pod_file_is_removed_and_a_new_uid_gets_its_own(tmp_path: Path
     assert not (tmp_path / "private" / "allocations" / "uid-A.json").exists()
     assert registry.update(_pod(memory=8000)) == _file(tmp_path)
     assert _file(tmp_path).allocation.containers[0].cards[0].memory_mib == 8000
+
+
+def test_the_floor_of_the_node_config_reaches_the_allocation_file(tmp_path: Path) -> None:
+    """lowPriorityFloorPercent travels to the hook in the pod's allocation file (a pod has no
+    say in it)."""
+    registry = PodRegistry("n1", Config(low_priority_floor_percent=12),
+                           str(tmp_path / "private"), str(tmp_path / "run"))
+    assert registry.update(_pod()) is not None
+    assert _file(tmp_path).low_priority_floor == 12

@@ -23,10 +23,12 @@ coresOversubscriptionRatio: 1.5
 ignoredNamespaces: [kube-system]
 allowPrivileged: true
 heartbeatTimeoutSeconds: 30
+lowPriorityFloorPercent: 10
 """)
     assert config.scheduler_name == "my-egpu" and config.defaults.gpu_policy == "spread"
     assert config.shares_per_card == 4 and config.memory_oversubscription_ratio == 2.0
     assert config.priority_classes == {"online": "high", "batch": "low"}
+    assert config.low_priority_floor_percent == 10 and Config().low_priority_floor_percent == 0
 
 
 @pytest.mark.parametrize(("text", "fragment"), [
@@ -40,6 +42,8 @@ heartbeatTimeoutSeconds: 30
     ("resourceAliases: {x.io/a: egpu.io/nope}", "resourceAliases.x.io/a"),
     ("ignoredNamespaces: kube-system", "ignoredNamespaces"),
     ("allowPrivileged: 'yes'", "allowPrivileged"),
+    ("lowPriorityFloorPercent: 101", "lowPriorityFloorPercent: 101 is out of range"),
+    ("lowPriorityFloorPercent: 5.5", "lowPriorityFloorPercent: 5.5 is not an integer"),
     ("[1, 2]", "config: expected a mapping"),
     ("a: [", "not valid YAML"),
 ])
