@@ -132,16 +132,39 @@ async def metrics_view(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+READ_ONLY_PATHS = frozenset({"/metrics", "/healthz"})
+
+
+def _read_only_listener(port: int) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Middleware: on the listener at local ``port`` (the metrics listener, reachable from
+    the pod network) only /metrics and /healthz; filter, prioritize and bind are served on
+    the other listener alone (loopback: the kube-scheduler in the same pod)."""
+
+    @web.middleware
+    async def middleware(request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                         ) -> web.StreamResponse:
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        if sockname and sockname[1] == port and request.path not in READ_ONLY_PATHS:
+            raise web.HTTPNotFound(text="this listener serves /metrics and /healthz only\n")
+        return await handler(request)
+
+    return middleware
+
+
 def make_app(extender: Extender, synced: asyncio.Event | None = None, *,
              sync_timeout_s: float = 20.0,
              cleanup_ctx: list[Callable[[web.Application], AsyncIterator[None]]] | None = None,
+             read_only_port: int = 0,
              ) -> web.Application:
     """Build the application. ``synced``: set when the view is usable (None: already is).
 
     ``cleanup_ctx``: context generators that open and close resources (watch threads, the API
-    client) with the application.
+    client) with the application. ``read_only_port``: a local port on which only /metrics and
+    /healthz are answered (404 otherwise); 0: none.
     """
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    middlewares = [_read_only_listener(read_only_port)] if read_only_port else []
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
     app[EXTENDER] = extender
     if synced is None:
         synced = asyncio.Event()

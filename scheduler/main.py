@@ -1,10 +1,14 @@
 """``egpu-extender``: the kube-scheduler extender process (wiring only).
 
     egpu-extender [--kubeconfig PATH] [--host 0.0.0.0] [--port 8888] [--config PATH]
+                  [--metrics-host 0.0.0.0 --metrics-port 8889]
 
 ``--config``: the egpu YAML config (default: $EGPU_CLUSTER_CONFIG, else built-in defaults).
 Lists and watches nodes and pods, then serves /filter, /prioritize, /bind, /healthz and
-/metrics (see scheduler.app). Exit status 2 for a bad config or kubeconfig.
+/metrics (see scheduler.app). With ``--metrics-port``, a second listener serves /metrics and
+/healthz only: the deployment runs the extender beside kube-scheduler in one pod, verbs on
+127.0.0.1, so that nothing else on the pod network can ask it to bind a pod. Exit status 2
+for a bad config or kubeconfig, or a listener that cannot be opened.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import gc
 import logging
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator
 
@@ -38,6 +43,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
     parser.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8888, help="listen port (default 8888)")
+    parser.add_argument("--metrics-host", default="0.0.0.0",
+                        help="listen address of the metrics listener (default 0.0.0.0)")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="a second listener for /metrics and /healthz only (default: none)")
     parser.add_argument("--config", default=os.environ.get(CONFIG_FILE_ENV),
                         help=f"egpu config YAML (default: ${CONFIG_FILE_ENV})")
     parser.add_argument("--log-level", default="INFO")
@@ -78,7 +87,28 @@ def build_app(args: argparse.Namespace) -> web.Application:
         kube_api.close()
         api_client.close()
 
-    return make_app(extender, synced, cleanup_ctx=[watching])
+    return make_app(extender, synced, cleanup_ctx=[watching],
+                    read_only_port=args.metrics_port)
+
+
+def listeners(args: argparse.Namespace) -> list[socket.socket]:
+    """The listening sockets: the verbs' (``--host``/``--port``), then the metrics one when
+    ``--metrics-port`` is set. Raises OSError when one cannot be opened."""
+    wanted = [(args.host, args.port)]
+    if args.metrics_port:
+        if args.metrics_port == args.port:
+            raise OSError(f"--metrics-port {args.metrics_port} is --port; allowed: another port")
+        wanted.append((args.metrics_host, args.metrics_port))
+    socks: list[socket.socket] = []
+    try:
+        for host, port in wanted:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            socks.append(socket.create_server((host, port), family=family, backlog=1024))
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     except (k8s_config.ConfigException, OSError) as exc:
         print(f"egpu-extender: cannot reach the API (kubeconfig): {exc}", file=sys.stderr)
         return 2
-    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
+    try:
+        socks = listeners(args)
+    except OSError as exc:
+        print(f"egpu-extender: cannot listen: {exc}", file=sys.stderr)
+        return 2
+    web.run_app(app, sock=socks, access_log=None, print=None)
     return 0
 
 

@@ -129,3 +129,43 @@ async def test_a_5000_digit_quantity_is_an_unresolvable_request_not_a_500(
     (reason,) = (await r.json())["FailedAndUnresolvableNodes"].values()
     assert f"egpu.io/gpu-cores='{'1' * 40}...' is not allowed (not a whole number (longer " \
            "than 40 characters))" in reason
+
+
+async def test_the_metrics_listener_never_binds() -> None:
+    """With --metrics-port (the deployment), filter / prioritize / bind are answered on the
+    loopback listener only: a pod on the cluster network reaching the metrics port cannot
+    have the extender bind a pod (bypassing kube-scheduler's filters)."""
+    import socket
+
+    from aiohttp import ClientSession, web
+
+    state = ClusterState(CONFIG)
+    state.replace_nodes([node("a", cards(1, memory=24576))])
+    api = FakeApi(state)
+    verbs_sock = socket.create_server(("127.0.0.1", 0))
+    metrics_sock = socket.create_server(("127.0.0.1", 0))
+    metrics_port = metrics_sock.getsockname()[1]
+    app = make_app(Extender(state, CONFIG, api, clock=lambda: NOW), read_only_port=metrics_port)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    for sock in (verbs_sock, metrics_sock):
+        await web.SockSite(runner, sock).start()
+    p = api.add(pod("p"))
+    bind = {"PodName": "p", "PodNamespace": "default", "PodUID": p["metadata"]["uid"],
+            "Node": "a"}
+    verbs = f"http://127.0.0.1:{verbs_sock.getsockname()[1]}"
+    metrics = f"http://127.0.0.1:{metrics_port}"
+    try:
+        async with ClientSession() as http:
+            for path in ("/bind", "/filter", "/prioritize"):
+                async with http.post(metrics + path, json=bind) as r:
+                    assert r.status == 404, path
+            assert "nodeName" not in api.pods[("default", "p")]["spec"]
+            for path in ("/metrics", "/healthz"):
+                async with http.get(metrics + path) as r:
+                    assert r.status == 200, path
+            async with http.post(verbs + "/bind", json=bind) as r:
+                assert await r.json() == {"Error": ""}
+            assert api.pods[("default", "p")]["spec"]["nodeName"] == "a"
+    finally:
+        await runner.cleanup()
