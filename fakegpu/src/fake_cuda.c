@@ -415,6 +415,20 @@ FG_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     c->alive = 0;
     if (g_ctx_bytes) fg_uncharge(card_of(c->dev), g_ctx_bytes);
     free_ctx_memory(c);
+    /* its streams go with it, and so do their captures (the structs are kept, poisoned) */
+    pthread_mutex_lock(&g_mu);
+    for (struct CUstream_st **pp = &g_streams; *pp;) {
+        struct CUstream_st *s = *pp;
+        if (s->ctx != c) { pp = &s->next; continue; }
+        *pp = s->next;
+        if (s->capture) {
+            free(s->capture);
+            s->capture = NULL;
+            atomic_fetch_sub(&g_ncaptures, 1);
+        }
+        s->magic = 0;
+    }
+    pthread_mutex_unlock(&g_mu);
     drop_from_stacks(c);
     return CUDA_SUCCESS; /* the struct is kept (poisoned) so stale handles are detected */
 }
@@ -602,6 +616,8 @@ FG_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int size)
     struct CUctx_st *c = cur_ctx();
     if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
     if (!size) return CUDA_ERROR_INVALID_VALUE;
+    CUresult cr = capture_unsafe_call();
+    if (cr != CUDA_SUCCESS) return cr;
     if (fg_charge(card_of(c->dev), size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     unsigned sz = (size + 0xfffu) & ~0xfffu;
     unsigned p = atomic_fetch_add(&g_va_low, sz);
@@ -1179,10 +1195,19 @@ FG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s)
     uint64_t *end;
     CUresult r = stream_end(s, &c, &end);
     if (r != CUDA_SUCCESS) return r;
+    if (atomic_load(&g_ncaptures) && !is_default_stream(s)) {
+        /* captured, a free becomes a graph node and must name a graph allocation: the fake
+         * makes none, so every such free is refused (nothing is freed) */
+        pthread_mutex_lock(&g_mu);
+        int capturing = s->capture != NULL;
+        pthread_mutex_unlock(&g_mu);
+        if (capturing) return CUDA_ERROR_INVALID_VALUE;
+    }
     alloc_ent e;
     if (tab_take(ptr, K_POOL, &e) != 0) {
         if (tab_take(ptr, K_DEV, &e) != 0) return CUDA_ERROR_INVALID_VALUE;
-        fg_uncharge(card_of(e.dev), e.size); /* cuMemAlloc'd memory freed stream-ordered */
+        /* cuMemAlloc'd (or managed) memory freed stream-ordered */
+        if (!(e.kind == K_MANAGED && managed_host())) fg_uncharge(card_of(e.dev), e.size);
         return CUDA_SUCCESS;
     }
     pthread_mutex_lock(&g_mu);

@@ -428,7 +428,9 @@ CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned in
                 aux = PTR_MANAGED_FALLBACK;
                 r = CUDA_SUCCESS;
             } else {
+                egpu_capture_relax cr = egpu_capture_relaxed(R.cuThreadExchangeStreamCaptureMode);
                 R.cuMemFree_v2(p);
+                egpu_capture_restore(R.cuThreadExchangeStreamCaptureMode, cr);
             }
         }
     }
