@@ -83,5 +83,6 @@ def test_whole_script_against_the_fake_gpu(tmp_path: Path) -> None:
     assert fig["fc16"]["cu_total_mib"] == 12288, fig["fc16"]
     assert fig["split_ptx"]["split"] is not None
     assert fig["overhead"]["overhead_pct"] is not None
+    assert fig["overhead"]["watched_overhead_pct"] is not None, fig["overhead"]
     assert fig["graphs"]["ptx"]["capture_rc"] == 0, fig["graphs"]
     assert fig["graphs"]["ptx_cap_error_pts"] <= 3, fig["graphs"]

@@ -20,7 +20,10 @@
 #   FC-15  an oversubscribed share allocating to its cap (card memory + 8 GiB)
 #   FC-16  cuMemGetInfo / NVML / torch.cuda.mem_get_info against a 12288 MiB share
 #   FC-02  PyTorch with expandable_segments:True under a 4096 MiB share
-#   overhead: launch rate of an uncapped share vs no interposer (and matmul throughput)
+#   overhead: launch rate of an uncapped share vs no interposer (and matmul throughput),
+#          and of an uncapped high-priority share beside a low-priority one (watched)
+#   graphs CUDA graph capture under a 30% share (GLOBAL mode, the gate's poller running) and
+#          capped replay; torch.cuda.graph likewise
 # Writes $OUT/figures.json (OUT defaults to ./out), prints a table, and ends with
 #   cap_error_pts=N split_30_70=N:N hiprio_p99_ratio=N uncapped_overhead_pct=N
 set -u -o pipefail

@@ -5,6 +5,7 @@
     python workload.py periodic SECONDS ITERS KERNEL_US PERIOD_MS
     python workload.py launchrate SECONDS ITERS
     python workload.py graph SECONDS ITERS KERNEL_US KERNELS  (capture, then replay a graph)
+    python workload.py idle SECONDS                    (a share that holds its slot, idle)
     python workload.py fc15 LIMIT_MIB                  (allocate 1 GiB steps up to the limit)
     python workload.py fc16 ALLOC_MIB
 
@@ -195,6 +196,10 @@ def main(argv: list[str]) -> int:
         res = periodic(float(args[0]), int(args[1]), float(args[2]), float(args[3]))
     elif cmd == "graph":
         res = graph(float(args[0]), int(args[1]), float(args[2]), int(args[3]))
+    elif cmd == "idle":
+        Driver()  # cuInit claims the share's slot on the card
+        time.sleep(float(args[0]))
+        res = {"idle_s": float(args[0])}
     elif cmd == "launchrate":
         res = launchrate(float(args[0]), int(args[1]))
     elif cmd == "fc15":
