@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder with cluster.yaml and pods/ (default: the embedded copy "
                              "of ../shared/inputs)")
     parser.add_argument("--state-dir", type=Path, default=None,
-                        help="default: $EGPU_DEMO_DIR or ~/.cache/egpu/demo")
+                        help="default: $EGPU_DEMO_DIR, else $EGPU_STATE_DIR/demo, else "
+                             "~/.cache/egpu/demo")
     parser.add_argument("--wait", type=float, default=90.0, help="seconds to wait for pods")
     parser.add_argument("--no-container", action="store_true",
                         help="skip the runc container at the end")

@@ -13,7 +13,8 @@
    the container sees.
 
 The processes keep running after ``up`` returns; ``down(state_dir)`` stops them. State,
-logs and the kubeconfig live in ``~/.cache/egpu/demo`` (``$EGPU_DEMO_DIR``).
+logs and the kubeconfig live in ``~/.cache/egpu/demo`` (``$EGPU_DEMO_DIR``, else
+``$EGPU_STATE_DIR/demo``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 INPUTS = Path(__file__).resolve().parent / "inputs"
 FAKEGPU = REPO / "fakegpu" / "build"
 BIN = Path(sys.executable).parent
+ALLOCATION_POLICY = REPO / "manifests" / "webhook" / "allocation-policy.yaml"
 DEMO_CONFIG = """\
 # egpu's configuration for the demo (docs/design.md, Configuration).
 schedulerName: egpu-scheduler
@@ -50,9 +52,14 @@ heartbeatTimeoutSeconds: 120
 
 
 def default_state_dir() -> Path:
-    """``$EGPU_DEMO_DIR``, else ``~/.cache/egpu/demo``."""
+    """``$EGPU_DEMO_DIR``, else ``$EGPU_STATE_DIR/demo`` (the dev cluster's private state
+    folder), else ``~/.cache/egpu/demo``."""
     env = os.environ.get("EGPU_DEMO_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "egpu" / "demo"
+    if env:
+        return Path(env).expanduser()
+    shared = os.environ.get("EGPU_STATE_DIR")
+    return (Path(shared).expanduser() / "demo" if shared
+            else Path.home() / ".cache" / "egpu" / "demo")
 
 
 @dataclass
@@ -144,11 +151,20 @@ def _http_ok(url: str, ca: Path | None = None) -> bool:
         return False
 
 
+def _stop_command(state: Path) -> str:
+    """The command that stops this demo (naming its state folder unless it is the default)."""
+    default = Path.home() / ".cache" / "egpu" / "demo"
+    if state.resolve() == default.resolve():
+        return f"{BIN}/egpu demo --down"
+    return f"EGPU_DEMO_DIR={state} {BIN}/egpu demo --down"
+
+
 def down(state_dir: Path | None = None, say: Callable[[str], None] = print) -> None:
     """Stop the demo's processes and its control plane (only what this state folder recorded)."""
     state_dir = state_dir or default_state_dir()
     recorded = state_dir / "processes.json"
-    if recorded.exists():
+    recorded_any = recorded.exists()
+    if recorded_any:
         for entry in json.loads(recorded.read_text()):
             if _alive(entry):
                 os.killpg(entry["pid"], signal.SIGTERM)
@@ -157,6 +173,8 @@ def down(state_dir: Path | None = None, say: Callable[[str], None] = print) -> N
     stopped = devcluster.down(state_dir / "cluster")
     if stopped:
         say(f"stopped the control plane: {', '.join(stopped)}")
+    elif not recorded_any:
+        say(f"no demo is running from {state_dir}")
 
 
 # --- the steps ---------------------------------------------------------------------------
@@ -216,6 +234,10 @@ def _start_webhook(options: Options, info: devcluster.ClusterInfo, config_file: 
     result = _kubectl(info, "apply", "-f", "-", stdin=json.dumps(registration))
     if result.returncode != 0:
         raise DemoError(f"registering the webhook: {result.stderr.strip()}")
+    # as the install does: egpu.io/allocation and the priority label are written once
+    result = _kubectl(info, "apply", "-f", str(ALLOCATION_POLICY))
+    if result.returncode != 0:
+        raise DemoError(f"installing {ALLOCATION_POLICY.name}: {result.stderr.strip()}")
     return entry
 
 
@@ -397,5 +419,5 @@ The cluster is still up. To look around:
   {info.kubectl} get pods -A -o wide
   PATH={BIN}:{Path(info.kubectl).parent}:$PATH kubectl egpu   # or: {BIN}/egpu top
 Logs: {state / 'logs'} and {state / 'cluster' / 'logs'}
-To stop it:  {BIN}/egpu demo --down""")
+To stop it:  {_stop_command(state)}""")
     return 0

@@ -21,6 +21,7 @@ import os
 import shutil
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from egpu.config import Config
@@ -83,6 +84,13 @@ def started_containers(pod: Mapping[str, Any]) -> set[str]:
     return names
 
 
+def _pod_changed(kept: PodShares, seen: PodShares) -> bool:
+    """Whether what the pod says (allocation, priority, policies) differs from the file. The
+    floor is the node's config, not the pod's: a new lowPriorityFloorPercent reaches new pods
+    only, and is no change of the pod's."""
+    return kept != replace(seen, low_priority_floor=kept.low_priority_floor)
+
+
 class PodRegistry:
     """This node's egpu pods (module docstring). ``private_dir``: NODE_PRIVATE_DIR;
     ``runtime_dir``: RUNTIME_DIR (both host paths)."""
@@ -117,7 +125,7 @@ class PodRegistry:
             known = self._pods.get(uid)
             if known is None:
                 shares = self._write_once(uid, shares, meta)
-            elif known[1] != shares:
+            elif _pod_changed(known[1], shares):
                 self._ignored(uid, meta, shares, known[1])
                 shares = known[1]
             self._pods[uid] = (pod, shares)
@@ -151,7 +159,7 @@ class PodRegistry:
                             "it is", meta.get("namespace"), meta.get("name"), uid,
                             self._path(uid), exc)
                 return shares
-            if on_disk != shares:
+            if _pod_changed(on_disk, shares):
                 self._ignored(uid, meta, shares, on_disk)
             return on_disk
         return shares
@@ -171,15 +179,27 @@ class PodRegistry:
                 shutil.rmtree(path, ignore_errors=True)
 
     def resync(self, pods: list[Mapping[str, Any]]) -> None:
-        """Replace the registry's content by a full list (after a watch restart)."""
+        """Replace the registry's content by a full list of the node's pods (at start and
+        after a watch restart). Pods gone meanwhile lose their files, also those deleted
+        while the agent was down (found by their allocation files)."""
         uids = set()
         for pod in pods:
             if self.update(pod) is not None:
                 uids.add(str(pod["metadata"]["uid"]))
         with self._lock:
-            gone = [u for u in self._pods if u not in uids]
-        for uid in gone:
+            gone = {u for u in self._pods if u not in uids}
+        gone.update(u for u in self._files_on_disk() if u not in uids)
+        for uid in sorted(gone):
             self.delete(uid)
+
+    def _files_on_disk(self) -> list[str]:
+        """The pod uids that have an allocation file."""
+        folder = os.path.join(self.private_dir, ALLOCATIONS_SUBDIR)
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return []
+        return [n.removesuffix(".json") for n in names if n.endswith(".json")]
 
     # --- queries ------------------------------------------------------------------------
     def pending(self) -> list[Pending]:

@@ -9,7 +9,7 @@
 - ``ContainerConfig`` / ``ConfigCard``: the interposer's config file; ``encode()`` writes the
   very text ``egpu.records.ContainerConfig.encode()`` writes.
 
-egpu.records stays the one definition of these formats; tests/node/test_hook_shares.py checks
+egpu.records stays the one definition of these formats; tests/node/test_hook_startup.py checks
 this reading of them against it (same values, same refusals, same bytes).
 """
 

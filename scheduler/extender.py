@@ -152,8 +152,9 @@ class Extender:
     @staticmethod
     def _result(args: ExtenderArgs, passed: list[str], failed: dict[str, str],
                 unresolvable: dict[str, str]) -> ExtenderFilterResult:
-        result: ExtenderFilterResult = {"FailedNodes": failed,
-                                        "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+        result: ExtenderFilterResult = {"FailedNodes": _event_safe(failed),
+                                        "FailedAndUnresolvableNodes": _event_safe(unresolvable),
+                                        "Error": ""}
         if args.get("NodeNames") is not None:
             result["NodeNames"] = passed
         else:
@@ -252,3 +253,10 @@ class Extender:
         self.state.bind_done(uid)
         log.info("bound %s/%s -> %s %s", namespace, name, node, text)
         return {"Error": ""}
+
+
+def _event_safe(reasons: dict[str, str]) -> dict[str, str]:
+    """The reasons with "%" spelled out: kube-scheduler (v1.37) passes its FailedScheduling
+    message to the event recorder as a format string, so "50% cores" would read
+    "50%!c(MISSING)ores" in `kubectl describe pod`."""
+    return {node: r.replace("%", " percent") if "%" in r else r for node, r in reasons.items()}

@@ -35,6 +35,7 @@ from scheduler.state import ClusterState
 log = logging.getLogger("egpu.scheduler.kube")
 
 WATCH_TIMEOUT_S = 240  # server-side timeoutSeconds of one watch request
+BIND_TIMEOUT_S = 4  # a Binding POST, server and client side (see KubeApi.bind)
 LIST_PAGE = 500
 
 
@@ -227,6 +228,9 @@ class KubeApi:
 
         The API server sets ``spec.nodeName`` and merges the Binding's ``annotations`` into
         the pod's in one write (``BindingREST.setPodNodeAndMetadata``): one request, atomic.
+        Bounded to BIND_TIMEOUT_S on both sides (the server's ``timeout`` query parameter):
+        after a leader change the new leader's extender must never meet a bind of the old
+        one landing late (kube-scheduler's lease: 15 s, renew deadline 10 s).
         """
         meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
         if annotations:
@@ -234,7 +238,8 @@ class KubeApi:
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         await self._run(self.api.open, "POST", self._pod_path(namespace, name) + "/binding",
-                        body=body, content_type="application/json")
+                        query={"timeout": f"{BIND_TIMEOUT_S}s"}, body=body,
+                        content_type="application/json", timeout=BIND_TIMEOUT_S + 1.0)
 
     def close(self) -> None:
         """Stop the worker threads."""

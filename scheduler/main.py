@@ -36,16 +36,27 @@ log = logging.getLogger("egpu.scheduler")
 SWITCH_INTERVAL_S = 0.0005
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0..65535 (0: the metrics listener is off / any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port; allowed: 0..65535") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port; allowed: 0..65535")
+    return value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="egpu-extender", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                         help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
     parser.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=8888, help="listen port (default 8888)")
+    parser.add_argument("--port", type=_port, default=8888, help="listen port (default 8888)")
     parser.add_argument("--metrics-host", default="0.0.0.0",
                         help="listen address of the metrics listener (default 0.0.0.0)")
-    parser.add_argument("--metrics-port", type=int, default=0,
+    parser.add_argument("--metrics-port", type=_port, default=0,
                         help="a second listener for /metrics and /healthz only (default: none)")
     parser.add_argument("--config", default=os.environ.get(CONFIG_FILE_ENV),
                         help=f"egpu config YAML (default: ${CONFIG_FILE_ENV})")

@@ -43,7 +43,8 @@ typedef struct {
     int priority;
     int compute_policy;
     int oversubscription;
-    int low_priority_floor; /* %: a low-priority share's floor beside busy high-priority work */
+    int low_priority_floor; /* %: a low-priority share's floor beside busy high-priority work;
+                             * -1: the file does not say (env only: 0) */
     char container_region[512];
     int ncards;
     egpu_card_cfg cards[EGPU_REGION_MAX_CARDS];

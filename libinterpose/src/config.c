@@ -269,7 +269,7 @@ int egpu_config_parse_json(const char *text, size_t len, egpu_config *c, char *e
     const jnode *os = member(root, "memory_oversubscription");
     if (os && os->t != J_BOOL) { snprintf(err, errlen, "config: \"memory_oversubscription\" must be true or false"); goto out; }
     c->oversubscription = os ? os->b : 0;
-    long long floor_pct = 0; /* optional: the node's lowPriorityFloorPercent */
+    long long floor_pct = -1; /* optional (-1: absent): the node's lowPriorityFloorPercent */
     if (get_int(root, "low_priority_floor", 0, 100, &floor_pct, 0, err, errlen)) goto out;
     c->low_priority_floor = (int)floor_pct;
     const jnode *cards = member(root, "cards");

@@ -73,10 +73,11 @@ void egpu_compute_setup(void)
     c.share_key[kn] = 0;
     egpu_ctl_params p;
     egpu_ctl_defaults(&p);
+    int file_floor = s->cfg.source == EGPU_SRC_FILE ? s->cfg.low_priority_floor : -1;
     if (s->cfg.node_file)
-        c.floor_pct = s->cfg.low_priority_floor; /* the node's config: never the pod's env */
-    else if (s->cfg.source == EGPU_SRC_FILE && s->cfg.low_priority_floor)
-        c.floor_pct = s->cfg.low_priority_floor; /* a file's floor wins over the env's */
+        c.floor_pct = file_floor > 0 ? file_floor : 0; /* the node's config: never the pod's env */
+    else if (file_floor >= 0)
+        c.floor_pct = file_floor; /* a file that says (0 included) wins over the env */
     if (!s->cfg.node_file)
         egpu_compute_env(&p, &c); /* raw nodes and tests: tunables from the environment */
     egpu_compute_init(&c, &p, &d);

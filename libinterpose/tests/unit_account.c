@@ -99,7 +99,7 @@ static void test_config(void)
     CHECK(!strcmp(c.container_region, "/r/region") && !strcmp(c.pod_uid, "uid"));
     CHECK(egpu_config_limit(&c, "GPU-1", 1ull << 40) == 4096 * MIB);
     CHECK(egpu_config_limit(&c, "GPU-2", 1ull << 40) == 0);
-    CHECK(c.low_priority_floor == 0); /* absent: no floor */
+    CHECK(c.low_priority_floor == -1); /* absent: the file does not say */
     CHECK(parse("{\"version\":1,\"container_region\":\"/r\",\"low_priority_floor\":15,"
                 "\"cards\":[{\"uuid\":\"G\",\"memory_mib\":1}]}", &c) == 0 && c.low_priority_floor == 15);
     /* whitespace, order, unknown keys, escapes */

@@ -201,7 +201,8 @@ def test_fc14_starvation_floor(node: Node, floor: int, source: str) -> None:
     idle; set by the config file's low_priority_floor (clusters: lowPriorityFloorPercent) or,
     on raw nodes, EGPU_LOW_PRIORITY_FLOOR."""
     if source == "file":
-        extra: dict = {"low_priority_floor": floor}
+        # the file wins over the environment, also when it says 0
+        extra: dict = {"low_priority_floor": floor, "EGPU_LOW_PRIORITY_FLOOR": 10 - floor}
     else:
         extra = {"EGPU_LOW_PRIORITY_FLOOR": floor} if floor else {}
     hi = node.load(node.env("hi", [0], kernel_us=1000), 3, "-s", 1)

@@ -155,3 +155,15 @@ def test_placement_table_lists_every_share(outcome: Outcome) -> None:
     for name in ("chat-serving", "lora-finetune", "notebook-ana", "retrieval", "tts-day",
                  "ocr-with-warmup", "translate-small"):
         assert name in table
+
+
+def test_the_allocation_cannot_be_edited(outcome: Outcome) -> None:
+    """The demo installs the ValidatingAdmissionPolicy of the install: an edited
+    egpu.io/allocation is refused (before, the edit went through and `egpu top` lost the
+    share)."""
+    [pod] = outcome.named("notebook-ana")
+    meta = pod["metadata"]
+    edit = subprocess.run(outcome.kubectl(
+        "-n", meta["namespace"], "annotate", "pod", meta["name"], "--overwrite",
+        'egpu.io/allocation={"version":1}'), capture_output=True, text=True)
+    assert edit.returncode != 0 and "egpu.io/allocation" in edit.stderr, edit.stderr

@@ -70,3 +70,19 @@ def test_the_floor_of_the_node_config_reaches_the_allocation_file(tmp_path: Path
                            str(tmp_path / "private"), str(tmp_path / "run"))
     assert registry.update(_pod()) is not None
     assert _file(tmp_path).low_priority_floor == 12
+
+
+def test_files_of_pods_deleted_while_the_agent_was_down_are_removed(tmp_path: Path) -> None:
+    """A restarted agent's first full list removes the files of pods that are gone."""
+    dirs = (str(tmp_path / "private"), str(tmp_path / "run"))
+    assert PodRegistry("n1", CFG, *dirs).update(_pod()) is not None
+    hook = tmp_path / "private" / "hook" / "uid-A_c0"
+    hook.mkdir(parents=True)
+    restarted = PodRegistry("n1", CFG, *dirs)
+    restarted.resync([])
+    assert not (tmp_path / "private" / "allocations" / "uid-A.json").exists()
+    assert not hook.exists()
+    # a pod still listed keeps its file
+    assert restarted.update(_pod()) is not None
+    PodRegistry("n1", CFG, *dirs).resync([_pod()])
+    assert (tmp_path / "private" / "allocations" / "uid-A.json").exists()

@@ -110,6 +110,15 @@ def _booking(ext: Extender, p: dict[str, Any], node_name: str) -> Booking:
     return Booking(p["metadata"]["uid"], "x", node_name, placed.allocation, placed.bookings)
 
 
+def test_filter_reasons_carry_no_percent_sign() -> None:
+    """kube-scheduler formats its FailedScheduling event with the reasons as the format
+    string: a "%" there shows as "%!c(MISSING)" in `kubectl describe pod`."""
+    ext, _ = make([node("t4", cards(1, "Tesla T4", 15360))])
+    result = ext.filter(args(pod(containers=[limits(memory=24000, cores=50)]), ["t4"]))
+    reason = result["FailedAndUnresolvableNodes"]["t4"]
+    assert "%" not in reason and "50 percent cores" in reason, reason
+
+
 def test_filter_passes_pods_without_egpu_resources() -> None:
     ext, _ = make([node("a", cards(1))])
     p = pod(containers=[{"nvidia.com/gpu": 1}])
