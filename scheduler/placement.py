@@ -25,7 +25,9 @@ A container asking for ``gpus`` cards gets that many distinct cards; containers 
 share a card (their shares add up on it). Search: app and sidecar containers first (most cards
 first), then init containers preferring cards the pod already uses; for each container the
 cards that fit are ordered by the card strategy (``scheduler.strategies``) and combinations are
-tried depth first with backtracking, at most ``SEARCH_BUDGET`` combinations per node.
+tried depth first with backtracking, at most ``SEARCH_BUDGET`` combinations per node. A pod
+with init containers is first searched with its inits kept on its steady containers' cards
+(``_search``).
 
 ``Unfit.unresolvable`` is true when the pod would not fit even on the node emptied of other
 pods' bookings (wrong model, share larger than the card, stale node): preempting cannot help.
@@ -46,6 +48,7 @@ from egpu.requests import ContainerKind, PodRequest, Share, model_matches
 from scheduler import strategies
 
 SEARCH_BUDGET = 2000  # combinations tried per node before giving up
+INIT_REUSE_BUDGET = 200  # of those, first spent looking for inits on the pod's own cards
 _MAX_CARDS_IN_REASON = 4
 
 
@@ -250,7 +253,10 @@ def _ask_text(container: ContainerDemand) -> str:
 class _Search:
     """Depth-first search of one pod's containers over one node's allowed cards."""
 
-    def __init__(self, cards: Sequence[CardState], demand: PodDemand, limits: Limits) -> None:
+    def __init__(self, cards: Sequence[CardState], demand: PodDemand, limits: Limits, *,
+                 inits_on_own_cards: bool = False, budget: int = SEARCH_BUDGET) -> None:
+        self.inits_on_own_cards = inits_on_own_cards
+        self.budget = budget
         self.cards = cards
         self.demand = demand
         self.mem_caps = [
@@ -312,6 +318,9 @@ class _Search:
         fits: list[tuple[tuple[object, ...], int, CardBooking]] = []
         reasons: list[str] = []
         for pos, card in enumerate(self.cards):
+            if (self.inits_on_own_cards and c.kind is ContainerKind.INIT
+                    and not self.use[pos].slots):
+                continue
             new, why = self._try(pos, c)
             if new is None:
                 reasons.append(why)
@@ -336,8 +345,8 @@ class _Search:
         fits.sort(key=lambda f: f[0])
         for combo in combinations(fits, c.share.gpus):
             self.tries += 1
-            if self.tries > SEARCH_BUDGET:
-                self._fail(len(containers), f"no placement found within {SEARCH_BUDGET} tries")
+            if self.tries > self.budget:
+                self._fail(len(containers), f"no placement found within {self.budget} tries")
                 return False
             saved = [(pos, self.use[pos]) for _, pos, _ in combo]
             picks = []
@@ -358,6 +367,16 @@ class _Search:
 
 
 def _search(cards: Sequence[CardState], demand: PodDemand, limits: Limits) -> _Search:
+    """The pod's placement on these cards. A pod with init containers and steady ones is
+    first placed with its inits on cards its steady containers use (an init there costs only
+    what it asks beyond them: FC-07's max rule), searching the steady containers' cards for
+    such a placement; only when there is none (within INIT_REUSE_BUDGET tries) may an init
+    take a card of its own, which books it a second card for the pod's whole life."""
+    kinds = {c.kind is ContainerKind.INIT for c in demand.containers}
+    if kinds == {True, False}:
+        first = _Search(cards, demand, limits, inits_on_own_cards=True, budget=INIT_REUSE_BUDGET)
+        if first.run():
+            return first
     search = _Search(cards, demand, limits)
     search.run()
     return search

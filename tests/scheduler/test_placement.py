@@ -303,6 +303,22 @@ def test_init_on_other_card_when_the_pods_card_is_full() -> None:
     assert p.bookings["GPU-1"].memory_mib >= 15000
 
 
+def test_fc07_binpack_picks_a_card_where_the_init_joins_the_app() -> None:
+    """Binpack alone would put the 8000 MiB app on the fullest card (10000 MiB free), where
+    the 12000 MiB init cannot follow, and book the pod a second card for its whole life;
+    the app goes where both fit instead: one card, max(12000, 8000) booked (seen in the e2e
+    run of shared/inputs/pods/06 when other pods had filled a card that far)."""
+    n = NodeState("n", (card(0, cap=40960, booked_mib=30960), card(1, cap=40960)), NOW)
+    p = placed(place(n, pod(inits=[limits(memory=12000, cores=100)],
+                            containers=[limits(memory=8000, cores=20)])))
+    assert p.bookings == {"GPU-1": CardBooking(12000, 100, 1)}
+    # where no card takes both, the init still gets a card of its own
+    n = NodeState("n", (card(0, cap=9000), card(1, cap=40960, booked_cores=50)), NOW)
+    p = placed(place(n, pod(inits=[limits(memory=10000)],
+                            containers=[limits(memory=9000, cores=100)])))
+    assert set(p.bookings) == {"GPU-0", "GPU-1"}
+
+
 def test_placement_bookings_match_the_allocation_record() -> None:
     p_obj = pod(inits=[limits(memory=12000)], sidecars=[limits(memory=1000, cores=5)],
                 containers=[limits(memory=8000, cores=20), limits(gpus=2, memory=100)])
