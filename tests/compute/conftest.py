@@ -135,3 +135,33 @@ def node(tmp_path: Path):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+# A node of small cards where another share holds part of card 0: what the oversubscription
+# tests fill past the card (tests/compute/test_oversubscription_paths.py, test_capture_review.py).
+CARD_MIB = 2048
+HELD_MIB = 512  # share B's allocation on card 0
+CTX_MIB = 256  # EGPU_CONTEXT_OVERHEAD_MIB's default, charged to the share (not the card)
+
+
+@pytest.fixture
+def card(tmp_path: Path):
+    """A node of CARD_MIB cards; share B holds HELD_MIB of card 0 until the test ends."""
+    n = Node(tmp_path, card_mib=CARD_MIB)
+    b = subprocess.Popen(
+        [str(LIB / "cuprobe"), "init", "ctx", "alloc", str(HELD_MIB), "hold"],
+        env=n.env("b", [0], memory_mib=HELD_MIB + CTX_MIB),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    n.procs.append(b)
+    line = ""
+    while not line.startswith("hold"):
+        line = b.stdout.readline()
+        assert line and " rc=0" in line, line + b.stderr.read()
+    yield n
+    for p in n.procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -19,18 +19,17 @@ import sys
 
 import pytest
 
-from .conftest import LIB, Node
+from .conftest import CARD_MIB, CTX_MIB, HELD_MIB, Node
 
 GLOBAL, THREAD_LOCAL, RELAXED, V1 = 0, 1, 2, -1
 MIB = 1 << 20
 
-GATE_PROBE = r"""
+# What both probes start with: the driver, the spec, a fatal check, the capture-mode swap.
+PROBE_HEAD = r"""
 import ctypes as C, json, sys, threading, time
 
 spec = json.loads(sys.argv[1])
 cu = C.CDLL("libcuda.so.1")
-
-
 def ok(r, w):
     if r:
         print(json.dumps({"fatal": w, "rc": r}))
@@ -41,6 +40,9 @@ def xmode(m):
     v = C.c_int(m)
     ok(cu.cuThreadExchangeStreamCaptureMode(C.byref(v)), "exchange")
     return v.value
+"""
+
+GATE_PROBE = PROBE_HEAD + r"""
 
 
 def mode_now():
@@ -116,26 +118,11 @@ for t in ts:
 print(json.dumps(out))
 """
 
-MEM_PROBE = r"""
-import ctypes as C, json, sys, threading
-
-spec = json.loads(sys.argv[1])
-cu = C.CDLL("libcuda.so.1")
+MEM_PROBE = PROBE_HEAD + r"""
 nvml = C.CDLL("libnvidia-ml.so.1")
 u64, sz = C.c_uint64, C.c_size_t
 MIB = 1 << 20
 
-
-def ok(r, w):
-    if r:
-        print(json.dumps({"fatal": w, "rc": r}))
-        sys.exit(1)
-
-
-def xmode(m):
-    v = C.c_int(m)
-    ok(cu.cuThreadExchangeStreamCaptureMode(C.byref(v)), "exchange")
-    return v.value
 
 
 ok(cu.cuInit(0), "cuInit")
@@ -286,31 +273,7 @@ def test_concurrent_captures_in_every_mode_beside_gated_launches(
 
 # ---- FC-15 stream-ordered fallbacks ----------------------------------------------------
 
-CARD_MIB, HELD_MIB, CTX_MIB = 2048, 512, 256
 ON_CARD = (CARD_MIB - HELD_MIB) // 256  # 256 MiB chunks the card holds: 6
-
-
-@pytest.fixture
-def card(tmp_path):
-    """2 GiB cards; another share holds HELD_MIB of card 0."""
-    n = Node(tmp_path, card_mib=CARD_MIB)
-    b = subprocess.Popen(
-        [str(LIB / "cuprobe"), "init", "ctx", "alloc", str(HELD_MIB), "hold"],
-        env=n.env("b", [0], memory_mib=HELD_MIB + CTX_MIB),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    n.procs.append(b)
-    line = ""
-    while not line.startswith("hold"):
-        line = b.stdout.readline()
-        assert line and " rc=0" in line, line + b.stderr.read()
-    yield n
-    for p in n.procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 def oversubscribed(node: Node, name: str) -> dict:

@@ -22,13 +22,10 @@ import sys
 
 import pytest
 
-from .conftest import LIB, Node
+from .conftest import CARD_MIB, CTX_MIB, HELD_MIB, Node
 
 MIB = 1 << 20
-CARD_MIB = 2048
-HELD_MIB = 512  # share B's allocation on card 0
 CAP_MIB = 4096  # share A's booking, twice the card
-CTX_MIB = 256  # EGPU_CONTEXT_OVERHEAD_MIB's default, charged to the share (not the card)
 CHUNK_MIB = 256
 ON_CARD = (CARD_MIB - HELD_MIB) // CHUNK_MIB  # chunks the card itself can hold: 6
 UP_TO_CAP = (CAP_MIB - CTX_MIB) // CHUNK_MIB  # chunks up to the cap: 15
@@ -153,29 +150,6 @@ print(json.dumps(out))
 """
 
 PATHS = ["pitch", "pitch_v1", "async", "async_ptsz", "pool", "pool_ptsz"]
-
-
-@pytest.fixture
-def card(tmp_path):
-    """A node of 2 GiB cards; share B holds HELD_MIB of card 0 until the test ends."""
-    n = Node(tmp_path, card_mib=CARD_MIB)
-    b = subprocess.Popen(
-        [str(LIB / "cuprobe"), "init", "ctx", "alloc", str(HELD_MIB), "hold"],
-        env=n.env("b", [0], memory_mib=HELD_MIB + CTX_MIB),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    n.procs.append(b)
-    line = ""
-    while not line.startswith("hold"):
-        line = b.stdout.readline()
-        assert line and " rc=0" in line, line + b.stderr.read()
-    yield n
-    for p in n.procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 def probe(env: dict, **spec: object) -> dict:
