@@ -18,15 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import figures
 import torch
+from workload import wait_start
 
 MIB = 1 << 20
-
-
-def wait_start() -> None:
-    at = float(os.environ.get("EGPU_TEST_START_AT", "0") or 0)
-    delay = at - time.time()
-    if delay > 0:
-        time.sleep(delay)
 
 
 def matmul(seconds: float) -> dict:
@@ -144,22 +138,21 @@ def graph(seconds: float) -> dict:
     return {"capture_ok": True, "replays": n, "per_s": round(n / wall, 2)}
 
 
+COMMANDS = {  # name -> (function, argument types)
+    "matmul": (matmul, (float,)),
+    "hiloop": (hiloop, (float, float)),
+    "fc02": (fc02, (int, int)),
+    "fc16": (fc16, (int,)),
+    "graph": (graph, (float,)),
+}
+
+
 def main(argv: list[str]) -> int:
-    cmd, a = argv[0], argv[1:]
-    if cmd == "matmul":
-        res = matmul(float(a[0]))
-    elif cmd == "hiloop":
-        res = hiloop(float(a[0]), float(a[1]))
-    elif cmd == "fc02":
-        res = fc02(int(a[0]), int(a[1]))
-    elif cmd == "fc16":
-        res = fc16(int(a[0]))
-    elif cmd == "graph":
-        res = graph(float(a[0]))
-    else:
+    if not argv or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stderr)
         return 2
-    print(json.dumps(res))
+    fn, types = COMMANDS[argv[0]]
+    print(json.dumps(fn(*(t(a) for t, a in zip(types, argv[1:], strict=True)))))
     return 0
 
 

@@ -47,11 +47,18 @@ def calibrate() -> dict:
     return out
 
 
-def loop(seconds: float, iters: int, kernel_us: float, sync_every: int) -> dict:
+def warmed(iters: int) -> Driver:
+    """A driver whose kernel does ``iters`` iterations, launched once (module loaded, first
+    launch paid) before the measured part."""
     d = Driver()
     d.iters = iters
     d.launch()
     d.sync()
+    return d
+
+
+def loop(seconds: float, iters: int, kernel_us: float, sync_every: int) -> dict:
+    d = warmed(iters)
     wait_start()
     stamps: list[float] = []
     t0 = time.monotonic()
@@ -69,10 +76,7 @@ def loop(seconds: float, iters: int, kernel_us: float, sync_every: int) -> dict:
 
 
 def periodic(seconds: float, iters: int, kernel_us: float, period_ms: float) -> dict:
-    d = Driver()
-    d.iters = iters
-    d.launch()
-    d.sync()
+    d = warmed(iters)
     wait_start()
     lat: list[float] = []
     t0 = time.monotonic()
@@ -92,10 +96,7 @@ def periodic(seconds: float, iters: int, kernel_us: float, period_ms: float) -> 
 def graph(seconds: float, iters: int, kernel_us: float, kernels: int) -> dict:
     """Captures a graph of `kernels` launches (GLOBAL mode, with measurements pending) and
     replays it for `seconds`, synchronising after each replay."""
-    d = Driver()
-    d.iters = iters
-    d.launch()
-    d.sync()
+    d = warmed(iters)
     rc, ex = d.capture_graph(kernels)
     out: dict = {"capture_rc": rc, "graph_kernels": kernels}
     if rc != 0:
@@ -112,10 +113,7 @@ def graph(seconds: float, iters: int, kernel_us: float, kernels: int) -> dict:
 
 
 def launchrate(seconds: float, iters: int) -> dict:
-    d = Driver()
-    d.iters = iters
-    d.launch()
-    d.sync()
+    d = warmed(iters)
     wait_start()
     n = 0
     t0 = time.perf_counter()
@@ -186,30 +184,31 @@ def fc16(alloc_mib: int) -> dict:
     return out
 
 
+def idle(seconds: float) -> dict:
+    """A share that holds its slot on the card (cuInit claims it) and does nothing."""
+    Driver()
+    time.sleep(seconds)
+    return {"idle_s": seconds}
+
+
+COMMANDS = {  # name -> (function, argument types)
+    "calibrate": (calibrate, ()),
+    "loop": (loop, (float, int, float, int)),
+    "periodic": (periodic, (float, int, float, float)),
+    "graph": (graph, (float, int, float, int)),
+    "idle": (idle, (float,)),
+    "launchrate": (launchrate, (float, int)),
+    "fc15": (fc15, (int,)),
+    "fc16": (fc16, (int,)),
+}
+
+
 def main(argv: list[str]) -> int:
-    cmd, args = argv[0], argv[1:]
-    if cmd == "calibrate":
-        res = calibrate()
-    elif cmd == "loop":
-        res = loop(float(args[0]), int(args[1]), float(args[2]), int(args[3]))
-    elif cmd == "periodic":
-        res = periodic(float(args[0]), int(args[1]), float(args[2]), float(args[3]))
-    elif cmd == "graph":
-        res = graph(float(args[0]), int(args[1]), float(args[2]), int(args[3]))
-    elif cmd == "idle":
-        Driver()  # cuInit claims the share's slot on the card
-        time.sleep(float(args[0]))
-        res = {"idle_s": float(args[0])}
-    elif cmd == "launchrate":
-        res = launchrate(float(args[0]), int(args[1]))
-    elif cmd == "fc15":
-        res = fc15(int(args[0]))
-    elif cmd == "fc16":
-        res = fc16(int(args[0]))
-    else:
+    if not argv or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stderr)
         return 2
-    print(json.dumps(res))
+    fn, types = COMMANDS[argv[0]]
+    print(json.dumps(fn(*(t(a) for t, a in zip(types, argv[1:], strict=True)))))
     return 0
 
 
