@@ -372,12 +372,21 @@ static CUresult undo_v1(uint64_t k) { return R.cuMemFree((CUdeviceptr_v1)k); }
 /* FC-15: the driver is out of memory and `est` bytes are charged: managed memory of
  * pitch x h with the pitch the driver would have used (the width rounded up to PITCH_ALIGN),
  * never more than the charge (pitch x h is the estimate itself; a layout that would exceed
- * it is refused). */
-static CUresult pitch_fallback(uint64_t w, uint64_t h, uint64_t est, CUdeviceptr *p, uint64_t *pitch)
+ * it is refused). The address and the pitch must fit in `max` (the 32-bit entry point: a
+ * 64-bit driver's managed memory in practice never does, and the driver's out-of-memory
+ * stands). */
+static CUresult pitch_fallback(uint64_t w, uint64_t h, uint64_t est, uint64_t max, CUdeviceptr *p, uint64_t *pitch)
 {
     uint64_t pp = pitch_of(w), bytes;
-    if (pp == PITCH_TOO_BIG || __builtin_mul_overflow(pp, h, &bytes) || bytes > est) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (pp == PITCH_TOO_BIG || pp > max || __builtin_mul_overflow(pp, h, &bytes) || bytes > est)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     if (managed_fallback(p, bytes) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (*p > max) {
+        egpu_capture_relax cr = egpu_capture_relaxed(R.cuThreadExchangeStreamCaptureMode);
+        R.cuMemFree_v2(*p);
+        egpu_capture_restore(R.cuThreadExchangeStreamCaptureMode, cr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *pitch = pp;
     return CUDA_SUCCESS;
 }
@@ -392,23 +401,18 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t w, size_t 
     CUresult r = charge(dev, est);
     if (r != CUDA_SUCCESS) return r;
     r = R.cuMemAllocPitch_v2(dptr, pPitch, w, h, elem);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && S->cfg.oversubscription) {
-        CUdeviceptr p = 0;
-        uint64_t pitch = 0;
-        if (pitch_fallback(w, h, est, &p, &pitch) == CUDA_SUCCESS) {
-            *dptr = p;
-            *pPitch = pitch;
-            aux = PTR_MANAGED_FALLBACK;
-            r = CUDA_SUCCESS;
-        }
+    CUdeviceptr p = 0;
+    uint64_t pitch = 0;
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && pitch_fallback(w, h, est, UINT64_MAX, &p, &pitch) == CUDA_SUCCESS) {
+        *dptr = p;
+        *pPitch = pitch;
+        aux = PTR_MANAGED_FALLBACK;
+        r = CUDA_SUCCESS;
     }
     if (r != CUDA_SUCCESS) { uncharge(dev, est); return r; }
     return settle_pitch(dev, est, (uint64_t)*pPitch * h, *dptr, aux, undo_v2);
 }
 
-/* The 32-bit legacy entry point: a managed fallback serves it only when its address fits in
- * 32 bits, which a 64-bit driver's managed memory in practice never does; otherwise the
- * driver's out-of-memory stands. */
 CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int w, unsigned int h, unsigned int elem)
 {
     REAL_OR_UNSUPPORTED(cuMemAllocPitch);
@@ -418,21 +422,13 @@ CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned in
     CUresult r = charge(dev, est);
     if (r != CUDA_SUCCESS) return r;
     r = R.cuMemAllocPitch(dptr, pPitch, w, h, elem);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && S->cfg.oversubscription) {
-        CUdeviceptr p = 0;
-        uint64_t pitch = 0;
-        if (pitch_fallback(w, h, est, &p, &pitch) == CUDA_SUCCESS) {
-            if (p <= 0xffffffffull && pitch <= 0xffffffffull) {
-                *dptr = (CUdeviceptr_v1)p;
-                *pPitch = (unsigned)pitch;
-                aux = PTR_MANAGED_FALLBACK;
-                r = CUDA_SUCCESS;
-            } else {
-                egpu_capture_relax cr = egpu_capture_relaxed(R.cuThreadExchangeStreamCaptureMode);
-                R.cuMemFree_v2(p);
-                egpu_capture_restore(R.cuThreadExchangeStreamCaptureMode, cr);
-            }
-        }
+    CUdeviceptr p = 0;
+    uint64_t pitch = 0;
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && pitch_fallback(w, h, est, UINT32_MAX, &p, &pitch) == CUDA_SUCCESS) {
+        *dptr = (CUdeviceptr_v1)p;
+        *pPitch = (unsigned)pitch;
+        aux = PTR_MANAGED_FALLBACK;
+        r = CUDA_SUCCESS;
     }
     if (r != CUDA_SUCCESS) { uncharge(dev, est); return r; }
     return settle_pitch(dev, est, (uint64_t)*pPitch * h, *dptr, aux, undo_v1);
