@@ -655,6 +655,8 @@ int egpu_compute_poll_now(void)
 static void *poller(void *arg)
 {
     (void)arg;
+    /* this thread only ever queries: RELAXED for good, so its polls need no exchange */
+    (void)relax_capture();
     while (!__atomic_load_n(&g_c.stop, __ATOMIC_RELAXED)) {
         int hi_mask = 0, n;
         pthread_mutex_lock(&g_c.mu);
@@ -662,7 +664,7 @@ static void *poller(void *arg)
             pthread_mutex_unlock(&g_c.mu);
             break;
         }
-        n = poll_locked(NULL, 1, &hi_mask);
+        n = poll_locked_relaxed(NULL, 1, &hi_mask);
         uint64_t now = egpu_now_ns();
         for (int dv = 0; dv < g_c.cfg.ndev && dv < 32; dv++)
             if ((hi_mask >> dv) & 1) egpu_ctl_hi_touch(g_c.card[dv].r, now);
