@@ -242,8 +242,7 @@ static void ctx_gone(uint64_t ctx)
  * pointers are MAP_PTR entries with aux = PTR_MANAGED_FALLBACK: cuMemFree gives the charge
  * back, and a stream-ordered free (cuMemFreeAsync) synchronises the stream, then frees. */
 #define PTR_MANAGED_FALLBACK 1ull
-static CUstream strm_handle(CUstream s, int pt) { return egpu_stream_of(s, pt); }
-static int strm_capturing(CUstream s, int pt) { return egpu_stream_capturing(R.cuStreamIsCapturing, strm_handle(s, pt)); }
+static int strm_capturing(CUstream s, int pt) { return egpu_stream_capturing(R.cuStreamIsCapturing, egpu_stream_of(s, pt)); }
 
 /* The managed allocation itself (the cap already charged by the caller). The driver's
  * answer was out-of-memory: that stays the answer when managed memory cannot be had. */
@@ -586,7 +585,7 @@ static CUresult call_free_async(void *c)
 static CUresult free_managed_synced(CUdeviceptr p, CUstream s, int pt)
 {
     egpu_capture_relax cr = egpu_capture_relaxed(R.cuThreadExchangeStreamCaptureMode);
-    CUresult r = R.cuStreamSynchronize(strm_handle(s, pt));
+    CUresult r = R.cuStreamSynchronize(egpu_stream_of(s, pt));
     if (r == CUDA_SUCCESS) r = R.cuMemFree_v2(p);
     egpu_capture_restore(R.cuThreadExchangeStreamCaptureMode, cr);
     return r;
