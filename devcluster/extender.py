@@ -22,10 +22,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class ExtenderProcess:
-    """One extender on 127.0.0.1:<free port>, logging to ``log``; see the module docstring."""
+    """One extender on 127.0.0.1:<free port>, logging to ``log``; see the module docstring.
+    As deployed: the verbs on ``port``, /metrics and /healthz only on ``metrics_port``."""
 
     def __init__(self, kubeconfig: str, config: Path, log: Path) -> None:
         self.port = free_port()
+        self.metrics_port = free_port()
         self.kubeconfig, self.config, self.log = kubeconfig, config, log
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -40,7 +42,8 @@ class ExtenderProcess:
             raise DevClusterError(f"extender exited ({self.proc.returncode}):\n"
                                   + self.log.read_text()[-3000:])
         try:
-            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as response:
+            healthz = f"http://127.0.0.1:{self.metrics_port}/healthz"  # the readiness probe's
+            with urllib.request.urlopen(healthz, timeout=2) as response:
                 return bool(response.status == 200)
         except OSError:
             return False
@@ -50,7 +53,9 @@ class ExtenderProcess:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "scheduler.main", "--kubeconfig", self.kubeconfig,
-                 "--host", "127.0.0.1", "--port", str(self.port), "--config", str(self.config)],
+                 "--host", "127.0.0.1", "--port", str(self.port),
+                 "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port),
+                 "--config", str(self.config)],
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
         deadline = time.monotonic() + timeout_s
         while not self._healthy():

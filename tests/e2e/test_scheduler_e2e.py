@@ -547,3 +547,28 @@ def test_allocation_and_priority_cannot_be_edited_and_binds_still_work(env: Env)
         env.delete_pods(ns)
     finally:
         _kubectl(env, "delete", "--ignore-not-found", "-f", str(POLICY))
+
+
+def test_the_metrics_listener_never_binds_a_real_pod(env: Env) -> None:
+    """The extender as deployed (--metrics-port): a POST /bind reaching the metrics listener
+    from the pod network is refused, and the pending pod stays unbound in the API."""
+    import urllib.error
+    import urllib.request
+
+    node = "e2e-listener-a10"
+    env.add_node(node, 1, "NVIDIA A10", 23028)
+    ns = env.namespace("e2e-listener")
+    pod = env.create(egpu_pod("too-big", ns, 999999, node=node))
+    body = json.dumps({"PodName": "too-big", "PodNamespace": ns,
+                       "PodUID": pod["metadata"]["uid"], "Node": node}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{env.extender.metrics_port}/bind", data=body, method="POST",
+        headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 404
+    time.sleep(1)
+    [still] = env.pods(ns)
+    assert not still["spec"].get("nodeName") and ANN_ALLOCATION not in (
+        still["metadata"].get("annotations") or {})
+    env.delete_pods(ns)
