@@ -3,9 +3,14 @@
 # DaemonSet's init container copies from /opt/egpu/lib to the host (manifests/node).
 #
 #   docker build -t ghcr.io/egpu/egpu:0.1.0 .
+#
+# Debian bookworm, as `make image` (devcluster/images.py) builds the same content without Docker.
+# Pinned, not python:3.11-slim (which follows Debian's newest release): the interposer is
+# LD_PRELOADed into workload containers, so the glibc it is linked against (bookworm: 2.36,
+# symbols up to GLIBC_2.34) bounds the containers it loads into.
 
 # --- the interposer (C, no CUDA toolkit needed), built on the runtime image's Debian --------
-FROM python:3.11-slim AS interposer
+FROM python:3.11-slim-bookworm AS interposer
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev make \
  && rm -rf /var/lib/apt/lists/*
@@ -14,7 +19,7 @@ COPY libinterpose/ libinterpose/
 RUN make -C libinterpose build/libegpu_interpose.so
 
 # --- the Python parts -------------------------------------------------------------------------
-FROM python:3.11-slim
+FROM python:3.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./

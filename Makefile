@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv native system-deps k8s demo test unit e2e lint bench clean
+.PHONY: venv native system-deps k8s image demo test unit e2e lint bench clean
 
 venv: $(STAMP)
 
@@ -17,18 +17,31 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --progress-bar on -e '.[test,dev]'
 	@touch $(STAMP)
 
-# runc runs the runtime hook's end-to-end tests and the demo's container (Debian package).
+# Debian packages the tests and the demo use: runc (the runtime hook's runc containers, the
+# real node), the real node's network (iptables/nftables for kube-proxy, CNI plugins), and
+# the image tools (skopeo, umoci, debootstrap; libc6-dev for the static pause binary).
+DEBIAN_PACKAGES := runc iptables nftables conntrack containernetworking-plugins \
+	skopeo umoci debootstrap libc6-dev
 system-deps:
-	@command -v runc >/dev/null || { \
+	@missing=""; for p in $(DEBIAN_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "==> installing runc (apt-get)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runc; \
-	  else echo "==> runc not found and cannot install it (not root): runc tests will be skipped"; fi; }
+	    echo "==> installing$$missing (apt-get)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "==> missing Debian packages:$$missing (not root: runc and real-node tests are skipped)"; fi; fi
 
-# etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and kwok, built from
-# their Go modules once and cached in ~/.cache/egpu (see docs/devcluster.md).
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, and the real
+# node's kubelet, kube-proxy, containerd (+ shim, ctr), crictl and helm, built from their Go
+# modules once and cached in ~/.cache/egpu (see docs/devcluster.md).
 k8s: venv
 	$(BIN)/python -m devcluster.build
+
+# The dev cluster's images (egpu.local/egpu:dev, egpu.local/pause:3.10, the kube-scheduler) as
+# OCI archives for `ctr images import`, built without Docker and cached in ~/.cache/egpu/images
+# (see docs/devcluster.md, Images). The kube-scheduler image holds the binary `make k8s` built.
+image: venv system-deps k8s
+	$(BIN)/python -m devcluster.images
 
 native:
 	@echo "==> building libinterpose and the fake GPU (gcc)"
@@ -42,13 +55,13 @@ lint: venv
 unit: venv native system-deps
 	$(BIN)/pytest -m "not e2e" tests
 
-e2e: venv native system-deps k8s
+e2e: venv native system-deps k8s image
 	$(BIN)/pytest -m e2e tests
 
-test: venv native system-deps lint k8s
+test: venv native system-deps lint k8s image
 	$(BIN)/pytest tests
 
-demo: venv native system-deps k8s
+demo: venv native system-deps k8s image
 	$(BIN)/egpu demo
 
 clean:

@@ -7,6 +7,8 @@ The spec-wide edits, applied whenever one of its devices is injected, add the co
 nodes and the egpu runtime hook as a ``createRuntime`` hook, which then installs the interposer
 and the container's share (docs/node.md). Cards come from NVML (``--nvml-library`` to choose
 the library) or from an inventory file (``--inventory``: the ``egpu.io/inventory`` JSON).
+The spec is built by ``node_agent.cdi.cdi_spec``, as the node agent's own (which the agent
+writes to ``/var/run/cdi/egpu.json`` itself); the file is replaced atomically.
 
 Exit status: 0 written, 2 cards or output unavailable.
 """
@@ -14,18 +16,14 @@ Exit status: 0 written, 2 cards or output unavailable.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-from typing import Any
 
-from egpu.contract import CDI_KIND, HOST_HOOK_PATH
+from egpu.contract import HOST_HOOK_PATH
 from egpu.records import Card, Inventory, RecordError
+from node_agent.cdi import cdi_spec, spec_text, write_spec
 
 COMMAND = "cdi"
 HELP = "write a CDI spec (egpu.io/gpu devices + the egpu runtime hook)"
-CDI_VERSION = "0.6.0"
-CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,26 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hook", default=HOST_HOOK_PATH, help="host path of egpu-hook")
     parser.add_argument("--no-device-nodes", action="store_true",
                         help="no /dev/nvidia* nodes (a fake driver, tests)")
-
-
-def cdi_spec(cards: tuple[Card, ...], hook_path: str, device_nodes: bool = True) -> dict[str, Any]:
-    """The CDI spec (a JSON-ready dict) for ``cards``."""
-    devices = []
-    for card in sorted(cards, key=lambda c: c.index):
-        # CDI rejects a device without edits: each names its card in the environment too.
-        edits: dict[str, Any] = {"env": [f"EGPU_CDI_CARD_{card.index}={card.uuid}"]}
-        if device_nodes:
-            edits["deviceNodes"] = [{"path": f"/dev/nvidia{card.index}"}]
-        for name in (str(card.index), card.uuid):
-            devices.append({"name": name, "containerEdits": edits})
-    common: dict[str, Any] = {
-        "hooks": [{"hookName": "createRuntime", "path": hook_path,
-                   "args": [os.path.basename(hook_path), "createRuntime"]}],
-    }
-    if device_nodes:
-        common["deviceNodes"] = [{"path": p} for p in CONTROL_DEVICE_NODES]
-    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices,
-            "containerEdits": common}
 
 
 def _cards(args: argparse.Namespace) -> tuple[Card, ...]:
@@ -79,15 +57,13 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, RecordError, RuntimeError) as exc:
         print(f"egpu cdi: cannot read the cards: {exc}", file=sys.stderr)
         return 2
-    text = json.dumps(cdi_spec(cards, args.hook, not args.no_device_nodes), indent=2) + "\n"
+    present = (lambda _path: False) if args.no_device_nodes else (lambda _path: True)
+    text = spec_text(cdi_spec(cards, args.hook, present))
     if args.output == "-":
         sys.stdout.write(text)
         return 0
     try:
-        tmp = f"{args.output}.tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, args.output)
+        write_spec(args.output, text)
     except OSError as exc:
         print(f"egpu cdi: {args.output}: {exc}", file=sys.stderr)
         return 2

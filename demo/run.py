@@ -208,7 +208,8 @@ def _start_node_agents(options: Options, info: devcluster.ClusterInfo, config_fi
                 "--config", str(config_file), "--nvml-library", str(FAKEGPU / "libnvidia-ml.so.1"),
                 "--plugin-dir", str(home / "device-plugins"), "--runtime-dir", str(home / "run"),
                 "--private-dir", str(home / "private"),
-                "--metrics-port", str(devcluster.free_port()), "--heartbeat-seconds", "10"]
+                "--metrics-port", str(devcluster.free_port()), "--heartbeat-seconds", "10",
+                "--cdi-spec-dir", ""]  # kwok nodes run no containers: no spec in the host's CDI
         env = {"FAKEGPU_CONFIG": str(home / "fakegpu.ini"),
                "FAKEGPU_STATE_DIR": str(home / "fakegpu")}
         started.append(_start(options.state_dir, f"node-agent-{name}", argv, env))

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from devcluster import build as buildmod
+from devcluster import realnode
 from devcluster.cluster import Config, DevClusterError, default_state_dir, down, status, up
 
 
@@ -30,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
         help="cluster description (e.g. inputs/cluster.yaml) to create nodes from",
     )
     pu.add_argument("--shares-per-card", type=int, default=4)
+    pu.add_argument("--real-nodes", type=int, default=0, metavar="N",
+                    help="also start N real nodes (kubelet + containerd, root; see "
+                         "docs/devcluster.md), named egpu-real-0..N-1")
+    pu.add_argument("--no-egpu-profile", action="store_true",
+                    help="no egpu-scheduler profile in the local kube-scheduler (egpu "
+                         "installed in the cluster brings its own)")
     pu.add_argument(
         "--extender-url", default=None, help="scheduler extender urlPrefix for the egpu-scheduler"
     )
@@ -53,15 +60,24 @@ def main(argv: list[str] | None = None) -> int:
                     extender_ca_file=args.extender_ca_file,
                     timeout_s=args.timeout,
                     build_missing=not args.no_build,
+                    egpu_profile=not args.no_egpu_profile,
                 )
             )
+            if args.real_nodes < 0:
+                raise DevClusterError(f"--real-nodes: {args.real_nodes} is not allowed "
+                                      "(0 or more)")
+            for index in range(args.real_nodes):
+                node = realnode.add(info, name=f"egpu-real-{index}", index=index)
+                print(f"real node {node.name} Ready in {node.startup_s}s ({node.ip}, pods "
+                      f"{node.pod_cidr}); logs: {node.node_dir}/logs")
             print(f"dev cluster up in {info.startup_s}s: {info.server}")
             print(f"  export KUBECONFIG={info.kubeconfig}")
             print(f"  kubectl: {info.kubectl}")
             print(f"  logs:    {Path(info.state_dir) / 'logs'}")
             return 0
         if args.command == "down":
-            stopped = down(state_dir)
+            real = realnode.remove_all(state_dir)
+            stopped = real + down(state_dir)
             print(
                 f"dev cluster down: stopped {', '.join(stopped)}"
                 if stopped

@@ -30,14 +30,28 @@ from pathlib import Path
 K8S_VERSION = "v1.37.2"  # k8s.io/kubernetes
 ETCD_VERSION = "v3.7.0"  # go.etcd.io/etcd/server/v3: the etcd client version k8s v1.37.2 pins
 KWOK_VERSION = "v0.8.0"  # sigs.k8s.io/kwok
+# The real node's parts (issue 13): containerd 2.x with its runc shim, crictl, and helm.
+CONTAINERD_VERSION = "v2.4.2"  # github.com/containerd/containerd/v2
+CRI_TOOLS_VERSION = "v1.37.0"  # sigs.k8s.io/cri-tools (crictl), matching the kubelet's minor
+HELM_VERSION = "v3.22.0"  # helm.sh/helm/v3
+# containerd's storage drivers that need cgo or kernel headers are left out; overlayfs and
+# native snapshotters stay (the real node uses overlayfs).
+CONTAINERD_TAGS = "no_btrfs no_devmapper no_zfs"
 
 BINARIES = (
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
     "kubectl",
+    "kubelet",
+    "kube-proxy",
     "etcd",
     "kwok",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "crictl",
+    "helm",
 )
 
 
@@ -92,10 +106,12 @@ class Group:
     version: str
     packages: dict[str, str]  # binary name -> Go package path
     ldflags: str = "-s -w"
+    tags: str = ""  # go build -tags
 
     def stamp(self) -> str:
         """What a built binary must match to be reused (written next to it as .<name>.stamp)."""
-        return f"{self.module}@{self.version} -trimpath -ldflags={self.ldflags}\n"
+        tags = f" -tags={self.tags}" if self.tags else ""
+        return f"{self.module}@{self.version} -trimpath -ldflags={self.ldflags}{tags}\n"
 
 
 def k8s_version_ldflags(k8s_version: str = K8S_VERSION) -> str:
@@ -125,6 +141,8 @@ def groups(k8s_version: str = K8S_VERSION) -> list[Group]:
                 "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
                 "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
                 "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+                "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+                "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
             },
             ldflags=k8s_version_ldflags(k8s_version),
         ),
@@ -132,6 +150,30 @@ def groups(k8s_version: str = K8S_VERSION) -> list[Group]:
             "etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, {"etcd": "go.etcd.io/etcd/server/v3"}
         ),
         Group("kwok", "sigs.k8s.io/kwok", KWOK_VERSION, {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
+        Group(
+            "containerd",
+            "github.com/containerd/containerd/v2",
+            CONTAINERD_VERSION,
+            {
+                "containerd": "github.com/containerd/containerd/v2/cmd/containerd",
+                "containerd-shim-runc-v2": (
+                    "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
+                ),
+                "ctr": "github.com/containerd/containerd/v2/cmd/ctr",
+            },
+            ldflags=(
+                "-s -w -X github.com/containerd/containerd/v2/version.Version="
+                + CONTAINERD_VERSION
+            ),
+            tags=CONTAINERD_TAGS,
+        ),
+        Group(
+            "cri-tools",
+            "sigs.k8s.io/cri-tools",
+            CRI_TOOLS_VERSION,
+            {"crictl": "sigs.k8s.io/cri-tools/cmd/crictl"},
+        ),
+        Group("helm", "helm.sh/helm/v3", HELM_VERSION, {"helm": "helm.sh/helm/v3/cmd/helm"}),
     ]
 
 
@@ -165,7 +207,11 @@ def write_wrapper(group: Group, go: str, env: dict[str, str], k8s_version: str) 
     work = version_dir(k8s_version) / "src" / group.name
     work.mkdir(parents=True, exist_ok=True)
     gomod = work / "go.mod"
-    if gomod.exists() and (work / "go.sum").exists() and (work / ".ready").exists():
+    ready = work / ".ready"
+    # The marker names the packages, so adding a binary to a group regenerates its wrapper.
+    marker = f"{group.module}@{group.version} {' '.join(sorted(group.packages.values()))}\n"
+    if gomod.exists() and (work / "go.sum").exists() and ready.exists() \
+            and ready.read_text() == marker:
         return work
     lines = [
         f"module egpu.local/devcluster/{group.name}",
@@ -186,7 +232,7 @@ def write_wrapper(group: Group, go: str, env: dict[str, str], k8s_version: str) 
     print(f"  resolving modules for {group.name} ({group.module}@{group.version}) ...", flush=True)
     t0 = time.monotonic()
     _run([go, "mod", "tidy"], work, env, f"go mod tidy for {group.name}")
-    (work / ".ready").write_text("ok\n")
+    ready.write_text(marker)
     print(f"  resolved in {time.monotonic() - t0:.0f}s", flush=True)
     return work
 
@@ -240,6 +286,7 @@ def build(k8s_version: str = K8S_VERSION, force: bool = False, parallel: int = 2
                     f"-p={parallel}",
                     "-trimpath",
                     f"-ldflags={group.ldflags}",
+                    *([f"-tags={group.tags}"] if group.tags else []),
                     "-o",
                     str(tmp),
                     group.packages[name],

@@ -43,8 +43,11 @@ from devcluster.pki import ensure_pki
 HOST = "127.0.0.1"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_ANNOTATION_VALUE = "fake"
-SERVICE_CIDR = "10.96.0.0/16"
-POD_CIDR = "10.244.0.1/16"
+# Addresses come from 198.18.0.0/15 (RFC 2544, reserved for benchmark networks), never from
+# the private ranges: services 198.19.0.0/16, simulated pods 198.18.128.0/17; real nodes and
+# their pods take 198.18.0.0/24 and 198.18.16.0/20 (devcluster.realnode).
+SERVICE_CIDR = "198.19.0.0/16"
+POD_CIDR = "198.18.128.1/17"
 EGPU_SCHEDULER = "egpu-scheduler"  # mirrors egpu.contract.DEFAULT_SCHEDULER_NAME
 
 # Start order; teardown is the reverse.
@@ -100,6 +103,9 @@ class Config:
     build_missing: bool = True  # build missing binaries first (slow when cold)
     extender_url: str | None = None  # scheduler extender urlPrefix (egpu-scheduler's extender)
     extender_ca_file: Path | None = None  # for an https extender; none: skip verification
+    # The local kube-scheduler also serves the egpu-scheduler profile. Off where egpu is
+    # installed in the cluster (its own egpu-scheduler Deployment then serves that name).
+    egpu_profile: bool = True
     nodes_file: Path | None = None  # cluster description (inputs/cluster.yaml) to create nodes
     shares_per_card: int = 4
     timeout_s: float = 90.0  # per process readiness
@@ -295,8 +301,9 @@ def scheduler_config(
     kubeconfig: str | Path,
     extender_url: str | None = None,
     extender_ca_file: str | Path | None = None,
+    egpu_profile: bool = True,
 ) -> str:
-    """KubeSchedulerConfiguration (YAML): profiles ``default-scheduler`` and
+    """KubeSchedulerConfiguration (YAML): profiles ``default-scheduler`` and (``egpu_profile``)
     ``egpu-scheduler``, leader election off, and, when ``extender_url`` is given, the egpu
     extender (filter/prioritize/bind, weight 1, nodeCacheCapable, egpu managed resources).
 
@@ -311,8 +318,9 @@ def scheduler_config(
         "  leaderElect: false",
         "profiles:",
         "- schedulerName: default-scheduler",
-        f"- schedulerName: {EGPU_SCHEDULER}",
     ]
+    if egpu_profile:
+        lines.append(f"- schedulerName: {EGPU_SCHEDULER}")
     if extender_url:
         lines += [
             "extenders:",
@@ -499,7 +507,8 @@ def up(config: Config | None = None) -> ClusterInfo:
         kubeconfig.chmod(0o600)
         sched_cfg = state_dir / "scheduler-config.yaml"
         sched_cfg.write_text(
-            scheduler_config(kubeconfig, config.extender_url, config.extender_ca_file)
+            scheduler_config(kubeconfig, config.extender_url, config.extender_ca_file,
+                             config.egpu_profile)
         )
         kwok_cfg = state_dir / "kwok.yaml"
         kwok_cfg.write_text((Path(__file__).parent / "kwok_stages.yaml").read_text())
@@ -558,7 +567,12 @@ def up(config: Config | None = None) -> ClusterInfo:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                # Webhooks and aggregated APIs are dialled at their endpoints' pod IPs: the
+                # host has routes to real nodes' pod networks but runs no kube-proxy.
                 "--enable-aggregator-routing=true",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                "--kubelet-preferred-address-types=InternalIP",
                 # 127.0.0.1 may not be published as the kubernetes service's endpoint
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",

@@ -23,7 +23,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALIDITY = dt.timedelta(days=3650)
-SERVICE_IP = "10.96.0.1"  # first address of the service CIDR the apiserver is given
+# First address of the service CIDR the apiserver is given (devcluster.cluster.SERVICE_CIDR):
+# the kubernetes Service's ClusterIP, which pods on a real node dial.
+SERVICE_IP = "198.19.0.1"
+# The host's side of the real nodes' link (devcluster.realnode.HOST_LINK_IP): real nodes reach
+# the apiserver there (a relay to 127.0.0.1).
+HOST_LINK_IP = "198.18.0.1"
 API_SANS_DNS = (
     "localhost",
     "kubernetes",
@@ -31,7 +36,7 @@ API_SANS_DNS = (
     "kubernetes.default.svc",
     "kubernetes.default.svc.cluster.local",
 )
-API_SANS_IP = ("127.0.0.1", "::1", SERVICE_IP)
+API_SANS_IP = ("127.0.0.1", "::1", SERVICE_IP, HOST_LINK_IP)
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -111,8 +116,10 @@ def _leaf(
     org: str | None = None,
     server: bool = False,
     client: bool = False,
+    extra_ips: tuple[str, ...] = (),
 ) -> None:
-    if (pki / f"{name}.crt").exists() and (pki / f"{name}.key").exists():
+    if (pki / f"{name}.crt").exists() and (pki / f"{name}.key").exists() \
+            and not (server and _stale_sans(pki / f"{name}.crt", extra_ips)):
         return
     ca_cert, ca_key = _load(pki, ca)
     key = _key()
@@ -153,11 +160,30 @@ def _leaf(
     )
     if server:
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in API_SANS_DNS]
-        sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in API_SANS_IP]
+        sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in (*API_SANS_IP, *extra_ips)]
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     _write_key(pki / f"{name}.key", key)
     _write_cert(pki / f"{name}.crt", cert)
+
+
+def _stale_sans(crt: Path, extra_ips: tuple[str, ...]) -> bool:
+    """A serving cert made before an address was added to the SANs (kept pki folders)."""
+    cert = x509.load_pem_x509_certificate(crt.read_bytes())
+    try:
+        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return True
+    have = {str(ip) for ip in ext.value.get_values_for_type(x509.IPAddress)}
+    return not {*API_SANS_IP, *extra_ips} <= have
+
+
+def client_cert(pki: Path, name: str, cn: str, org: str | None = None) -> tuple[Path, Path]:
+    """A client cert signed by the cluster CA (kept when present): (crt, key) paths.
+    Real nodes use it for the kubelet (CN=system:node:<node>, O=system:nodes) and kube-proxy
+    (CN=system:kube-proxy)."""
+    _leaf(pki, name, "ca", cn, org=org, client=True)
+    return pki / f"{name}.crt", pki / f"{name}.key"
 
 
 def _service_account(pki: Path) -> None:
@@ -179,6 +205,9 @@ def ensure_pki(pki: Path) -> Path:
     _ca(pki, "ca", "egpu-dev-ca")
     _leaf(pki, "apiserver", "ca", "kube-apiserver", server=True)
     _leaf(pki, "admin", "ca", "egpu-dev-admin", org="system:masters", client=True)
+    # The apiserver's client cert towards kubelets (logs, exec, port-forward on real nodes).
+    _leaf(pki, "apiserver-kubelet-client", "ca", "kube-apiserver-kubelet-client",
+          org="system:masters", client=True)
     _service_account(pki)
     _ca(pki, "front-proxy-ca", "egpu-dev-front-proxy-ca")
     _leaf(pki, "front-proxy-client", "front-proxy-ca", "front-proxy-client", client=True)

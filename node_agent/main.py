@@ -1,7 +1,9 @@
 """``egpu-node-agent``: wiring of discovery, inventory, pods, device plugin and metrics.
 
 Threads: the pod watch (``pods.watch_pods``), the XID health watcher, the device plugin's
-keep-registered loop, the inventory heartbeat (main thread) and the metrics HTTP server.
+keep-registered loop, the inventory heartbeat (main thread; it also rewrites the CDI spec
+``<--cdi-spec-dir>/egpu.json`` when the cards or their device nodes changed) and the metrics
+HTTP server.
 Options come from the command line, with environment defaults for the DaemonSet:
 ``NODE_NAME`` (downward API), ``EGPU_CLUSTER_CONFIG`` (the config YAML).
 """
@@ -23,17 +25,19 @@ from egpu.contract import (
     CONFIG_FILE_ENV,
     ENV_NODE_PRIVATE_DIR,
     ENV_RUNTIME_DIR,
+    HOST_HOOK_PATH,
     NODE_PRIVATE_DIR,
     RUNTIME_DIR,
 )
 from egpu.records import Card, NodeUsage
 from node_agent import discovery, inventory
+from node_agent.cdi import DEFAULT_SEARCH_DIRS, DEFAULT_SPEC_DIR, CdiPublisher
 from node_agent.deviceplugin.service import DEFAULT_PLUGIN_DIR, EgpuDevicePlugin, PluginServer
 from node_agent.health import HealthWatcher
 from node_agent.metrics.card_region import scan_cards
 from node_agent.metrics.collector import EgpuCollector, Sources, regions_under
 from node_agent.metrics.region import scan
-from node_agent.pods import PodRegistry, watch_pods
+from node_agent.pods import PodCatchUp, PodRegistry, list_node_pods, watch_pods
 from node_agent.usage import node_usage
 
 log = logging.getLogger("egpu-node-agent")
@@ -77,7 +81,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster)")
     p.add_argument("--no-kubernetes", action="store_true",
                    help="no API server: device plugin and metrics only (tests)")
+    p.add_argument("--cdi-spec-dir", default=DEFAULT_SPEC_DIR,
+                   help="folder to write the CDI spec egpu.json into; Allocate then names "
+                        "the cards as CDI devices. '' disables CDI (default: %(default)s)")
+    p.add_argument("--cdi-search-dirs", default=",".join(DEFAULT_SEARCH_DIRS),
+                   help="comma list of the runtime's CDI spec folders, where an nvidia.com/gpu "
+                        "spec (nvidia-ctk cdi generate) is looked for (default: %(default)s)")
+    p.add_argument("--hook", default=HOST_HOOK_PATH,
+                   help="host path of egpu-hook, named in the CDI spec (default: %(default)s)")
     return p
+
+
+def hook_args(runtime_dir: str, private_dir: str) -> list[str]:
+    """The hook's options for the CDI spec: the agent's folders where they are not the
+    hook's defaults (the hook runs on the host with its defaults otherwise)."""
+    out: list[str] = []
+    if os.path.abspath(runtime_dir) != RUNTIME_DIR:
+        out += ["--runtime-dir", os.path.abspath(runtime_dir)]
+    if os.path.abspath(private_dir) != NODE_PRIVATE_DIR:
+        out += ["--private-dir", os.path.abspath(private_dir)]
+    return out
 
 
 def _core_v1(kubeconfig: str | None):
@@ -118,9 +141,18 @@ def run(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, on_signal)
 
     registry = PodRegistry(args.node_name, config, args.private_dir, args.runtime_dir)
-    plugin = EgpuDevicePlugin(cards.get, config.shares_per_card, registry.pending,
-                              registry.consume, args.node_name)
     core_v1 = None if args.no_kubernetes else _core_v1(args.kubeconfig)
+    cdi = None
+    if args.cdi_spec_dir:
+        cdi = CdiPublisher(args.cdi_spec_dir,
+                           [d.strip() for d in args.cdi_search_dirs.split(",") if d.strip()],
+                           args.hook, hook_args(args.runtime_dir, args.private_dir))
+        cdi.publish(cards.get())  # before the plugin registers: Allocate names its devices
+    catch_up = (PodCatchUp(registry, list_node_pods(core_v1, args.node_name))
+                if core_v1 is not None else None)
+    plugin = EgpuDevicePlugin(cards.get, config.shares_per_card, registry.pending,
+                              registry.consume, args.node_name, catch_up=catch_up,
+                              cdi=cdi.names if cdi is not None else None)
 
     def unhealthy(uuid: str, xid: int) -> None:
         if cards.mark_unhealthy(uuid):
@@ -157,6 +189,8 @@ def run(argv: Sequence[str] | None = None) -> int:
             return None
 
     while not stop.is_set():
+        if cdi is not None:
+            cdi.publish(cards.get())
         if core_v1 is not None:
             try:
                 inventory.publish(core_v1, args.node_name, cards.get(), usage())

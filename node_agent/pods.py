@@ -8,8 +8,12 @@
   ``egpu.io/allocation`` or ``egpu.io/priority`` label (an edit after binding) is ignored
   with a warning naming the pod, and the first shares are kept (in memory too). It removes the
   files and folders of deleted pods, and answers which containers are still *pending* (for
-  the device plugin, FC-12).
+  the device plugin, FC-12). Each new or changed pod wakes the threads waiting in
+  ``wait_for_change`` (the device plugin waiting for a pod the watch has not delivered yet).
 - ``watch_pods``: the Kubernetes watch (fieldSelector spec.nodeName) that feeds the registry.
+- ``list_node_pods`` / ``PodCatchUp``: what the device plugin calls when the kubelet asks for
+  a pod's devices before the watch delivered that pod: one LIST of the node's pods (the pods
+  the registry does not know yet are added) and a wait on the registry (``RELIST_INTERVAL_S``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -41,6 +46,12 @@ from node_agent.deviceplugin.matching import Pending
 log = logging.getLogger(__name__)
 
 FINISHED_PHASES = ("Succeeded", "Failed")
+DELETED_UIDS_KEPT = 4096  # uids of deleted pods remembered so that a stale LIST never revives one
+RELIST_INTERVAL_S = 1.0  # PodCatchUp: at most one LIST of the node's pods per this many seconds
+
+ListPods = Callable[[float], list[Mapping[str, Any]]]
+"""One LIST of this node's pods from the API server (Kubernetes JSON objects), within the
+given timeout in seconds; raises on failure."""
 
 
 def pod_shares(pod: Mapping[str, Any], config: Config) -> PodShares | None:
@@ -101,16 +112,21 @@ class PodRegistry:
         self.private_dir = private_dir
         self.runtime_dir = runtime_dir
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._generation = 0  # +1 for every pod recorded (added or modified)
         self._pods: dict[str, tuple[Mapping[str, Any], PodShares]] = {}
         self._seen: dict[str, int] = {}
         self._consumed: set[tuple[str, str]] = set()
         self._counter = 0
         self._warned: dict[str, str] = {}  # uid -> the ignored shares last logged
+        self._deleted: dict[str, None] = {}  # uids of deleted pods, oldest first (bounded)
 
     # --- feeding ------------------------------------------------------------------------
-    def update(self, pod: Mapping[str, Any]) -> PodShares | None:
+    def update(self, pod: Mapping[str, Any], *, only_new: bool = False) -> PodShares | None:
         """Record an added/modified pod; writes its allocation file when it changed.
-        Returns its PodShares (None: not an egpu pod of this node)."""
+        Returns its PodShares (None: not an egpu pod of this node). ``only_new``: record the
+        pod only when the registry does not know it and it was not deleted (a LIST may be
+        older than what the watch delivered); returns None otherwise."""
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid", ""))
         if (pod.get("spec") or {}).get("nodeName") != self.node or not uid:
@@ -119,6 +135,8 @@ class PodRegistry:
         if shares is None:
             return None
         with self._lock:
+            if only_new and (uid in self._pods or uid in self._deleted):
+                return None
             if uid not in self._seen:
                 self._counter += 1
                 self._seen[uid] = self._counter
@@ -129,7 +147,27 @@ class PodRegistry:
                 self._ignored(uid, meta, shares, known[1])
                 shares = known[1]
             self._pods[uid] = (pod, shares)
+            self._generation += 1
+            self._changed.notify_all()
         return shares
+
+    def add_listed(self, pods: list[Mapping[str, Any]]) -> int:
+        """Add the pods of a LIST that the registry does not know yet (never changes a known
+        pod, never revives a deleted one: the watch stays the authority). Returns how many
+        were added."""
+        return sum(self.update(pod, only_new=True) is not None for pod in pods)
+
+    def generation(self) -> int:
+        """A number that grows whenever a pod is recorded (added or modified)."""
+        with self._lock:
+            return self._generation
+
+    def wait_for_change(self, generation: int, timeout_s: float) -> bool:
+        """Wait until a pod is recorded after ``generation`` was read, at most ``timeout_s``
+        seconds. Returns whether one was."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._generation != generation,
+                                          max(timeout_s, 0.0))
 
     def _ignored(self, uid: str, meta: Mapping[str, Any], seen: PodShares,
                  kept: PodShares) -> None:
@@ -170,6 +208,9 @@ class PodRegistry:
             self._pods.pop(uid, None)
             self._seen.pop(uid, None)
             self._warned.pop(uid, None)
+            self._deleted[uid] = None
+            while len(self._deleted) > DELETED_UIDS_KEPT:
+                del self._deleted[next(iter(self._deleted))]
             self._consumed = {c for c in self._consumed if c[0] != uid}
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(uid))
@@ -276,3 +317,71 @@ def watch_pods(core_v1: Any, registry: PodRegistry, stop: threading.Event) -> No
         except Exception as exc:  # the watch restarts; never dies
             log.warning("pod watch: %s; retrying", exc)
             stop.wait(2)
+
+
+def list_node_pods(core_v1: Any, node: str) -> ListPods:
+    """A ``ListPods`` for ``node``: one LIST of all namespaces' pods with fieldSelector
+    ``spec.nodeName=<node>`` (``core_v1``: kubernetes.client.CoreV1Api)."""
+    serialize = core_v1.api_client.sanitize_for_serialization
+
+    def list_pods(timeout_s: float) -> list[Mapping[str, Any]]:
+        listing = core_v1.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _request_timeout=max(timeout_s, 0.1))
+        return [serialize(p) for p in listing.items]
+
+    return list_pods
+
+
+class PodCatchUp:
+    """What the device plugin calls when the kubelet asks for devices that no pending
+    container uses (the pod may not have reached the watch yet): ``catch_up(timeout_s)``.
+
+    Each call LISTs the node's pods (``list_pods``; at most once per ``relist_interval_s``,
+    None: no API server) and adds those the registry does not know. A LIST without
+    resourceVersion is a consistent read and the kubelet only asks for pods the API server
+    has bound here, so after a successful LIST the registry knows the pod if it exists: the
+    call returns False (match once more; waiting longer cannot help). Otherwise (no LIST due,
+    or it failed: logged) it waits for the watch to record a pod, at most ``timeout_s`` and
+    ``relist_interval_s`` seconds, and returns True (match again; call again while the
+    caller's deadline allows)."""
+
+    def __init__(self, registry: PodRegistry, list_pods: ListPods | None = None,
+                 relist_interval_s: float = RELIST_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = registry
+        self.list_pods = list_pods
+        self.relist_interval_s = relist_interval_s
+        self.clock = clock
+        self.lists = 0  # LISTs made (tests, logs)
+        self._last_list: float | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, timeout_s: float) -> bool:
+        """One catch-up step of at most ``timeout_s`` seconds (class docstring)."""
+        start = self.clock()
+        generation = self.registry.generation()
+        listed = False
+        if self.list_pods is not None and self._list_due(start):
+            try:
+                added = self.registry.add_listed(self.list_pods(timeout_s))
+                listed = True
+                if added:
+                    log.info("a LIST of node %s's pods found %d pod(s) the watch had not "
+                             "delivered yet", self.registry.node, added)
+            except Exception as exc:  # the API server may be away: wait for the watch
+                log.warning("LIST of node %s's pods: %s", self.registry.node, exc)
+        if listed:
+            return False
+        if self.registry.generation() != generation:
+            return True
+        self.registry.wait_for_change(
+            generation, min(timeout_s - (self.clock() - start), self.relist_interval_s))
+        return True
+
+    def _list_due(self, now: float) -> bool:
+        with self._lock:
+            if self._last_list is not None and now - self._last_list < self.relist_interval_s:
+                return False
+            self._last_list = now
+            self.lists += 1
+            return True

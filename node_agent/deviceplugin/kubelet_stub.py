@@ -99,8 +99,12 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
                 allocation_size=size)]), timeout=10)
         return list(response.container_responses[0].deviceIDs)
 
-    def allocate(self, device_ids: Sequence[str]) -> dict[str, str]:
-        """Allocate for one container; returns its environment."""
+    def allocate_response(self, device_ids: Sequence[str]) -> api_pb2.ContainerAllocateResponse:
+        """Allocate for one container; returns its whole answer (envs, CDI devices)."""
         response = self._plugin().Allocate(api_pb2.AllocateRequest(container_requests=[
             api_pb2.ContainerAllocateRequest(devices_ids=list(device_ids))]), timeout=10)
-        return dict(response.container_responses[0].envs)
+        return response.container_responses[0]
+
+    def allocate(self, device_ids: Sequence[str]) -> dict[str, str]:
+        """Allocate for one container; returns its environment."""
+        return dict(self.allocate_response(device_ids).envs)

@@ -13,7 +13,12 @@ scheduler extender has already chosen each container's cards (``egpu.io/allocati
   container must fail to start. Never a guess that could hand out another pod's share.
 - ``preferred(...)``: what GetPreferredAllocation answers: slots on the cards of the pending
   container of that size that the node agent saw first (the kubelet admits pods in about the
-  order it sees them), else distinct cards with the most free slots.
+  order it sees them; ``candidate_for`` finds it), else distinct cards with the most free
+  slots.
+
+Waiting for a pod that the agent has not seen yet is the gRPC edge's business
+(``service.py``): ``Unmatched.no_pod`` and a None ``candidate_for`` tell it that a pod may
+still arrive.
 """
 
 from __future__ import annotations
@@ -71,9 +76,12 @@ class Ambiguous:
 
 @dataclass(frozen=True)
 class Unmatched:
-    """No pending container fits; message: why (shown to the user)."""
+    """No pending container fits; message: why (shown to the user). no_pod: True when no
+    pending container uses these cards at all (the pod may not have reached the agent yet:
+    worth waiting for), False when the request itself is wrong (never fits)."""
 
     message: str
+    no_pod: bool = False
 
 
 Match = Matched | Ambiguous | Unmatched
@@ -98,7 +106,8 @@ def match(device_ids: Sequence[str], pending: Iterable[Pending], node: str = "")
         return Unmatched(
             f"no pod bound{where} waits for a share on cards {', '.join(sorted(wanted))}: the "
             "kubelet's device choice does not match the scheduler's allocation "
-            "(egpu.io/allocation); delete the pod to have it scheduled again"
+            "(egpu.io/allocation); delete the pod to have it scheduled again",
+            no_pod=True,
         )
     order = {u: i for p in candidates for i, u in enumerate(p.share.uuids)}
     first = candidates[0].share
@@ -134,23 +143,41 @@ def allocate_envs(result: Match, device_ids: Sequence[str]) -> dict[str, str]:
     return envs
 
 
+def _free_slots(available: Sequence[str]) -> dict[str, list[str]]:
+    """card uuid -> its available slot ids, lowest first."""
+    free: dict[str, list[str]] = {}
+    for device in sorted(available):
+        free.setdefault(card_of(device), []).append(device)
+    return free
+
+
+def candidate_for(
+    available: Sequence[str], must_include: Sequence[str], size: int, pending: Iterable[Pending]
+) -> Pending | None:
+    """The pending container GetPreferredAllocation steers the kubelet to: the first seen
+    one with ``size`` cards, including those of ``must_include``, each with an available
+    slot; None when no pending container fits (the fallback of ``preferred``)."""
+    free = _free_slots(available)
+    must_cards = {card_of(d) for d in must_include}
+    for candidate in sorted(pending, key=lambda p: p.seen):
+        if len(candidate.cards) != size or not must_cards <= candidate.cards:
+            continue
+        if all(free.get(u) for u in candidate.cards):
+            return candidate
+    return None
+
+
 def preferred(
     available: Sequence[str], must_include: Sequence[str], size: int, pending: Iterable[Pending]
 ) -> list[str]:
     """GetPreferredAllocation's answer for one container: ``size`` slot ids from
     ``available`` that include ``must_include`` (module doc). Slots are taken lowest id first
     on each card so that answers are stable."""
-    free: dict[str, list[str]] = {}
-    for device in sorted(available):
-        free.setdefault(card_of(device), []).append(device)
-    must_cards = {card_of(d) for d in must_include}
-    for candidate in sorted(pending, key=lambda p: p.seen):
-        if len(candidate.cards) != size or not must_cards <= candidate.cards:
-            continue
-        if all(free.get(u) for u in candidate.cards):
-            chosen = [next((d for d in must_include if card_of(d) == u), free[u][0])
-                      for u in candidate.share.uuids]
-            return chosen
+    free = _free_slots(available)
+    candidate = candidate_for(available, must_include, size, pending)
+    if candidate is not None:
+        return [next((d for d in must_include if card_of(d) == u), free[u][0])
+                for u in candidate.share.uuids]
     chosen = list(must_include)
     used = {card_of(d) for d in chosen}
     for uuid in sorted(free, key=lambda u: (-len(free[u]), u)):

@@ -2,10 +2,17 @@
 
 ``EgpuDevicePlugin`` serves DevicePlugin on ``<plugin_dir>/egpu.sock``: ListAndWatch streams the
 slots (``slots``) and sends a new list whenever a card's health changes; GetPreferredAllocation
-and Allocate delegate to ``matching``. ``PluginServer`` starts the server, registers with the
-kubelet (Registration.Register on ``<plugin_dir>/kubelet.sock``) and serves again and
-re-registers when the kubelet restarts (it removes every socket of the folder when it starts:
-a missing socket of ours, or a new kubelet.sock inode, is the signal).
+and Allocate delegate to ``matching``. When the kubelet asks before the agent's pod watch has
+delivered the pod (no pending container uses the cards), they call ``catch_up`` (re-list the
+node's pods, wait for the watch) and match again, for at most ``ALLOCATE_POD_WAIT_S`` per call
+(less when a LIST shows that the API server has no such pod either), before answering without
+it (Allocate then refuses: ``EGPU_ALLOCATION_ERROR``, ``NVIDIA_VISIBLE_DEVICES=void``).
+Allocate names the container's cards as CDI devices (``cdi_devices``: ``egpu.io/gpu=<uuid>``,
+and ``nvidia.com/gpu=...`` where that spec exists) when the agent has written its CDI spec.
+``PluginServer`` starts the server, registers with the kubelet (Registration.Register on
+``<plugin_dir>/kubelet.sock``) and serves again and re-registers when the kubelet restarts (it
+removes every socket of the folder when it starts: a missing socket of ours, or a new
+kubelet.sock inode, is the signal).
 """
 
 from __future__ import annotations
@@ -13,15 +20,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
+from typing import Protocol, TypeVar
 
 import grpc
 
 from egpu.contract import RES_GPU
 from egpu.records import Card
 from node_agent.deviceplugin import api_pb2, api_pb2_grpc, matching
-from node_agent.deviceplugin.matching import Matched, Pending
+from node_agent.deviceplugin.matching import Ambiguous, Match, Matched, Pending, Unmatched
 from node_agent.deviceplugin.slots import HEALTHY, UNHEALTHY, slots
 
 log = logging.getLogger(__name__)
@@ -30,21 +39,45 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 PLUGIN_SOCKET = "egpu.sock"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+ALLOCATE_POD_WAIT_S = 5.0  # the longest an RPC waits for a pod the agent has not seen yet (s);
+#                            the kubelet gives Allocate far longer
+_T = TypeVar("_T")
+
+
+class CatchUp(Protocol):
+    """Bring the pending containers up to date for a kubelet call that found no pending
+    container (node_agent.pods.PodCatchUp): re-list this node's pods and/or wait for the pod
+    watch, at most ``timeout_s`` seconds. The caller matches again after each call; the call
+    returns False when waiting longer cannot help (a LIST just showed every pod the API
+    server has bound here), True when it may (call again while time is left); never raises."""
+
+    def __call__(self, timeout_s: float) -> bool: ...
+
+
+CdiNames = Callable[[Sequence[str], Sequence[Card]], list[str]]
+"""The CDI device names for a container's cards (uuids in allocation order, the node's cards);
+empty when the agent's CDI spec is not in place (node_agent.cdi.CdiPublisher.names)."""
 
 
 class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
     """The DevicePlugin service. ``cards()``: the current cards (with health);
     ``pending()``: the pending containers; ``consume(uid, container)``: called after a
-    unique match; ``node``: this node's name (messages)."""
+    unique match; ``node``: this node's name (messages); ``catch_up``: called while no
+    pending container fits a request, for at most ``pod_wait_s`` seconds per RPC (None: no
+    waiting); ``cdi``: the CDI device names of a container's cards (None: no CDI)."""
 
     def __init__(self, cards: Callable[[], tuple[Card, ...]], shares_per_card: int,
                  pending: Callable[[], list[Pending]], consume: Callable[[str, str], None],
-                 node: str = "") -> None:
+                 node: str = "", *, catch_up: CatchUp | None = None,
+                 pod_wait_s: float = ALLOCATE_POD_WAIT_S, cdi: CdiNames | None = None) -> None:
         self._cards = cards
         self._shares_per_card = shares_per_card
         self._pending = pending
         self._consume = consume
         self._node = node
+        self._catch_up = catch_up
+        self._pod_wait_s = pod_wait_s
+        self._cdi = cdi
         self._changed = threading.Condition()
         self._generation = 0
         self._stopped = False
@@ -88,21 +121,47 @@ class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
                 generation = self._generation
             yield self.device_list()
 
+    def _settle(self, attempt: Callable[[], _T], waits: Callable[[_T], bool], deadline: float,
+                what: str) -> _T:
+        """``attempt()`` again after each catch-up step while ``waits(result)``, the
+        monotonic ``deadline`` (s) is ahead and the catch-up says more may come; the last
+        result."""
+        result = attempt()
+        if self._catch_up is None or not waits(result):
+            return result
+        start = time.monotonic()
+        while waits(result) and (left := deadline - time.monotonic()) > 0:
+            more = self._catch_up(left)
+            result = attempt()
+            if not more:
+                break
+        log.info("%s: waited %.2f s for the pod (%s)", what, time.monotonic() - start,
+                 "found" if not waits(result) else "not found")
+        return result
+
     def GetPreferredAllocation(self, request, context):
-        pending = self._pending()
-        responses = [
-            api_pb2.ContainerPreferredAllocationResponse(deviceIDs=matching.preferred(
-                list(r.available_deviceIDs), list(r.must_include_deviceIDs),
-                r.allocation_size, pending))
-            for r in request.container_requests
-        ]
+        deadline = time.monotonic() + self._pod_wait_s
+        responses = []
+        for r in request.container_requests:
+            available, must = list(r.available_deviceIDs), list(r.must_include_deviceIDs)
+            self._settle(
+                lambda a=available, m=must, n=r.allocation_size: matching.candidate_for(
+                    a, m, n, self._pending()),
+                lambda candidate: candidate is None, deadline,
+                f"GetPreferredAllocation of {r.allocation_size} slot(s)")
+            responses.append(api_pb2.ContainerPreferredAllocationResponse(
+                deviceIDs=matching.preferred(available, must, r.allocation_size,
+                                             self._pending())))
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
     def Allocate(self, request, context):
+        deadline = time.monotonic() + self._pod_wait_s
         responses = []
         for container_request in request.container_requests:
             ids = list(container_request.devices_ids)
-            result = matching.match(ids, self._pending(), self._node)
+            result: Match = self._settle(
+                lambda ids=ids: matching.match(ids, self._pending(), self._node),
+                lambda r: isinstance(r, Unmatched) and r.no_pod, deadline, f"Allocate {ids}")
             if isinstance(result, Matched):
                 self._consume(result.pending.pod_uid, result.pending.container)
                 log.info("Allocate %s -> pod %s/%s container %s", ids, result.pending.namespace,
@@ -110,8 +169,21 @@ class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
             else:
                 log.warning("Allocate %s -> %s", ids, result)
             responses.append(api_pb2.ContainerAllocateResponse(
-                envs=matching.allocate_envs(result, ids)))
+                envs=matching.allocate_envs(result, ids),
+                cdi_devices=[api_pb2.CDIDevice(name=n) for n in self._cdi_names(result)]))
         return api_pb2.AllocateResponse(container_responses=responses)
+
+    def _cdi_names(self, result: Match) -> list[str]:
+        """CDI devices of an Allocate answer: the container's cards, also when ambiguous (the
+        cards are right whichever container it is; the hook that the CDI spec runs picks the
+        share or refuses); when unmatched, egpu's ``unallocated`` device (no card): the hook
+        it runs refuses the container at creation with the message."""
+        if self._cdi is None:
+            return []
+        if isinstance(result, Unmatched):
+            return self._cdi((), self._cards())
+        uuids = result.uuids if isinstance(result, Ambiguous) else result.pending.share.uuids
+        return self._cdi(uuids, self._cards())
 
     def PreStartContainer(self, request, context):
         return api_pb2.PreStartContainerResponse()

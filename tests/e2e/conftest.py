@@ -213,3 +213,66 @@ def cluster() -> Iterator[E2ECluster]:
             for client in handle._clients:
                 client.close()
         _release(state_dir, info)
+
+
+# --- a cluster with a real node (kubelet + containerd) ------------------------------------
+# Its own control plane (state folder dev-cluster-real beside the shared one): egpu is
+# installed in it for real (kubectl apply -k / helm), which must not meet the webhook and
+# extender processes that the other e2e tests start, and its kube-scheduler serves only
+# default-scheduler (the installed egpu-scheduler Deployment serves egpu-scheduler).
+
+REAL_NODE = "egpu-real-0"
+
+
+@dataclass
+class RealCluster(E2ECluster):
+    """An E2ECluster with one real node (``node``: devcluster.realnode.RealNode)."""
+
+    node: Any = None
+
+
+@pytest.fixture(scope="session")
+def real_cluster() -> Iterator[RealCluster]:
+    from devcluster import realnode
+
+    if os.geteuid() != 0:
+        pytest.skip("a real node needs root (namespaces, cgroups, mounts)")
+    state_dir = devcluster.default_state_dir().expanduser().resolve().with_name(
+        "dev-cluster-real")
+    realnode.remove_all(state_dir)  # what an interrupted earlier run left
+    devcluster.down(state_dir)
+    info = devcluster.up(devcluster.Config(state_dir=state_dir, egpu_profile=False))
+    handle = None
+    try:
+        node = realnode.add(info, name=REAL_NODE, index=0)
+        handle = RealCluster(info=info, node_names=[REAL_NODE], inputs=INPUTS,
+                             started_here=True, node=node)
+        yield handle
+    finally:
+        if handle is not None:
+            for client in handle._clients:
+                client.close()
+        realnode.remove_all(state_dir)
+        devcluster.down(state_dir)
+
+
+@pytest.fixture(scope="session")
+def installed(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[RealCluster]:
+    """egpu installed on the real-node cluster by ``kubectl apply -k`` (manifests/ with the
+    egpu image overridden to the local tag), every part Ready; namespace ml-serving exists.
+    Removed at the end (a test that installs another way removes it first)."""
+    from tests.e2e import realnode_install as inst
+
+    work = tmp_path_factory.mktemp("install")
+    ca = inst.create_webhook_tls(real_cluster, work)
+    kustomize = inst.kustomization(work / "kustomize")
+    real_cluster.kubectl("apply", "-k", str(kustomize), timeout=120)
+    inst.inject_ca(real_cluster, ca)
+    inst.wait_installed(real_cluster)
+    real_cluster.ensure_namespace(inst.SHARE_NS)
+    yield real_cluster
+    real_cluster.kubectl("delete", "namespace", inst.SHARE_NS, "--wait=true", "--timeout=90s",
+                         check=False, timeout=120)
+    real_cluster.kubectl("delete", "-k", str(kustomize), "--ignore-not-found",
+                         "--wait=true", "--timeout=120s", check=False, timeout=150)

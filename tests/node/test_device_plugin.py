@@ -5,21 +5,26 @@ The same scenarios run with pods from a real kube-apiserver in tests/e2e/test_no
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from node_fixtures import CARD_UUIDS, pod_manifest
 
 from egpu.config import Config
 from egpu.records import Card, PodShares
+from node_agent.cdi import CdiPublisher
 from node_agent.deviceplugin.kubelet_stub import KubeletStub
 from node_agent.deviceplugin.service import EgpuDevicePlugin, PluginServer
 from node_agent.deviceplugin.slots import card_of, slot_id
-from node_agent.pods import PodRegistry
+from node_agent.pods import PodCatchUp, PodRegistry
 
 NODE = "node-dp"
 SHARES = 4
@@ -34,24 +39,35 @@ class Rig:
     folder: str
 
 
-@pytest.fixture
-def rig() -> Iterator[Rig]:
+@contextlib.contextmanager
+def make_rig(**options: Any) -> Iterator[Rig]:
+    """A plugin served to a stub kubelet; ``options(registry, folder)`` -> the plugin's
+    keyword options (catch_up, pod_wait_s, cdi)."""
     folder = tempfile.mkdtemp(prefix="egpu-dp-", dir="/tmp")  # unix socket paths are short
     cards = [Card(u, i, "NVIDIA A10", 24576, numa_node=i // 4) for i, u in enumerate(CARD_UUIDS)]
     registry = PodRegistry(NODE, Config(shares_per_card=SHARES), f"{folder}/private",
                            f"{folder}/runtime")
+    build = options.pop("options", None)
     plugin = EgpuDevicePlugin(lambda: tuple(cards), SHARES, registry.pending, registry.consume,
-                              NODE)
+                              NODE, **(build(registry, folder) if build else {}))
     kubelet = KubeletStub(f"{folder}/plugins")
     kubelet.start()
     server = PluginServer(plugin, f"{folder}/plugins")
     assert server.ensure()
     kubelet.wait_for_list(1)
-    yield Rig(kubelet, server, registry, cards, folder)
-    plugin.stop()
-    server.stop()
-    kubelet.stop()
-    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        yield Rig(kubelet, server, registry, cards, folder)
+    finally:
+        plugin.stop()
+        server.stop()
+        kubelet.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    with make_rig() as made:
+        yield made
 
 
 def test_registration_and_slots(rig: Rig) -> None:
@@ -141,3 +157,186 @@ def test_registers_again_after_a_kubelet_restart(rig: Rig) -> None:
     assert len(rig.kubelet.requests) == 2
     rig.kubelet.wait_for_list(2)
     assert not rig.server.ensure()  # nothing changed: no third registration
+
+
+# --- the kubelet asks before the agent's pod watch delivered the pod -------------------------
+LATE_S = 0.3  # the watch delivers the pod this long after the kubelet's call starts
+WAIT_S = 1.0  # the plugin's bound on waiting for a pod in these tests (s)
+SLACK_S = 1.5  # scheduling slack of a loaded test machine (s)
+
+
+def waiting(list_pods: Any = None, wait_s: float = WAIT_S) -> Any:
+    """Plugin options: catch up with a PodCatchUp over the rig's registry."""
+    def options(registry: PodRegistry, _folder: str) -> dict[str, Any]:
+        return {"catch_up": PodCatchUp(registry, list_pods), "pod_wait_s": wait_s}
+    return options
+
+
+def deliver_later(registry: PodRegistry, pod: dict, delay_s: float = LATE_S) -> threading.Thread:
+    """As the pod watch would: record ``pod`` in ``delay_s`` seconds."""
+    def deliver() -> None:
+        time.sleep(delay_s)
+        registry.update(pod)
+    thread = threading.Thread(target=deliver, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_allocate_waits_for_a_pod_the_watch_delivers_after_the_call_started() -> None:
+    with make_rig(options=waiting(wait_s=5.0)) as rig:
+        late = deliver_later(rig.registry, pod_manifest(
+            "late", NODE, {"main": [(2, 4096, 30)]}, uid="uid-late"))
+        start = time.monotonic()
+        envs = rig.kubelet.allocate([slot_id(CARD_UUIDS[2], 0)])
+        took = time.monotonic() - start
+        late.join()
+    assert "EGPU_ALLOCATION_ERROR" not in envs, envs
+    assert (envs["EGPU_POD_UID"], envs["NVIDIA_VISIBLE_DEVICES"]) == ("uid-late", CARD_UUIDS[2])
+    assert LATE_S <= took < LATE_S + SLACK_S
+
+
+def test_allocate_refuses_after_a_bounded_wait_when_the_pod_never_arrives() -> None:
+    with make_rig(options=waiting()) as rig:
+        start = time.monotonic()
+        response = rig.kubelet.allocate_response([slot_id(CARD_UUIDS[4], 0)])
+        took = time.monotonic() - start
+    envs = dict(response.envs)
+    assert "no pod bound on node node-dp waits for a share" in envs["EGPU_ALLOCATION_ERROR"]
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == "void" and "EGPU_POD_UID" not in envs
+    assert list(response.cdi_devices) == []
+    assert WAIT_S <= took < WAIT_S + SLACK_S
+
+
+def test_allocate_finds_a_pod_the_watch_missed_by_listing_the_nodes_pods() -> None:
+    pod = pod_manifest("missed", NODE, {"main": [(5, 4096, 30)]}, uid="uid-missed")
+    asked: list[float] = []
+
+    def list_pods(timeout_s: float) -> list[dict]:
+        asked.append(timeout_s)
+        return [pod]
+
+    with make_rig(options=waiting(list_pods, wait_s=5.0)) as rig:
+        start = time.monotonic()
+        envs = rig.kubelet.allocate([slot_id(CARD_UUIDS[5], 1)])
+        took = time.monotonic() - start
+    assert envs["EGPU_POD_UID"] == "uid-missed" and "EGPU_ALLOCATION_ERROR" not in envs
+    assert len(asked) == 1 and 0 < asked[0] <= 5.0
+    assert took < SLACK_S  # one LIST, no waiting for the watch
+
+
+def test_allocate_refuses_right_after_a_list_without_the_pod() -> None:
+    """A LIST is a consistent read: when the API server has no pod for these cards either,
+    waiting longer cannot help (and would hold up the kubelet's admissions)."""
+    asked: list[float] = []
+
+    def list_pods(timeout_s: float) -> list[dict]:
+        asked.append(timeout_s)
+        return [pod_manifest("other", NODE, {"main": [(0, 4096, 30)]}, uid="uid-other")]
+
+    with make_rig(options=waiting(list_pods, wait_s=5.0)) as rig:
+        start = time.monotonic()
+        envs = rig.kubelet.allocate([slot_id(CARD_UUIDS[3], 0)])
+        took = time.monotonic() - start
+    assert "no pod bound on node node-dp waits for a share" in envs["EGPU_ALLOCATION_ERROR"]
+    assert len(asked) == 1 and took < SLACK_S
+
+
+def test_a_request_that_can_never_match_is_refused_without_waiting() -> None:
+    with make_rig(options=waiting(wait_s=5.0)) as rig:
+        start = time.monotonic()
+        envs = rig.kubelet.allocate([slot_id(CARD_UUIDS[1], 0), slot_id(CARD_UUIDS[1], 1)])
+        took = time.monotonic() - start
+    assert "a share needs distinct cards" in envs["EGPU_ALLOCATION_ERROR"]
+    assert took < SLACK_S
+
+
+def test_preferred_allocation_waits_for_a_late_pod_and_steers_to_its_card() -> None:
+    with make_rig(options=waiting(wait_s=5.0)) as rig:
+        late = deliver_later(rig.registry, pod_manifest(
+            "late", NODE, {"main": [(6, 1000, 10)]}, uid="uid-late"))
+        chosen = rig.kubelet.preferred([d.ID for d in rig.kubelet.devices], 1)
+        late.join()
+        envs = rig.kubelet.allocate(chosen)
+    assert card_of(chosen[0]) == CARD_UUIDS[6]  # without waiting: the emptiest card, 0
+    assert envs["EGPU_POD_UID"] == "uid-late"
+
+
+# --- CDI devices in Allocate ------------------------------------------------------------------
+NVIDIA_SPEC_BY_UUID = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n" + "".join(
+    f"  - name: '{i}'\n    containerEdits: {{deviceNodes: [{{path: /dev/nvidia{i}}}]}}\n"
+    f"  - name: {u}\n    containerEdits: {{deviceNodes: [{{path: /dev/nvidia{i}}}]}}\n"
+    for i, u in enumerate(CARD_UUIDS))
+NVIDIA_SPEC_BY_INDEX = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n" + "".join(
+    f"  - name: '{i}'\n    containerEdits: {{deviceNodes: [{{path: /dev/nvidia{i}}}]}}\n"
+    for i in range(len(CARD_UUIDS)))
+
+
+def with_cdi(nvidia_spec: str | None = None, writable: bool = True) -> Any:
+    """Plugin options: a CdiPublisher writing to <rig>/cdi-run (a file in its way when not
+    ``writable``), an nvidia.com/gpu spec in <rig>/cdi-etc when given; no device nodes."""
+    def options(_registry: PodRegistry, folder: str) -> dict[str, Any]:
+        os.makedirs(f"{folder}/cdi-etc")
+        if nvidia_spec is not None:
+            with open(f"{folder}/cdi-etc/nvidia.yaml", "w", encoding="utf-8") as handle:
+                handle.write(nvidia_spec)
+        if not writable:
+            with open(f"{folder}/cdi-run", "w", encoding="utf-8") as handle:
+                handle.write("")
+        publisher = CdiPublisher(f"{folder}/cdi-run", [f"{folder}/cdi-etc", f"{folder}/cdi-run"],
+                                 "/usr/local/egpu/bin/egpu-hook", present=lambda _path: False)
+        cards = [Card(u, i, "NVIDIA A10", 24576) for i, u in enumerate(CARD_UUIDS)]
+        assert publisher.publish(cards) is writable
+        return {"cdi": publisher.names}
+    return options
+
+
+def two_card_pod(rig: Rig) -> list[str]:
+    rig.registry.update(pod_manifest("p", NODE, {"main": [(5, 4096, 30), (2, 4096, 30)]},
+                                     uid="uid-2c"))
+    return [slot_id(CARD_UUIDS[2], 0), slot_id(CARD_UUIDS[5], 0)]
+
+
+def cdi_names(rig: Rig, ids: list[str]) -> list[str]:
+    return [d.name for d in rig.kubelet.allocate_response(ids).cdi_devices]
+
+
+def test_allocate_names_the_containers_cards_as_egpu_cdi_devices() -> None:
+    with make_rig(options=with_cdi()) as rig:
+        names = cdi_names(rig, two_card_pod(rig))
+        assert os.path.isfile(f"{rig.folder}/cdi-run/egpu.json")
+    assert names == [f"egpu.io/gpu={CARD_UUIDS[5]}", f"egpu.io/gpu={CARD_UUIDS[2]}"]
+
+
+@pytest.mark.parametrize(("spec", "vendor_names"), [
+    (NVIDIA_SPEC_BY_UUID, [CARD_UUIDS[5], CARD_UUIDS[2]]),
+    (NVIDIA_SPEC_BY_INDEX, ["5", "2"]),
+])
+def test_allocate_adds_the_nvidia_cdi_devices_when_their_spec_exists(
+        spec: str, vendor_names: list[str]) -> None:
+    with make_rig(options=with_cdi(spec)) as rig:
+        names = cdi_names(rig, two_card_pod(rig))
+    assert names == [f"egpu.io/gpu={CARD_UUIDS[5]}", f"egpu.io/gpu={CARD_UUIDS[2]}",
+                     *(f"nvidia.com/gpu={n}" for n in vendor_names)]
+
+
+def test_ambiguous_allocate_still_names_the_cards_so_that_the_hook_runs() -> None:
+    with make_rig(options=with_cdi()) as rig:
+        rig.registry.update(pod_manifest("a", NODE, {"main": [(0, 1000, 10)]}, uid="uid-a"))
+        rig.registry.update(pod_manifest("b", NODE, {"main": [(0, 8000, 50)]}, uid="uid-b"))
+        names = cdi_names(rig, [slot_id(CARD_UUIDS[0], 1)])
+    assert names == [f"egpu.io/gpu={CARD_UUIDS[0]}"]
+
+
+def test_refused_allocate_names_only_the_unallocated_device_so_the_hook_refuses_it() -> None:
+    with make_rig(options=with_cdi(NVIDIA_SPEC_BY_UUID)) as rig:
+        response = rig.kubelet.allocate_response([slot_id(CARD_UUIDS[3], 0)])
+    assert [d.name for d in response.cdi_devices] == ["egpu.io/gpu=unallocated"]
+    assert dict(response.envs)["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+@pytest.mark.parametrize("options", [None, with_cdi(writable=False)],
+                         ids=["cdi-disabled", "spec-not-written"])
+def test_without_an_egpu_cdi_spec_allocate_names_no_cdi_device(options: Any) -> None:
+    with make_rig(options=options) as rig:
+        names = cdi_names(rig, two_card_pod(rig))
+    assert names == []

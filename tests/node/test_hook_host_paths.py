@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from demo.sandbox import HOOK
-from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
+from egpu.records import Allocation, Card, CardShare, ContainerAllocation, PodShares
 
 UID = "uidX"
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
@@ -174,3 +174,39 @@ def test_a_rerun_keeps_the_files_and_their_modes(world: World) -> None:
     status, err, _ = world.hook()
     assert status == 0, err
     assert card.read_bytes() == b"x" * 100
+
+
+def test_a_second_run_for_the_same_container_is_a_no_op_that_succeeds(world: World) -> None:
+    """Both routes configured: the hook from egpu's CDI spec (its createRuntime entry, as the
+    node agent writes it) and the one from base_runtime_spec run for the same container, in
+    the same mount namespace. The second succeeds, mounts nothing more and rewrites no file."""
+    from node_agent.cdi import cdi_spec
+    from node_agent.main import hook_args
+
+    card = Card(UUID, 0, "NVIDIA A10", 24576)
+    spec = cdi_spec([card], str(HOOK), lambda _path: False,
+                    hook_args(str(world.runtime), str(world.private)))
+    entry = spec["containerEdits"]["hooks"][0]
+    assert entry["hookName"] == "createRuntime" and entry["path"] == str(HOOK)
+    cdi_hook = " ".join([str(HOOK), *entry["args"][1:]])
+    base_hook = (f"{HOOK} --runtime-dir {world.runtime} --private-dir {world.private} "
+                 "createRuntime")
+    hook_dir = world.private / "hook" / f"{UID}_app"
+    files = " ".join(str(p) for p in (hook_dir / "config.json", hook_dir / "ld.so.preload",
+                                      world.runtime / "cards" / UUID))
+    report = (f"echo \"rc=$?\"; grep -c ' {world.base}' /proc/self/mountinfo; "
+              f"stat -c '%n %i %y %s' {files}")
+    script = (f"export EGPU_INTERPOSER={world.interposer}; {cdi_hook} < state.json; {report}; "
+              f"{base_hook} < state.json; {report}; cat {world.rootfs}/etc/ld.so.preload")
+    (world.base / "state.json").write_text(json.dumps({
+        "ociVersion": "1.1.0", "id": "cid-app", "status": "creating", "pid": 0,
+        "bundle": str(world.bundle)}))
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                          cwd=world.base, capture_output=True, text=True, timeout=30, check=True)
+    lines = done.stdout.splitlines()
+    first, second = lines[0:5], lines[5:10]
+    assert first[0] == "rc=0" and second[0] == "rc=0", done.stderr
+    assert int(first[1]) >= 5  # interposer, config, preload, region folder, card file
+    assert second[1:] == first[1:]  # no new mount; files: same inode, mtime and size
+    assert lines[10:] == ["/usr/lib/egpu/libegpu_interpose.so"]  # listed once
+    assert done.stderr == ""

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from egpu.config import Config
 from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
-from node_agent.pods import PodRegistry
+from node_agent.pods import PodCatchUp, PodRegistry, list_node_pods
 
 CFG = Config()
 
@@ -86,3 +88,68 @@ def test_files_of_pods_deleted_while_the_agent_was_down_are_removed(tmp_path: Pa
     assert restarted.update(_pod()) is not None
     PodRegistry("n1", CFG, *dirs).resync([_pod()])
     assert (tmp_path / "private" / "allocations" / "uid-A.json").exists()
+
+
+# --- catching up with pods the watch has not delivered yet (device plugin, Allocate) ----------
+def test_a_listed_pod_never_overrides_the_watch_nor_revives_a_deleted_pod(
+        tmp_path: Path) -> None:
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    started = _pod()
+    started["status"]["containerStatuses"] = [{"name": "c0", "state": {"running": {}}}]
+    registry.update(started)  # the watch: the container runs
+    assert registry.add_listed([_pod()]) == 0  # an older LIST: still pending there
+    assert registry.pending() == []
+    registry.delete("uid-A")
+    assert registry.add_listed([_pod()]) == 0
+    assert not (tmp_path / "private" / "allocations" / "uid-A.json").exists()
+    other = _pod()
+    other["metadata"]["uid"] = "uid-B"
+    assert registry.add_listed([other]) == 1
+    assert [p.pod_uid for p in registry.pending()] == ["uid-B"]
+
+
+def test_a_recorded_pod_wakes_the_waiters(tmp_path: Path) -> None:
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    generation = registry.generation()
+    assert not registry.wait_for_change(generation, 0.05)
+    threading.Timer(0.1, registry.update, args=(_pod(),)).start()
+    assert registry.wait_for_change(generation, 5.0)
+    assert registry.generation() != generation
+
+
+def test_catch_up_lists_the_node_at_most_once_per_interval_and_survives_a_failed_list(
+        tmp_path: Path) -> None:
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    now = [100.0]
+    answers: list[Any] = [RuntimeError("apiserver away"), []]
+
+    def list_pods(_timeout_s: float) -> list[dict[str, Any]]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    catch_up = PodCatchUp(registry, list_pods, relist_interval_s=1.0, clock=lambda: now[0])
+    assert catch_up(0.01)  # LIST failed: waited for the watch instead; more may come
+    assert catch_up(0.01)  # within the interval: no second LIST, waited again
+    assert catch_up.lists == 1
+    now[0] += 1.0
+    answers.append([_pod()])
+    assert not catch_up(0.01) and catch_up.lists == 2  # the API server has nothing new: final
+    now[0] += 1.0
+    assert not catch_up(0.01) and catch_up.lists == 3  # the pod was there: match, final
+    assert [p.pod_uid for p in registry.pending()] == ["uid-A"]
+
+
+def test_list_node_pods_lists_this_nodes_pods_only() -> None:
+    calls: list[dict[str, Any]] = []
+
+    class Core:
+        api_client = SimpleNamespace(sanitize_for_serialization=lambda pod: {"pod": pod})
+
+        def list_pod_for_all_namespaces(self, **kwargs: Any) -> SimpleNamespace:
+            calls.append(kwargs)
+            return SimpleNamespace(items=["p1", "p2"])
+
+    assert list_node_pods(Core(), "n1")(2.5) == [{"pod": "p1"}, {"pod": "p2"}]
+    assert calls == [{"field_selector": "spec.nodeName=n1", "_request_timeout": 2.5}]

@@ -1,0 +1,204 @@
+"""Installing egpu on the real-node cluster and running share pods there (helpers of the
+real-node e2e tests; no tests here).
+
+The install is the user's: ``kubectl apply -k`` of a kustomization that names
+``manifests/`` and overrides only the egpu image to the locally built tag, then the webhook's
+TLS Secret and caBundle made with ``egpu certs`` as docs/operating.md says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devcluster import images as devimages
+
+REPO = Path(__file__).resolve().parents[2]
+NAMESPACE = "egpu-system"
+SHARE_NS = "ml-serving"
+REAL_LABEL = "egpu.io/real-node"
+READY_S = 240.0
+# What a probe pod asks of the 2-core node, beside egpu's own pods (about 1.5 cores booked).
+PROBE_CPU = "10m"
+PROBE_MEMORY = "128Mi"
+POD_START_S = 120.0
+
+# What the probe container runs: the CUDA driver API and NVML through ctypes, as any
+# application loads them (the interposer, preloaded by the hook, sees every call).
+PROBE = textwrap.dedent('''
+    import ctypes as C, json, os, sys, time
+    MIB = 1 << 20
+    cuda = C.CDLL("libcuda.so.1")
+    out = {"preload": open("/etc/ld.so.preload").read().strip()
+           if os.path.exists("/etc/ld.so.preload") else "",
+           "config": os.path.exists("/run/egpu/config.json")}
+    out["init"] = cuda.cuInit(0)
+    dev = C.c_int()
+    out["device"] = cuda.cuDeviceGet(C.byref(dev), 0)
+    ctx = C.c_void_p()
+    out["ctx"] = cuda.cuCtxCreate_v2(C.byref(ctx), 0, dev)
+    free, total = C.c_size_t(), C.c_size_t()
+    out["meminfo"] = cuda.cuMemGetInfo_v2(C.byref(free), C.byref(total))
+    out["total_mib"], out["free_mib"] = total.value // MIB, free.value // MIB
+    ptr = C.c_uint64()
+    out["alloc_free"] = cuda.cuMemAlloc_v2(C.byref(ptr), C.c_size_t(free.value))
+    more = C.c_uint64()
+    out["alloc_one_more_mib"] = cuda.cuMemAlloc_v2(C.byref(more), C.c_size_t(MIB))
+    nvml = C.CDLL("libnvidia-ml.so.1")
+    out["nvml_init"] = nvml.nvmlInit_v2()
+    handle = C.c_void_p()
+    out["nvml_handle"] = nvml.nvmlDeviceGetHandleByIndex_v2(0, C.byref(handle))
+    class Memory(C.Structure):
+        _fields_ = [("total", C.c_ulonglong), ("free", C.c_ulonglong), ("used", C.c_ulonglong)]
+    mem = Memory()
+    out["nvml_meminfo"] = nvml.nvmlDeviceGetMemoryInfo(handle, C.byref(mem))
+    out["nvml_total_mib"] = mem.total // MIB
+    print("PROBE " + json.dumps(out), flush=True)
+    while True:
+        time.sleep(3600)
+''')
+
+
+def kustomization(out_dir: Path) -> Path:
+    """A kustomization naming manifests/ with the egpu image overridden to the local tag."""
+    repo_ref, _, tag = devimages.IMAGE_EGPU.rpartition(":")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        # kustomize takes only relative paths; a kustomization folder may lie above
+        "resources": [os.path.relpath(REPO / "manifests", out_dir)],
+        "images": [{"name": "ghcr.io/egpu/egpu", "newName": repo_ref, "newTag": tag}],
+    }))
+    return out_dir
+
+
+def egpu_cli(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=60)
+    if proc.returncode != 0:
+        raise AssertionError(f"egpu {' '.join(args)} failed: {proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+def create_webhook_tls(cluster: Any, work: Path) -> Path:
+    """``egpu certs create`` and the Secret egpu-webhook-tls (docs/operating.md)."""
+    certs = work / "webhook-certs"
+    egpu_cli("certs", "create", "--service", "egpu-webhook", "--namespace", NAMESPACE,
+             "--out", str(certs))
+    cluster.kubectl("create", "namespace", NAMESPACE, check=False)
+    cluster.kubectl("-n", NAMESPACE, "delete", "secret", "egpu-webhook-tls",
+                    "--ignore-not-found")
+    cluster.kubectl("-n", NAMESPACE, "create", "secret", "tls", "egpu-webhook-tls",
+                    f"--cert={certs / 'tls.crt'}", f"--key={certs / 'tls.key'}")
+    return certs / "ca.crt"
+
+
+def inject_ca(cluster: Any, ca: Path) -> None:
+    egpu_cli("certs", "inject-ca", "--ca", str(ca), "--kubeconfig", cluster.kubeconfig,
+             "--name", "egpu-webhook")
+
+
+def wait_installed(cluster: Any, timeout: float = READY_S) -> None:
+    """Every egpu Deployment and the DaemonSet rolled out (their pods Ready)."""
+    deadline = time.monotonic() + timeout
+    for what in ("deployment/egpu-webhook", "deployment/egpu-scheduler",
+                 "daemonset/egpu-node-agent"):
+        left = max(5.0, deadline - time.monotonic())
+        out = cluster.kubectl("-n", NAMESPACE, "rollout", "status", what,
+                              f"--timeout={int(left)}s", check=False, timeout=left + 10)
+        if "successfully rolled out" not in out:
+            raise AssertionError(f"{what} not ready after {timeout:.0f}s:\n{out}\n"
+                                 + describe_namespace(cluster))
+
+    def serving() -> bool:  # the device plugin's slots and the agent's inventory published
+        node = get_json(cluster, "node", cluster.node.name)
+        return int(node["status"]["allocatable"].get("egpu.io/gpu", "0")) > 0 \
+            and "egpu.io/inventory" in node["metadata"].get("annotations", {})
+
+    cluster.wait_for("the node agent's slots and inventory on the real node", serving,
+                     timeout=max(10.0, deadline - time.monotonic()), interval=1.0)
+
+
+def describe_namespace(cluster: Any, namespace: str = NAMESPACE) -> str:
+    pods = cluster.kubectl("-n", namespace, "get", "pods", "-o", "wide", check=False)
+    events = cluster.kubectl("-n", namespace, "get", "events", "--sort-by=.lastTimestamp",
+                             check=False)
+    return f"pods:\n{pods}\nevents (last 40 lines):\n" + "\n".join(events.splitlines()[-40:])
+
+
+def share_pod(name: str, namespace: str, input_file: Path, node_label: str,
+              overrides: dict[str, int] | None = None) -> dict[str, Any]:
+    """The pod of a shared input's Deployment, on the real node, running the probe.
+
+    Changed from the input, because a real 2-core, 24 GiB node cannot hold what a GPU server
+    would: the image (the locally built egpu image), the command (the probe), cpu and memory
+    (PROBE_CPU, PROBE_MEMORY instead of the input's). The egpu resources and annotations are
+    the input's
+    (``overrides`` replaces some of them, for the bursts)."""
+    doc = yaml.safe_load(input_file.read_text())
+    template = doc["spec"]["template"] if doc.get("kind") != "Pod" else doc
+    meta = template.get("metadata", {})
+    spec = template["spec"]
+    container = spec["containers"][0]
+    limits = {k: v for k, v in container["resources"]["limits"].items()
+              if k.startswith(("egpu.io/", "volcano.sh/"))}
+    limits.update(overrides or {})
+    limits.update({"cpu": PROBE_CPU, "memory": PROBE_MEMORY})
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {**meta.get("labels", {}), "egpu-e2e": "real-node"},
+                     "annotations": meta.get("annotations", {})},
+        "spec": {
+            "nodeSelector": {node_label: "true"},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": container["name"], "image": devimages.IMAGE_EGPU,
+                "command": ["python3", "-c", PROBE],
+                "resources": {"limits": limits},
+            }],
+        },
+    }
+
+
+def apply_json(cluster: Any, obj: dict[str, Any]) -> None:
+    proc = subprocess.run(cluster.info.kubectl_argv("apply", "-f", "-"), input=json.dumps(obj),
+                          capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise AssertionError(f"kubectl apply failed: {proc.stdout}{proc.stderr}")
+
+
+def get_json(cluster: Any, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json"))
+
+
+def probe_result(cluster: Any, namespace: str, pod: str, timeout: float = POD_START_S
+                 ) -> dict[str, Any]:
+    """The probe's JSON line from the container's log (kubectl logs: apiserver -> kubelet)."""
+    def result() -> dict[str, Any] | None:
+        logs = cluster.kubectl("-n", namespace, "logs", pod, check=False)
+        for line in logs.splitlines():
+            if line.startswith("PROBE "):
+                return dict(json.loads(line[len("PROBE "):]))
+        return None
+
+    try:
+        return dict(cluster.wait_for(f"probe output of {namespace}/{pod}", result,
+                                     timeout=timeout, interval=1.0))
+    except Exception as exc:
+        raise AssertionError(f"{exc}\n" + describe_namespace(cluster, namespace)) from exc
+
+
+def scrape(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return str(resp.read().decode())

@@ -1,0 +1,161 @@
+"""egpu installed for real on a real node: kubelet v1.37 + containerd 2.x + runc, the fake GPU
+as the node's cards, everything above the driver real.
+
+The install is ``kubectl apply -k`` of manifests/ with only the egpu image overridden to the
+locally built tag; a share pod (shared input 01 on the real node) is admitted by the installed
+webhook, placed by the installed egpu-scheduler, allocated by the real kubelet through the
+node agent's device plugin, and gets the interposer through CDI (containerd 2.x) and,
+separately, through the OCI-hook route (a RuntimeClass whose handler has the hook in its base
+spec); inside it the probe sees exactly its share and gets CUDA_ERROR_OUT_OF_MEMORY one step
+past it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from egpu.contract import METRIC_CONTAINER_MEMORY_LIMIT
+from tests.e2e import realnode_install as inst
+from tests.e2e.conftest import RealCluster
+
+pytestmark = pytest.mark.e2e
+
+CUDA_SUCCESS = 0
+CUDA_ERROR_OUT_OF_MEMORY = 2
+NVML_SUCCESS = 0
+SHARE_NS = inst.SHARE_NS
+REAL_LABEL = inst.REAL_LABEL
+BURST_PODS = 8
+BURST_MIB = 2000
+
+
+def test_real_node_runs_the_pinned_kubelet_and_containerd(real_cluster: RealCluster) -> None:
+    node = inst.get_json(real_cluster, "node", real_cluster.node.name)
+    info = node["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == "v1.37.2"
+    assert info["containerRuntimeVersion"].startswith("containerd://2.")
+    addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+    assert addresses["InternalIP"] == real_cluster.node.ip
+    assert node["metadata"]["labels"][REAL_LABEL] == "true"
+
+
+def test_kustomize_install_brings_every_part_ready_on_the_real_node(
+        installed: RealCluster) -> None:
+    pods = inst.get_json(installed, "pods", "-n", inst.NAMESPACE)["items"]
+    names = sorted(p["metadata"]["name"].rsplit("-", 2)[0] if "scheduler" in
+                   p["metadata"]["name"] or "webhook" in p["metadata"]["name"]
+                   else p["metadata"]["name"].rsplit("-", 1)[0] for p in pods)
+    assert names.count("egpu-webhook") == 2, names
+    assert names.count("egpu-scheduler") == 2, names
+    assert names.count("egpu-node-agent") == 1, names
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == installed.node.name
+        ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+        assert ready["Ready"] == "True", pod["metadata"]["name"]
+    node = inst.get_json(installed, "node", installed.node.name)
+    assert int(node["status"]["allocatable"]["egpu.io/gpu"]) > 0  # the device plugin's slots
+    assert "egpu.io/inventory" in node["metadata"]["annotations"]
+
+
+def _run_share_pod(cluster: RealCluster, name: str, runtime_class: str | None = None
+                   ) -> tuple[dict, dict]:
+    pod = inst.share_pod(name, SHARE_NS, cluster.inputs / "pods" / "01-vllm-online.yaml",
+                         REAL_LABEL)
+    if runtime_class:
+        pod["spec"]["runtimeClassName"] = runtime_class
+    inst.apply_json(cluster, pod)
+    result = inst.probe_result(cluster, SHARE_NS, name)
+    live = inst.get_json(cluster, "pod", "-n", SHARE_NS, name)
+    return result, live
+
+
+def _assert_exact_share(result: dict, live: dict) -> None:
+    assert live["spec"]["schedulerName"] == "egpu-scheduler"  # the installed webhook
+    assert live["metadata"]["labels"]["egpu.io/priority"] == "high"
+    allocation = json.loads(live["metadata"]["annotations"]["egpu.io/allocation"])
+    assert allocation  # the installed extender's bind
+    assert result["preload"].endswith("libegpu_interpose.so"), result
+    assert result["config"] is True, result
+    for call in ("init", "device", "ctx", "meminfo", "alloc_free", "nvml_init", "nvml_handle",
+                 "nvml_meminfo"):
+        assert result[call] == CUDA_SUCCESS, (call, result)
+    assert result["total_mib"] == 24000, result
+    assert result["nvml_total_mib"] == 24000, result
+    assert result["alloc_one_more_mib"] == CUDA_ERROR_OUT_OF_MEMORY, result
+
+
+def test_share_pod_sees_exactly_its_share_through_cdi(installed: RealCluster) -> None:
+    result, live = _run_share_pod(installed, "chat-serving-cdi")
+    _assert_exact_share(result, live)
+    # The share came through CDI: the kubelet passed the device plugin's CDI devices on.
+    cid = live["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
+    spec = json.loads(installed.node.crictl("inspect", cid))
+    text = json.dumps(spec)
+    assert "egpu.io/gpu=" in text or "egpu-hook" in text, "no CDI device or hook in the spec"
+
+
+def test_exporter_shows_the_share_pods_memory_limit(installed: RealCluster) -> None:
+    agent = inst.get_json(installed, "pods", "-n", inst.NAMESPACE, "-l",
+                          "app.kubernetes.io/name=egpu-node-agent")["items"][0]
+    text = inst.scrape(f"http://{agent['status']['podIP']}:9400/metrics")
+    lines = [line for line in text.splitlines()
+             if line.startswith(METRIC_CONTAINER_MEMORY_LIMIT) and "chat-serving-cdi" in line]
+    assert lines, text[-3000:]
+    assert float(lines[0].rsplit(" ", 1)[1]) == 24000 * (1 << 20)
+
+
+def test_share_pod_sees_exactly_its_share_through_the_oci_hook_route(
+        installed: RealCluster) -> None:
+    inst.apply_json(installed, {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                "metadata": {"name": "egpu-hook"}, "handler": "egpu-hook"})
+    result, live = _run_share_pod(installed, "chat-serving-hook", runtime_class="egpu-hook")
+    _assert_exact_share(result, live)
+    installed.kubectl("-n", SHARE_NS, "delete", "pod", "chat-serving-hook", "--wait=true")
+
+
+def test_deleting_a_share_pod_frees_its_booking_and_its_files(installed: RealCluster) -> None:
+    live = inst.get_json(installed, "pod", "-n", SHARE_NS, "chat-serving-cdi")
+    uid = live["metadata"]["uid"]
+    runtime = installed.node.host_path("/var/run/egpu")
+    assert any(uid in str(p) for p in runtime.rglob("*")), "no files of the pod on the node"
+    installed.kubectl("-n", SHARE_NS, "delete", "pod", "chat-serving-cdi", "--wait=true",
+                      timeout=90)
+    installed.wait_for("the pod's files removed from the node",
+                       lambda: not any(uid in str(p) for p in runtime.rglob("*")), timeout=60)
+    # The booking is free again: a pod of the whole free card's memory fits on that card.
+    agent = inst.get_json(installed, "pods", "-n", inst.NAMESPACE, "-l",
+                          "app.kubernetes.io/name=egpu-node-agent")["items"][0]
+    text = inst.scrape(f"http://{agent['status']['podIP']}:9400/metrics")
+    booked = [float(m.group(1)) for m in
+              re.finditer(r"^egpu_card_memory_booked_bytes\{[^}]*\} (\S+)$", text, re.M)]
+    assert booked and sum(booked) == 0.0, text[-2000:]
+
+
+def test_a_burst_of_share_pods_all_start_on_the_real_kubelet(installed: RealCluster) -> None:
+    """The start-up race found by hand: Allocate can run before the node agent's watch has
+    delivered the pod. Every pod of a burst must start (no 'no pod bound' refusals)."""
+    names = [f"burst-{i}" for i in range(BURST_PODS)]
+    source = installed.inputs / "pods" / "01-vllm-online.yaml"
+    pods = [inst.share_pod(n, SHARE_NS, source, REAL_LABEL,
+                           overrides={"egpu.io/gpu-memory": BURST_MIB, "egpu.io/gpu-cores": 5})
+            for n in names]
+    with concurrent.futures.ThreadPoolExecutor(BURST_PODS) as pool:
+        list(pool.map(lambda p: inst.apply_json(installed, p), pods))
+    failures = []
+    for name in names:
+        result = inst.probe_result(installed, SHARE_NS, name)
+        if result["total_mib"] != BURST_MIB or result["alloc_one_more_mib"] != 2:
+            failures.append((name, result))
+    installed.kubectl("-n", SHARE_NS, "delete", "pods", "-l", "egpu-e2e=real-node",
+                      "--wait=true", timeout=120)
+    assert failures == []
+
+
+def test_probe_script_is_valid_python() -> None:
+    compile(inst.PROBE, "probe", "exec")
+    assert Path(inst.__file__).exists()

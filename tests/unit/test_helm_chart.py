@@ -1,0 +1,386 @@
+"""The Helm chart (charts/egpu): with its default values it renders the objects that
+`kubectl kustomize manifests/` renders, spec for spec (Helm's own labels aside), and each value
+changes what it names and nothing else.
+
+helm and kubectl come from the build cache (``make k8s``); the tests that run them are skipped
+only while a binary is missing there.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devcluster import build
+from egpu.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "egpu"
+MANIFESTS = REPO / "manifests"
+MONITORING = MANIFESTS / "monitoring"
+PROMETHEUS_OPERATOR = MONITORING / "prometheus-operator"
+RELEASE = "egpu"
+NAMESPACE = "egpu-system"
+APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+EGPU_IMAGE = f"ghcr.io/egpu/egpu:{APP_VERSION}"
+KUBE_SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler:"
+# The labels a chart usually adds; the only difference allowed between helm and kustomize.
+HELM_LABELS = frozenset({
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+})
+# The containers that run the egpu image (object, container), with the default values.
+EGPU_CONTAINERS = {
+    (("Deployment", NAMESPACE, "egpu-webhook"), "webhook"),
+    (("Deployment", NAMESPACE, "egpu-scheduler"), "extender"),
+    (("DaemonSet", NAMESPACE, "egpu-node-agent"), "install"),
+    (("DaemonSet", NAMESPACE, "egpu-node-agent"), "agent"),
+}
+
+Key = tuple[str, str, str]  # kind, namespace ("" when cluster-scoped), name
+Objects = dict[Key, dict[str, Any]]
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+def _binary(name: str) -> Path:
+    path = build.binary_path(name)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.skip(f"{name} is not built yet ({path} is missing): `make k8s` builds it")
+    return path
+
+
+def _run(argv: list[str | Path], env: dict[str, str] | None = None) -> str:
+    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120,
+                            cwd=REPO, env=env)
+    assert result.returncode == 0, f"{' '.join(map(str, argv))} failed:\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def helm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """helm's cache, config and data folders in a temporary folder, not the user's."""
+    home = tmp_path_factory.mktemp("helm")
+    return {**os.environ, "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+
+
+@pytest.fixture(scope="module")
+def helm(helm_env: dict[str, str]) -> Callable[..., Objects]:
+    """helm(**values) -> the objects of `helm template egpu charts/egpu --namespace egpu-system`
+    with each value set by --set (dotted names, as --set takes them)."""
+    binary = _binary("helm")
+    cache: dict[tuple[tuple[str, str], ...], Objects] = {}
+
+    def render(**values: str) -> Objects:
+        key = tuple(sorted(values.items()))
+        if key not in cache:
+            argv: list[str | Path] = [binary, "template", RELEASE, CHART, "--namespace", NAMESPACE]
+            for name, value in key:
+                argv += ["--set", f"{name}={value}"]
+            cache[key] = _objects(_run(argv, helm_env), "helm template")
+        return copy.deepcopy(cache[key])
+
+    return render
+
+
+@pytest.fixture(scope="module")
+def kustomize() -> Callable[[Path], Objects]:
+    """kustomize(folder) -> the objects of `kubectl kustomize folder`."""
+    binary = _binary("kubectl")
+    cache: dict[Path, Objects] = {}
+
+    def render(folder: Path) -> Objects:
+        if folder not in cache:
+            cache[folder] = _objects(_run([binary, "kustomize", folder]), f"kustomize {folder}")
+        return copy.deepcopy(cache[folder])
+
+    return render
+
+
+def _objects(stream: str, source: str) -> Objects:
+    objects: Objects = {}
+    for obj in yaml.safe_load_all(stream):
+        if not obj:
+            continue
+        meta = obj["metadata"]
+        key = (obj["kind"], meta.get("namespace", ""), meta["name"])
+        assert key not in objects, f"{source} renders {_name(key)} twice"
+        objects[key] = obj
+    return objects
+
+
+def _name(key: Key) -> str:
+    kind, namespace, name = key
+    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+
+
+# --- comparing ----------------------------------------------------------------------------------
+
+def _normalized(obj: dict[str, Any]) -> dict[str, Any]:
+    """Without Helm's labels (an emptied labels map is dropped), and with the YAML documents in
+    ConfigMaps (keys *.yaml) parsed: they are compared as data, not as text."""
+    obj = copy.deepcopy(obj)
+    meta = obj["metadata"]
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in HELM_LABELS}
+    meta.pop("labels", None)
+    if labels:
+        meta["labels"] = labels
+    if obj["kind"] == "ConfigMap":
+        for key, text in (obj.get("data") or {}).items():
+            if key.endswith((".yaml", ".yml")):
+                obj["data"][key] = yaml.safe_load(text)
+    return obj
+
+
+def _path(path: str, key: object) -> str:
+    if isinstance(key, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{key!r}]"
+
+
+def _differences(left: Any, right: Any, path: str, names: tuple[str, str]) -> Iterator[str]:
+    a, b = names
+    if isinstance(left, dict) and isinstance(right, dict):
+        for key in sorted(set(left) | set(right), key=str):
+            where = _path(path, key)
+            if key not in right:
+                yield f"{where}: only in {a} ({left[key]!r})"
+            elif key not in left:
+                yield f"{where}: only in {b} ({right[key]!r})"
+            else:
+                yield from _differences(left[key], right[key], where, names)
+    elif isinstance(left, list) and isinstance(right, list):
+        if len(left) != len(right):
+            yield f"{path}: {len(left)} items in {a}, {len(right)} in {b}"
+        for i, (x, y) in enumerate(zip(left, right, strict=False)):
+            yield from _differences(x, y, f"{path}[{i}]", names)
+    elif left != right or (type(left) is bool) != (type(right) is bool):
+        yield f"{path}: {a} {left!r}, {b} {right!r}"
+
+
+def _compare(left: Objects, right: Objects, names: tuple[str, str] = ("kustomize", "helm")
+             ) -> list[str]:
+    """Every difference between two renders, one line each, naming the object and the path."""
+    a, b = names
+    problems = [f"{_name(k)}: only in {a}" for k in sorted(left.keys() - right.keys())]
+    problems += [f"{_name(k)}: only in {b}" for k in sorted(right.keys() - left.keys())]
+    for key in sorted(left.keys() & right.keys()):
+        problems += [f"{_name(key)}: {line}" for line in _differences(
+            _normalized(left[key]), _normalized(right[key]), "", names)]
+    return problems
+
+
+def _assert_same(left: Objects, right: Objects, names: tuple[str, str] = ("kustomize", "helm")
+                 ) -> None:
+    problems = _compare(left, right, names)
+    assert not problems, f"{names[0]} and {names[1]} differ:\n  " + "\n  ".join(problems)
+
+
+def _containers(objects: Objects) -> Iterator[tuple[tuple[Key, str], dict[str, Any]]]:
+    """((object, container name), container) for every container and init container."""
+    for key, obj in objects.items():
+        pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+        for container in pod.get("initContainers", []) + pod.get("containers", []):
+            yield (key, container["name"]), container
+
+
+# --- with the default values, the chart is manifests/ ------------------------------------------
+
+def test_default_values_render_what_kustomize_renders(helm, kustomize) -> None:
+    _assert_same(kustomize(MANIFESTS), helm())
+
+
+def test_helm_labels_are_on_every_object(helm) -> None:
+    for key, obj in helm().items():
+        labels = obj["metadata"].get("labels") or {}
+        assert labels.keys() >= HELM_LABELS, f"{_name(key)}: labels {sorted(labels)}"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+
+
+def test_prometheus_operator_objects_are_those_of_manifests(helm, kustomize) -> None:
+    expected = kustomize(MANIFESTS) | kustomize(PROMETHEUS_OPERATOR)
+    _assert_same(expected, helm(**{"monitoring.prometheusOperator.enabled": "true"}))
+
+
+@pytest.mark.parametrize("extra", ["strict", "prometheus-operator"])
+def test_helm_lint_strict_passes(helm_env, extra: str) -> None:
+    argv: list[str | Path] = [_binary("helm"), "lint", "--strict", CHART]
+    if extra == "prometheus-operator":
+        argv += ["--set", "monitoring.prometheusOperator.enabled=true"]
+    output = _run(argv, helm_env)
+    assert "0 chart(s) failed" in output, output
+
+
+# --- each value changes what it names, and nothing else -----------------------------------------
+
+def test_the_egpu_containers_are_known(helm) -> None:
+    running = {where for where, c in _containers(helm()) if c["image"] == EGPU_IMAGE}
+    assert running >= EGPU_CONTAINERS, f"egpu image runs in {sorted(running)}"
+
+
+@pytest.mark.parametrize(("values", "selects", "field", "value"), [
+    pytest.param({"images.egpu.repository": "registry.example.com/team/egpu",
+                  "images.egpu.tag": "9.9.9"},
+                 lambda c: c["image"] == EGPU_IMAGE,
+                 "image", "registry.example.com/team/egpu:9.9.9", id="egpu-image"),
+    pytest.param({"images.egpu.pullPolicy": "Always"},
+                 lambda c: c["image"] == EGPU_IMAGE,
+                 "imagePullPolicy", "Always", id="egpu-pull-policy"),
+    pytest.param({"images.kubeScheduler.repository": "mirror.example.com/kube-scheduler",
+                  "images.kubeScheduler.tag": "v1.37.9"},
+                 lambda c: c["image"].startswith(KUBE_SCHEDULER_IMAGE),
+                 "image", "mirror.example.com/kube-scheduler:v1.37.9", id="kube-scheduler-image"),
+])
+def test_an_image_value_changes_its_containers_and_nothing_else(
+        helm, values: dict[str, str], selects: Callable[[dict[str, Any]], bool],
+        field: str, value: str) -> None:
+    default, changed = helm(), helm(**values)
+    selected = {where for where, c in _containers(default) if selects(c)}
+    assert selected, "no container runs that image with the default values"
+    for where, container in _containers(changed):
+        if where in selected:
+            assert container.get(field) == value, f"{_name(where[0])} {where[1]}: {field}"
+            # put the default back: what remains must be the default render
+            before = dict(_containers(default))[where]
+            if field in before:
+                container[field] = before[field]
+            else:
+                del container[field]
+    _assert_same(default, changed, ("default values", f"--set {values}"))
+
+
+@pytest.mark.parametrize("extra", [
+    pytest.param({}, id="default"),
+    pytest.param({"monitoring.prometheusOperator.enabled": "true"}, id="prometheus-operator"),
+])
+def test_monitoring_off_drops_exactly_the_monitoring_objects(
+        helm, kustomize, extra: dict[str, str]) -> None:
+    monitoring = kustomize(MONITORING).keys() | kustomize(PROMETHEUS_OPERATOR).keys()
+    on = helm(**extra)
+    off = helm(**extra, **{"monitoring.enabled": "false"})
+    dropped = on.keys() - off.keys()
+    assert dropped, "monitoring.enabled=false dropped nothing"
+    assert dropped == on.keys() & monitoring, f"dropped {sorted(map(_name, dropped))}"
+    assert not off.keys() - on.keys()
+    _assert_same({k: v for k, v in on.items() if k not in dropped}, off,
+                 ("monitoring on", "monitoring off"))
+    if extra:
+        assert {kind for kind, _, _ in dropped} == {"ConfigMap", "PodMonitor", "PrometheusRule"}
+
+
+def test_webhook_values(helm) -> None:
+    default = helm()
+    changed = helm(**{"webhook.replicas": "3", "webhook.tls.secretName": "my-webhook-tls",
+                      "webhook.caBundle": "Q0E="})
+    deployment = changed[("Deployment", NAMESPACE, "egpu-webhook")]
+    assert deployment["spec"]["replicas"] == 3
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    tls = next(v for v in volumes if v["name"] == "tls")
+    assert tls["secret"]["secretName"] == "my-webhook-tls"
+    hook = changed[("MutatingWebhookConfiguration", "", "egpu-webhook")]["webhooks"][0]
+    assert hook["clientConfig"].pop("caBundle") == "Q0E="
+    deployment["spec"]["replicas"] = 2
+    tls["secret"]["secretName"] = "egpu-webhook-tls"
+    _assert_same(default, changed, ("default values", "webhook values"))
+    # one replica: no PodDisruptionBudget (minAvailable 1 would block every node drain)
+    one = helm(**{"webhook.replicas": "1"})
+    assert default.keys() - one.keys() == {("PodDisruptionBudget", NAMESPACE, "egpu-webhook")}
+
+
+def test_namespace_values(helm) -> None:
+    default = helm()
+    moved = helm(**{"namespace.name": "gpu-share"})
+    assert ("Namespace", "", "gpu-share") in moved
+    for key in moved:
+        assert key[1] in ("", "gpu-share", "kube-system"), _name(key)
+    text = yaml.safe_dump_all(
+        obj for key, obj in moved.items() if key != ("ConfigMap", "gpu-share", "egpu-config"))
+    assert "egpu-system" not in text
+    hook = moved[("MutatingWebhookConfiguration", "", "egpu-webhook")]["webhooks"][0]
+    assert hook["clientConfig"]["service"]["namespace"] == "gpu-share"
+    assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [
+        "kube-system", "gpu-share"]
+    kept = helm(**{"namespace.create": "false"})
+    assert default.keys() - kept.keys() == {("Namespace", "", NAMESPACE)}
+    assert not kept.keys() - default.keys()
+
+
+def test_priority_class_values(helm) -> None:
+    default = helm()
+    none = helm(**{"priorityClasses.create": "false"})
+    assert {k for k in default.keys() - none.keys()} == {
+        ("PriorityClass", "", "egpu-online"), ("PriorityClass", "", "egpu-offline")}
+    renamed = helm(**{"priorityClasses.online.name": "gpu-online",
+                      "priorityClasses.online.value": "2000000"})
+    online = renamed[("PriorityClass", "", "gpu-online")]
+    assert online["value"] == 2000000 and "preemptionPolicy" not in online
+    config = yaml.safe_load(renamed[("ConfigMap", NAMESPACE, "egpu-config")]["data"]["config.yaml"])
+    # the created class maps to high; the configured names stay
+    assert config["priorityClasses"] == {
+        "gpu-online": "high", "egpu-online": "high", "egpu-offline": "low"}
+
+
+def test_config_values(helm) -> None:
+    changed = helm(**{"config.sharesPerCard": "4", "config.schedulerName": "gpu-share"})
+    text = changed[("ConfigMap", NAMESPACE, "egpu-config")]["data"]["config.yaml"]
+    config = load_config(text)  # what every egpu part reads
+    assert config.shares_per_card == 4 and config.scheduler_name == "gpu-share"
+    scheduler = yaml.safe_load(
+        changed[("ConfigMap", NAMESPACE, "egpu-scheduler-config")]["data"]["config.yaml"])
+    assert [p["schedulerName"] for p in scheduler["profiles"]] == ["gpu-share"]
+
+
+def test_default_config_reads_as_the_manifests_config(helm, kustomize) -> None:
+    key = ("ConfigMap", NAMESPACE, "egpu-config")
+    assert load_config(helm()[key]["data"]["config.yaml"]) == load_config(
+        kustomize(MANIFESTS)[key]["data"]["config.yaml"])
+
+
+# --- without binaries: the chart's copies of manifests/ and its values file ------------------
+
+def test_dashboard_copy_is_the_manifests_dashboard() -> None:
+    copied = CHART / "files" / "egpu-dashboard.json"
+    assert copied.read_bytes() == (MONITORING / "egpu-dashboard.json").read_bytes(), (
+        f"copy manifests/monitoring/egpu-dashboard.json to {copied.relative_to(REPO)}")
+
+
+def test_values_config_is_the_manifests_config() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    configmap = yaml.safe_load((MANIFESTS / "base" / "config.yaml").read_text())
+    assert values["config"] == yaml.safe_load(configmap["data"]["config.yaml"])
+
+
+# Maps whose keys are data (names), not settings: the comment on the map covers them.
+DATA_MAPS = {"config.priorityClasses"}
+
+
+def test_every_values_key_has_a_comment() -> None:
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    stack: list[tuple[int, str]] = []  # (indent, dotted key) of the enclosing mappings
+    previous = ""
+    missing = []
+    for line in lines:
+        match = re.match(r"( *)([A-Za-z0-9_.-]+):", line)
+        if match:
+            indent = len(match.group(1))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            parent = stack[-1][1] if stack else ""
+            key = f"{parent}.{match.group(2)}" if parent else match.group(2)
+            if parent not in DATA_MAPS and not previous.lstrip().startswith("#"):
+                missing.append(key)
+            stack.append((indent, key))
+        if line.strip():
+            previous = line
+    assert not missing, f"values.yaml keys without a comment: {missing}"
