@@ -19,7 +19,7 @@ HELP = "run egpu end to end on a local cluster with simulated GPU nodes"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register --down, --inputs, --state-dir, --wait, --no-container."""
+    """Register --down, --inputs, --state-dir, --wait, --no-container, --no-real-node."""
     parser.add_argument("--down", action="store_true", help="stop the demo")
     parser.add_argument("--inputs", type=Path, default=None,
                         help="folder with cluster.yaml and pods/ (default: the embedded copy "
@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: $EGPU_DEMO_DIR, else $EGPU_STATE_DIR/demo, else "
                              "~/.cache/egpu/demo")
     parser.add_argument("--wait", type=float, default=90.0, help="seconds to wait for pods")
+    parser.add_argument("--no-real-node", action="store_true",
+                        help="no real node (kubelet + containerd) beside the simulated fleet")
     parser.add_argument("--no-container", action="store_true",
                         help="skip the runc container at the end")
 
@@ -43,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
             demo.down(state_dir)
             return 0
         options = demo.Options(state_dir=state_dir, wait_s=args.wait,
-                               container=not args.no_container)
+                               container=not args.no_container,
+                               real_node=not args.no_real_node)
         if args.inputs:
             options.inputs = args.inputs
         return demo.up(options)

@@ -10,7 +10,10 @@
 3. applies every workload of ``inputs/pods``, waits until each pod is placed or clearly not,
    and prints the placement table and the denials with their messages;
 4. runs one real runc container with a 4096 MiB share under the fake driver and prints what
-   the container sees.
+   the container sees;
+5. (as root) adds a real node, a real kubelet + containerd (demo/real_node.py), beside the
+   simulated fleet, and runs one workload of the inputs there as a real container; the
+   placement table says which rows are real.
 
 The processes keep running after ``up`` returns; ``down(state_dir)`` stops them. State,
 logs and the kubeconfig live in ``~/.cache/egpu/demo`` (``$EGPU_DEMO_DIR``, else
@@ -71,6 +74,7 @@ class Options:
     state_dir: Path = field(default_factory=default_state_dir)
     wait_s: float = 90.0
     container: bool = True
+    real_node: bool = True
     say: Callable[[str], None] = print
 
 
@@ -170,7 +174,9 @@ def down(state_dir: Path | None = None, say: Callable[[str], None] = print) -> N
                 os.killpg(entry["pid"], signal.SIGTERM)
                 say(f"stopped {entry['name']} (pid {entry['pid']})")
         recorded.unlink()
-    stopped = devcluster.down(state_dir / "cluster")
+    from devcluster import realnode
+
+    stopped = realnode.remove_all(state_dir / "cluster") + devcluster.down(state_dir / "cluster")
     if stopped:
         say(f"stopped the control plane: {', '.join(stopped)}")
     elif not recorded_any:
@@ -282,9 +288,15 @@ def _settled(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conditions)
 
 
+REAL_NODE_LABEL = "egpu.io/real-node"  # set by devcluster.realnode on kubelet-run nodes
+
+
 def placement_rows(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], config: Config
                    ) -> list[tuple[str, ...]]:
-    """(pod, container, node, card, model, MiB, cores, priority) per container and card."""
+    """(pod, container, node, card, model, MiB, cores, priority, real) per container and card;
+    real: "yes" on a node run by a real kubelet (a real container), "-" on a simulated one."""
+    real = {n["metadata"]["name"] for n in nodes
+            if (n["metadata"].get("labels") or {}).get(REAL_NODE_LABEL) == "true"}
     rows = []
     for view in cluster_view(nodes, pods, config):
         for card in view.cards:
@@ -292,7 +304,8 @@ def placement_rows(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], conf
                 kind = " (init)" if share.init else ""
                 rows.append((f"{share.namespace}/{share.pod}", f"{share.container}{kind}",
                              view.name, str(card.card.index), card.card.model,
-                             str(share.memory_mib), f"{share.cores}%", share.priority))
+                             str(share.memory_mib), f"{share.cores}%", share.priority,
+                             "yes" if view.name in real else "-"))
     return sorted(rows)
 
 
@@ -313,7 +326,8 @@ def _report(options: Options, info: devcluster.ClusterInfo, config: Config,
             break
         time.sleep(1)
     nodes = json.loads(_kubectl(info, "get", "nodes", "-o", "json").stdout)["items"]
-    header = ("POD", "CONTAINER", "NODE", "CARD", "MODEL", "MiB", "CORES", "PRIORITY")
+    header = ("POD", "CONTAINER", "NODE", "CARD", "MODEL", "MiB", "CORES", "PRIORITY",
+              "REAL")
     options.say("\nPlacement (egpu shares, card by card):")
     options.say(format_table(header, placement_rows(nodes, pods, config)))
     others = [p for p in pods if not p["metadata"].get("annotations", {}).get("egpu.io/allocation")]
@@ -370,6 +384,42 @@ def _container_demo(options: Options) -> None:
     options.say(f"  /run/egpu/config.json writable from inside: {writable}")
 
 
+def _start_real_node(options: Options, info: devcluster.ClusterInfo, config_file: Path
+                     ) -> bool:
+    """Add the real node and its node agent (demo/real_node.py); False when skipped."""
+    if not options.real_node:
+        return False
+    from demo import real_node
+
+    reason = real_node.prerequisite_missing()
+    if reason:
+        options.say(f"==> real node skipped: {reason}")
+        return False
+    options.say("==> adding a real node (kubelet + containerd + runc, the fake GPU's cards)")
+    node = real_node.start(options.state_dir, info, config_file,
+                           lambda name, argv, env: _start(options.state_dir, name, argv, env))
+    options.say(f"  {node.name} Ready in {node.startup_s}s at {node.ip}; its node agent "
+                "registered the device plugin with the kubelet")
+    return True
+
+
+def _real_node_report(options: Options, info: devcluster.ClusterInfo) -> None:
+    from demo import real_node
+
+    values = real_node.probe(info)
+    options.say(f"\nA real container on the real node {real_node.NAME} "
+                f"({real_node.NAMESPACE}/{real_node.POD}: 25% of an H100, 10% compute):")
+    if not values:
+        options.say(f"  no answer from the container: kubectl -n {real_node.NAMESPACE} "
+                    f"describe pod {real_node.POD}")
+        return
+    verdict = ("CUDA_ERROR_OUT_OF_MEMORY" if values.get("alloc_one_more_mib") == 2
+               else values.get("alloc_one_more_mib"))
+    options.say(f"  cuMemGetInfo in the container: total {values.get('total_mib')} MiB")
+    options.say(f"  cuMemAlloc of all of it: {values.get('alloc_free')} (0: success); "
+                f"1 MiB more: {verdict}")
+
+
 def up(options: Options | None = None) -> int:
     """Run the demo (module docstring); returns 0, or raises DemoError naming the failed step."""
     options = options or Options()
@@ -402,13 +452,25 @@ def up(options: Options | None = None) -> int:
         _start_webhook(options, info, config_file)
         say(f"==> starting {len(specs)} node agents on the fake GPU")
         _start_node_agents(options, info, config_file, specs)
+        real = _start_real_node(options, info, config_file)
         say("==> applying the workloads of inputs/pods")
         denials = _apply_workloads(options, info)
+        if real:
+            from demo import real_node
+
+            result = _kubectl(info, "apply", "-f", "-",
+                              stdin=json.dumps(real_node.workload(options.inputs)))
+            if result.returncode != 0:
+                raise DemoError(f"the real node's workload: {result.stderr.strip()}")
+            say(f"  applied {real_node.SOURCE} as {real_node.NAMESPACE}/{real_node.POD} on the "
+                "real node")
         namespaces = {str((d.get("metadata") or {}).get("namespace", "default"))
                       for f in (options.inputs / "pods").glob("*.yaml")
                       for d in yaml.safe_load_all(f.read_text()) if d}
         say(f"==> waiting up to {options.wait_s:.0f}s for the pods to be placed")
         _report(options, info, config, denials, namespaces)
+        if real:
+            _real_node_report(options, info)
     except BaseException:
         down(state, say)
         raise

@@ -130,6 +130,21 @@ def k8s_version_ldflags(k8s_version: str = K8S_VERSION) -> str:
     return "-s -w " + " ".join(flags)
 
 
+# The Kubernetes version helm v3.22.0 is built against (its go.mod: k8s.io/client-go v0.37.0):
+# `helm template` and `helm lint` check charts' kubeVersion against it.
+HELM_K8S_MINOR = "37"
+
+
+def helm_ldflags() -> str:
+    """The -X flags of helm's Makefile, so `helm version` says v3.22.0 (not v3.22) and charts'
+    kubeVersion constraints are checked against Kubernetes 1.37 (not 1.20)."""
+    flags = [f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+             "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"]
+    for pkg in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
+        flags += [f"-X {pkg}.k8sVersionMajor=1", f"-X {pkg}.k8sVersionMinor={HELM_K8S_MINOR}"]
+    return "-s -w " + " ".join(flags)
+
+
 def groups(k8s_version: str = K8S_VERSION) -> list[Group]:
     return [
         Group(
@@ -173,7 +188,8 @@ def groups(k8s_version: str = K8S_VERSION) -> list[Group]:
             CRI_TOOLS_VERSION,
             {"crictl": "sigs.k8s.io/cri-tools/cmd/crictl"},
         ),
-        Group("helm", "helm.sh/helm/v3", HELM_VERSION, {"helm": "helm.sh/helm/v3/cmd/helm"}),
+        Group("helm", "helm.sh/helm/v3", HELM_VERSION, {"helm": "helm.sh/helm/v3/cmd/helm"},
+              ldflags=helm_ldflags()),
     ]
 
 

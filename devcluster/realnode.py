@@ -54,6 +54,9 @@ RUNC = "/usr/sbin/runc"  # Debian's runc
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # The kubelet sets these machine-wide (they are not per namespace): kept and put back.
 KUBELET_SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory")
+# Their values before the first real node of any cluster on this machine started (host /run:
+# gone at reboot, as the changes are).
+SYSCTLS_BEFORE = Path("/run/egpu-devcluster/sysctls-before.json")
 # Host folders that each node replaces with its own (bind mounts in its mount namespace).
 NODE_FOLDERS = {
     "var-lib-kubelet": "/var/lib/kubelet",
@@ -485,10 +488,12 @@ def _apiserver_endpoint(info: ClusterInfo) -> None:
 def add(info: ClusterInfo, name: str = "egpu-real-0", index: int = 0,
         cards: tuple[tuple[str, str, int, int], ...] = DEFAULT_CARDS,
         images: dict[str, Path] | None = None, labels: dict[str, str] | None = None,
-        ready_timeout_s: float = NODE_READY_S) -> RealNode:
-    """Start a real node and wait until its Node is Ready. ``images``: reference -> OCI
-    archive to import (default: devcluster.images.ensure_images()). Raises DevClusterError
-    naming the part that failed, with its log's last lines; what was started is removed."""
+        taints: tuple[str, ...] = (), ready_timeout_s: float = NODE_READY_S) -> RealNode:
+    """Start a real node and wait until its Node is Ready. ``index`` picks its addresses (one
+    index per real node on this machine, whatever its cluster); ``images``: reference -> OCI
+    archive to import (default: devcluster.images.ensure_images()); ``taints``: registered
+    with the node (``key=value:Effect``). Raises DevClusterError naming the part that failed,
+    with its log's last lines; what was started is removed."""
     if os.geteuid() != 0:
         raise DevClusterError("a real node needs root (namespaces, cgroups, mounts)")
     t0 = time.monotonic()
@@ -504,9 +509,9 @@ def add(info: ClusterInfo, name: str = "egpu-real-0", index: int = 0,
 
         images = {ref: Path(p) for ref, p in imagesmod.ensure_images().items()}
     bins = Path(info.bin_dir)
-    sysctls_file = nodes_dir(state_dir) / "sysctls.json"
-    if not sysctls_file.exists():
-        sysctls_file.write_text(json.dumps(_read_sysctls()))
+    if not SYSCTLS_BEFORE.exists() and not _nodes_on_bridge():
+        SYSCTLS_BEFORE.parent.mkdir(parents=True, exist_ok=True)
+        SYSCTLS_BEFORE.write_text(json.dumps(_read_sysctls()))
 
     node = RealNode(name=name, index=index, node_dir=str(node_dir), ip=node_ip(index),
                     pod_cidr=pod_cidr(index), holder_pid=0, bin_dir=str(bins))
@@ -520,7 +525,7 @@ def add(info: ClusterInfo, name: str = "egpu-real-0", index: int = 0,
         node.save()
         _start_containerd(node)
         _import_images(node, images)
-        _start_kubelet(node, labels or {})
+        _start_kubelet(node, labels or {}, taints)
         node.save()
         _wait_ready(info, node, ready_timeout_s)
         _start_kube_proxy(node)
@@ -634,7 +639,7 @@ def _import_images(node: RealNode, images: dict[str, Path]) -> None:
                  str(archive), timeout=300)
 
 
-def _start_kubelet(node: RealNode, labels: dict[str, str]) -> None:
+def _start_kubelet(node: RealNode, labels: dict[str, str], taints: tuple[str, ...]) -> None:
     node_dir = Path(node.node_dir)
     all_labels = {"egpu.io/node": "true", "egpu.io/real-node": "true", **labels}
     argv = node.nsenter_argv(
@@ -644,6 +649,7 @@ def _start_kubelet(node: RealNode, labels: dict[str, str]) -> None:
         f"--hostname-override={node.name}",
         f"--node-ip={node.ip}",
         f"--node-labels={','.join(f'{k}={v}' for k, v in sorted(all_labels.items()))}",
+        *([f"--register-with-taints={','.join(taints)}"] if taints else []),
         "--v=2",
     )
     proc = _start(node_dir, "kubelet", argv, env=_node_env(node))
@@ -740,6 +746,12 @@ def remove(state_dir: Path | str, name: str, delete_node_object: bool = True) ->
         _last_node_gone(state_dir)
 
 
+def _nodes_on_bridge() -> list[str]:
+    """The veths of real nodes (of any cluster on this machine) still on the host bridge."""
+    ports = Path(f"/sys/class/net/{HOST_BRIDGE}/brif")
+    return sorted(p.name for p in ports.iterdir()) if ports.is_dir() else []
+
+
 def _delete_node_object(state_dir: Path, name: str) -> None:
     from devcluster.nodes import ApiError, api_request
 
@@ -761,12 +773,15 @@ def _last_node_gone(state_dir: Path) -> None:
         if _alive(proc.pid):
             _stop_pid(proc.pid, grace_s=2)
     relay.unlink(missing_ok=True)
+    if _nodes_on_bridge():  # another cluster's real node still runs on this machine
+        return
     _sh("ip", "link", "del", HOST_BRIDGE, check=False)
-    sysctls = nodes_dir(state_dir) / "sysctls.json"
     with contextlib.suppress(FileNotFoundError, ValueError):
-        _write_sysctls(json.loads(sysctls.read_text()))
-    sysctls.unlink(missing_ok=True)
-    for target in NODE_FOLDERS.values():  # the empty mount points add() made on the host
+        _write_sysctls(json.loads(SYSCTLS_BEFORE.read_text()))
+    SYSCTLS_BEFORE.unlink(missing_ok=True)
+    # The empty mount points add() made on the host (removing one that another node's mount
+    # namespace still uses would detach it there, hence only once no node is left).
+    for target in NODE_FOLDERS.values():
         with contextlib.suppress(OSError):
             Path(target).rmdir()
 

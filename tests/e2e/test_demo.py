@@ -167,3 +167,22 @@ def test_the_allocation_cannot_be_edited(outcome: Outcome) -> None:
         "-n", meta["namespace"], "annotate", "pod", meta["name"], "--overwrite",
         'egpu.io/allocation={"version":1}'), capture_output=True, text=True)
     assert edit.returncode != 0 and "egpu.io/allocation" in edit.stderr, edit.stderr
+
+
+def test_a_workload_runs_as_a_real_container_on_the_real_node(outcome: Outcome) -> None:
+    """As root, the demo adds a real kubelet + containerd node; shared input 03 runs there and
+    its container sees exactly its share. The table marks that row as real."""
+    from demo import real_node
+
+    if real_node.prerequisite_missing():
+        pytest.skip(real_node.prerequisite_missing())
+    pod = outcome.pods[real_node.POD]
+    assert pod["spec"]["nodeName"] == real_node.NAME
+    assert pod["status"]["phase"] == "Running"
+    [(_, card, share)] = outcome.cards(pod)
+    assert share.memory_mib == card.memory_mib * 25 // 100
+    row = next(line for line in outcome.text.splitlines() if real_node.POD in line
+               and real_node.NAME in line)
+    assert row.rstrip().endswith("yes")
+    assert f"total {share.memory_mib} MiB" in outcome.text
+    assert "1 MiB more: CUDA_ERROR_OUT_OF_MEMORY" in outcome.text

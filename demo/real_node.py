@@ -1,0 +1,146 @@
+"""The demo's real node: a kubelet + containerd node (devcluster.realnode) beside the simulated
+fleet, with egpu's node side on it and one workload of the inputs running there as a real
+container.
+
+    prerequisite_missing() -> str             why the real node cannot run here ("" if it can)
+    start(state_dir, info, config_file, start_process) -> RealNode
+    apply_workload(info, inputs, say) -> str  the pod's name
+    probe(info, name, timeout_s) -> dict      what the container's CUDA and NVML say
+
+On a cluster, the node DaemonSet installs the hook and the interposer and runs the node
+agent; the demo runs no in-cluster egpu (its webhook and extender are local processes), so it
+does the DaemonSet's two steps itself: it installs the hook and the interposer into the node's
+/usr/local/egpu, and runs the node agent inside the node's namespaces, where it registers the
+device plugin with the real kubelet and writes its CDI spec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devcluster import build as devbuild
+from devcluster import cluster as devcluster
+from devcluster import realnode
+from devcluster.images import IMAGE_EGPU
+
+REPO = Path(__file__).resolve().parent.parent
+NAME = "egpu-real-demo"
+INDEX = 1  # the e2e tests' real node is index 0: both may run on one machine
+NAMESPACE = "research"
+POD = "notebook-on-real-node"
+SOURCE = "03-notebook-percentage.yaml"
+# Only pods that say so land on the real node: the other workloads' images are not there
+# (no registry), and their cpu and memory would not fit a 2-core machine.
+TAINT_KEY = "egpu.io/real-node"
+TAINT = f"{TAINT_KEY}=true:NoSchedule"
+PROBE_CPU = "10m"
+PROBE_MEMORY = "128Mi"
+INTERPOSER = REPO / "libinterpose" / "build" / "libegpu_interpose.so"
+PROBE = (
+    "import ctypes as C, json, time\n"
+    "MIB = 1 << 20\n"
+    "cuda = C.CDLL('libcuda.so.1')\n"
+    "cuda.cuInit(0); dev = C.c_int(); cuda.cuDeviceGet(C.byref(dev), 0)\n"
+    "ctx = C.c_void_p(); cuda.cuCtxCreate_v2(C.byref(ctx), 0, dev)\n"
+    "free, total = C.c_size_t(), C.c_size_t()\n"
+    "cuda.cuMemGetInfo_v2(C.byref(free), C.byref(total))\n"
+    "p = C.c_uint64(); a = cuda.cuMemAlloc_v2(C.byref(p), C.c_size_t(free.value))\n"
+    "q = C.c_uint64(); b = cuda.cuMemAlloc_v2(C.byref(q), C.c_size_t(MIB))\n"
+    "print('PROBE ' + json.dumps({'total_mib': total.value // MIB, 'alloc_free': a,"
+    " 'alloc_one_more_mib': b}), flush=True)\n"
+    "while True: time.sleep(3600)\n"
+)
+
+
+def prerequisite_missing() -> str:
+    """Why a real node cannot run here, or "" (root, runc, the CNI plugins, the binaries)."""
+    if os.geteuid() != 0:
+        return "needs root (network and mount namespaces, cgroups)"
+    if not shutil.which("runc") or not Path(realnode.CNI_BIN_DIR, "bridge").exists():
+        return "runc or the CNI plugins are missing (make system-deps)"
+    missing = [b for b in ("kubelet", "containerd", "kube-proxy") if b in devbuild.missing()]
+    if missing:
+        return f"{', '.join(missing)} not built (make k8s)"
+    return ""
+
+
+def start(state_dir: Path, info: devcluster.ClusterInfo, config_file: Path,
+          start_process: Callable[..., dict[str, Any]]) -> realnode.RealNode:
+    """Add the real node (tainted), install the hook and the interposer on it, and start its
+    node agent (``start_process(name, argv, env)`` records it with the demo's processes).
+    Returns once the agent has registered the device plugin (the node offers egpu.io/gpu)."""
+    node = realnode.add(info, name=NAME, index=INDEX, taints=(TAINT,))
+    install = Path(node.node_dir) / "usr-local-egpu"
+    (install / "lib").mkdir(parents=True, exist_ok=True)
+    (install / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(INTERPOSER, install / "lib" / "libegpu_interpose.so")
+    hook = install / "bin" / "egpu-hook"
+    subprocess.run([sys.executable, "-m", "runtime_hook.bundle", str(hook)], check=True,
+                   cwd=REPO, capture_output=True)
+    kubeconfig = state_dir / "real-node.kubeconfig"
+    pki = Path(info.state_dir) / "pki"
+    kubeconfig.write_text(realnode.kubeconfig_text(
+        f"https://{realnode.HOST_LINK_IP}:{info.ports['kube-apiserver']}", pki / "ca.crt",
+        pki / "admin.crt", pki / "admin.key", "egpu-dev-admin"))
+    driver = Path(node.node_dir) / "driver"
+    agent = node.nsenter_argv(
+        str(Path(sys.executable).parent / "egpu-node-agent"), "--node-name", NAME,
+        "--kubeconfig", str(kubeconfig), "--config", str(config_file),
+        "--nvml-library", str(driver / "lib" / "libnvidia-ml.so.1"),
+        "--metrics-port", "9400", "--heartbeat-seconds", "10")
+    start_process(f"node-agent-{NAME}", agent, {"FAKEGPU_CONFIG": str(driver / "cards.ini"),
+                                                "FAKEGPU_STATE_DIR": str(driver / "state")})
+
+    def registered() -> bool:
+        out = subprocess.run(info.kubectl_argv("get", "node", NAME, "-o", "json"),
+                             capture_output=True, text=True, timeout=30).stdout
+        return bool(out) and int(json.loads(out)["status"]["allocatable"].get(
+            "egpu.io/gpu", "0")) > 0
+
+    devcluster.wait_until("the real node's device plugin", registered, timeout=90, interval=1)
+    return node
+
+
+def workload(inputs: Path) -> dict[str, Any]:
+    """Shared input 03 (a notebook with 25% of a card and 10% compute) as a real container on
+    the real node: the same egpu resources, the demo's probe instead of Jupyter (the image is
+    the locally built egpu image), a toleration and node selector for the real node."""
+    pod = yaml.safe_load((inputs / "pods" / SOURCE).read_text())
+    container = pod["spec"]["containers"][0]
+    limits = {**container["resources"]["limits"], "cpu": PROBE_CPU, "memory": PROBE_MEMORY}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": POD, "namespace": NAMESPACE,
+                     "annotations": pod["metadata"].get("annotations", {})},
+        "spec": {
+            "nodeSelector": {TAINT_KEY: "true"},
+            "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": container["name"], "image": IMAGE_EGPU,
+                            "command": ["python3", "-c", PROBE],
+                            "resources": {"limits": limits}}],
+        },
+    }
+
+
+def probe(info: devcluster.ClusterInfo, timeout_s: float = 90.0) -> dict[str, Any]:
+    """The probe's line from the real container's log (empty when it never printed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        logs = subprocess.run(info.kubectl_argv("logs", "-n", NAMESPACE, POD),
+                              capture_output=True, text=True, timeout=30).stdout
+        for line in logs.splitlines():
+            if line.startswith("PROBE "):
+                return dict(json.loads(line[len("PROBE "):]))
+        time.sleep(1)
+    return {}
