@@ -268,6 +268,7 @@ class RealNode:
     bin_dir: str
     processes: dict[str, ProcessInfo] = field(default_factory=dict)
     startup_s: float = 0.0
+    steps_s: dict[str, float] = field(default_factory=dict)  # how long each step of add took
 
     def save(self) -> None:
         path = Path(self.node_dir) / "node.json"
@@ -515,6 +516,14 @@ def add(info: ClusterInfo, name: str = "egpu-real-0", index: int = 0,
 
     node = RealNode(name=name, index=index, node_dir=str(node_dir), ip=node_ip(index),
                     pod_cidr=pod_cidr(index), holder_pid=0, bin_dir=str(bins))
+    step_t0 = time.monotonic()
+
+    def step(name: str) -> None:
+        nonlocal step_t0
+        now = time.monotonic()
+        node.steps_s[name] = round(now - step_t0, 2)
+        step_t0 = now
+
     try:
         _ensure_bridge()
         node.processes["apiserver-relay"] = _ensure_relay(info)
@@ -523,12 +532,17 @@ def add(info: ClusterInfo, name: str = "egpu-real-0", index: int = 0,
         _write_files(info, node, cards)
         _start_namespaces(node)
         node.save()
+        step("host, files and namespaces")
         _start_containerd(node)
+        step("containerd")
         _import_images(node, images)
+        step("image import")
         _start_kubelet(node, labels or {}, taints)
         node.save()
         _wait_ready(info, node, ready_timeout_s)
+        step("kubelet to Node Ready")
         _start_kube_proxy(node)
+        step("kube-proxy's rules")
         node.startup_s = round(time.monotonic() - t0, 1)
         node.save()
     except BaseException:
