@@ -2,10 +2,18 @@
 
 ``read_pod(pod, config)`` takes a pod (or pod template) as the Kubernetes JSON object (a dict
 with ``metadata`` and ``spec``) and returns a ``PodReading``: either a normalized
-``PodRequest`` or a list of ``RequestError``, each naming the container (or the pod), the
-resource or annotation, the value given and what is allowed. A pod without any egpu resource
-is not an egpu pod (``reading.request is None`` and no errors): egpu never blocks such pods,
-whatever annotations they carry.
+``PodRequest`` or a list of errors, each naming the container (or the pod), the resource or
+annotation, the value given and what is allowed. A pod without any egpu resource is not an
+egpu pod (``reading.request is None`` and no errors): egpu never blocks such pods, whatever
+annotations they carry.
+
+The pod is read through ``egpu.podshape.check_pod`` (``read_checked`` takes its result): a
+field egpu reads that has the wrong JSON type (``spec.containers: 5``, labels as a list, ...)
+is a ``ShapeError`` naming its JSON path. In an egpu pod every such error is reported (the
+pod is invalid); a pod is an egpu pod when a well-formed container asks for an egpu resource
+or alias, or a malformed field on the way to the resources mentions one
+(``CheckedPod.mentions``: fail closed). Other malformed pods are not egpu pods (the API
+server refuses them itself).
 
 Rules (../shared/CONTRACT.md section 1):
 - resources go in ``limits``; ``requests``, if given, must equal ``limits``;
@@ -48,6 +56,15 @@ from egpu.contract import (
     RES_MEMORY,
     RES_MEMORY_PERCENTAGE,
 )
+from egpu.podshape import (
+    CheckedPod,
+    ContainerView,
+    ShapeError,
+    SpecView,
+    check_pod,
+    clip,
+    shown,
+)
 
 
 class ContainerKind(StrEnum):
@@ -74,10 +91,15 @@ class RequestError:
 
     @property
     def message(self) -> str:
-        """A sentence a pod author can act on."""
-        where = f"container {self.container!r}: " if self.container else "pod annotation "
+        """A sentence a pod author can act on (the name and the value cut to 60 characters)."""
+        where = (f"container {clip(self.container)!r}: " if self.container
+                 else "pod annotation ")
         reason = f" ({self.reason})" if self.reason else ""
-        return f"{where}{self.field}={self.value!r} is not allowed{reason}; allowed: {self.allowed}"
+        return (f"{where}{self.field}={clip(self.value)!r} is not allowed{reason}; "
+                f"allowed: {self.allowed}")
+
+
+Problem = RequestError | ShapeError  # one mistake in a pod; both have ``message``
 
 
 @dataclass(frozen=True)
@@ -146,7 +168,7 @@ class PodReading:
     """What egpu makes of a pod: ``request`` (None: not an egpu pod, or invalid) and errors."""
 
     request: PodRequest | None
-    errors: tuple[RequestError, ...] = field(default_factory=tuple)
+    errors: tuple[Problem, ...] = field(default_factory=tuple)
 
     @property
     def is_egpu_pod(self) -> bool:
@@ -203,11 +225,13 @@ def _parse_quantity(raw: Any) -> int | None:
 
 def _written(raw: Any) -> str:
     """``raw`` as text for a message, at most MAX_QUANTITY_CHARS characters (then "...");
-    never fails (an int too long for ``str`` is described by its size)."""
+    never fails (an int too long for ``str`` is described by its size, a list or an object
+    by ``shown``)."""
     if isinstance(raw, int) and not isinstance(raw, bool) and raw.bit_length() > 4 * 40:
         return f"<an integer of about {int(raw.bit_length() * 0.30103) + 1} digits>"
-    text = str(raw)
-    return text if len(text) <= MAX_QUANTITY_CHARS else text[:MAX_QUANTITY_CHARS] + "..."
+    if not isinstance(raw, str | int | float | None):
+        return shown(raw)
+    return clip(str(raw), MAX_QUANTITY_CHARS)
 
 
 def _shown(raw: Any) -> str:
@@ -216,18 +240,14 @@ def _shown(raw: Any) -> str:
     return str(value) if value is not None else _written(raw)
 
 
-def _as_mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def _container_resources(
-    container: Mapping[str, Any], aliases: Mapping[str, str]
+    container: ContainerView, aliases: Mapping[str, str]
 ) -> tuple[dict[str, tuple[str, Any]], list[RequestError]]:
     """Map egpu resource -> (name as written, value) from limits; check requests and name sets."""
-    name = str(container.get("name", ""))
-    resources = _as_mapping(container.get("resources"))
-    limits = _as_mapping(resources.get("limits"))
-    requests = _as_mapping(resources.get("requests"))
+    name = container.get("name", "")
+    resources = container.get("resources", {})
+    limits = resources.get("limits", {})
+    requests = resources.get("requests", {})
     errors: list[RequestError] = []
     found: dict[str, tuple[str, Any]] = {}
     name_sets: set[str] = set()
@@ -238,18 +258,18 @@ def _container_resources(
         name_sets.add("egpu" if written in EGPU_RESOURCES else "alias")
         if written not in limits:
             errors.append(RequestError(
-                name, written, str(requests[written]), "the same value in resources.limits",
+                name, written, _written(requests[written]), "the same value in resources.limits",
                 "extended resources are set in limits; requests alone are not enough"))
             continue
-        if written in requests and str(requests[written]) != str(limits[written]):
+        if written in requests and not _same(requests[written], limits[written]):
             errors.append(RequestError(
-                name, f"{written} (requests)", str(requests[written]),
-                f"the limits value {limits[written]!s}", "requests must equal limits"))
+                name, f"{written} (requests)", _written(requests[written]),
+                f"the limits value {_written(limits[written])}", "requests must equal limits"))
             continue
         if canonical in found:
             errors.append(RequestError(
-                name, written, str(limits[written]), f"one of {found[canonical][0]} or {written}",
-                "two names for one resource"))
+                name, written, _written(limits[written]),
+                f"one of {found[canonical][0]} or {written}", "two names for one resource"))
             continue
         found[canonical] = (written, limits[written])
     if len(name_sets) > 1:
@@ -260,9 +280,21 @@ def _container_resources(
     if found and (NATIVE_NVIDIA_GPU in limits or NATIVE_NVIDIA_GPU in requests):
         errors.append(RequestError(
             name, NATIVE_NVIDIA_GPU,
-            str(limits.get(NATIVE_NVIDIA_GPU, requests.get(NATIVE_NVIDIA_GPU))),
+            _written(limits.get(NATIVE_NVIDIA_GPU, requests.get(NATIVE_NVIDIA_GPU))),
             "either nvidia.com/gpu (whole cards) or egpu.io resources (shares), not both"))
     return found, errors
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two quantities are written alike (``3000`` and ``"3000"`` are)."""
+    return _text(a) == _text(b)
+
+
+def _text(value: Any) -> str:
+    """``str(value)``; hex for an int too long for ``str`` (over 4300 digits)."""
+    if isinstance(value, int) and value.bit_length() > 10_000:
+        return hex(value)
+    return str(value)
 
 
 def _share(name: str, found: dict[str, tuple[str, Any]]) -> tuple[Share | None, list[RequestError]]:
@@ -303,67 +335,65 @@ def _share(name: str, found: dict[str, tuple[str, Any]]) -> tuple[Share | None, 
     ), []
 
 
-def _is_privileged(container: Mapping[str, Any]) -> bool:
-    context = _as_mapping(container.get("securityContext"))
-    return bool(context.get("privileged")) is True
-
-
-def _containers(spec: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], ContainerKind]]:
-    out: list[tuple[Mapping[str, Any], ContainerKind]] = []
-    for c in spec.get("initContainers") or []:
-        if isinstance(c, Mapping):
-            sidecar = c.get("restartPolicy") == "Always"
-            out.append((c, ContainerKind.SIDECAR if sidecar else ContainerKind.INIT))
-    for c in spec.get("containers") or []:
-        if isinstance(c, Mapping):
-            out.append((c, ContainerKind.APP))
+def _containers(spec: SpecView) -> list[tuple[ContainerView, ContainerKind]]:
+    """Init containers (sidecars: restartPolicy Always), then app containers, in pod order."""
+    out: list[tuple[ContainerView, ContainerKind]] = []
+    for c in spec.get("initContainers", []):
+        sidecar = c.get("restartPolicy") == "Always"
+        out.append((c, ContainerKind.SIDECAR if sidecar else ContainerKind.INIT))
+    out.extend((c, ContainerKind.APP) for c in spec.get("containers", []))
     return out
 
 
 def _annotation_choice(
-    annotations: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str,
-    errors: list[RequestError],
+    annotations: Mapping[str, str], key: str, allowed: tuple[str, ...], default: str,
+    errors: list[Problem],
 ) -> str:
     if key not in annotations:
         return default
     value = annotations[key]
     if value not in allowed:
-        errors.append(RequestError("", key, str(value), ", ".join(allowed)))
+        errors.append(RequestError("", key, value, ", ".join(allowed)))
         return default
-    return str(value)
+    return value
 
 
 def _annotation_list(
-    annotations: Mapping[str, Any], key: str, errors: list[RequestError]
+    annotations: Mapping[str, str], key: str, errors: list[Problem]
 ) -> tuple[str, ...]:
     if key not in annotations:
         return ()
     raw = annotations[key]
-    items = tuple(part.strip() for part in str(raw).split(",")) if isinstance(raw, str) else ()
-    if not items or not all(items):
-        errors.append(RequestError("", key, str(raw), "a comma-separated list of non-empty names",
+    items = tuple(part.strip() for part in raw.split(","))
+    if not all(items):
+        errors.append(RequestError("", key, raw, "a comma-separated list of non-empty names",
                                    "an empty entry"))
         return ()
     return items
 
 
-def read_pod(pod: Mapping[str, Any], config: Config | None = None) -> PodReading:
-    """Read the egpu requests of ``pod`` (a Pod or pod template as a JSON-like dict).
+def resource_names(config: Config) -> tuple[str, ...]:
+    """Every resource name that asks for a share: the egpu.io names and the aliases."""
+    return (*EGPU_RESOURCES, *config.resource_aliases)
 
-    Returns PodReading(request=None) for pods without egpu resources; never raises on
-    malformed input (anything unexpected is treated as absent or reported as an error).
-    """
+
+def read_pod(pod: Any, config: Config | None = None) -> PodReading:
+    """Read the egpu requests of ``pod`` (a Pod or pod template as a JSON-like dict; any
+    value is accepted). Returns PodReading(request=None) for pods without egpu resources;
+    never raises on malformed input (see the module docstring)."""
+    return read_checked(check_pod(pod), config)
+
+
+def read_checked(checked: CheckedPod, config: Config | None = None) -> PodReading:
+    """``read_pod`` for a pod already checked by ``egpu.podshape.check_pod``."""
     config = config or Config()
-    if not isinstance(pod, Mapping):
-        return PodReading(None)
-    metadata = _as_mapping(pod.get("metadata"))
-    spec = _as_mapping(pod.get("spec"))
-    annotations = _as_mapping(metadata.get("annotations"))
-    errors: list[RequestError] = []
+    spec = checked.spec
+    annotations = checked.metadata.get("annotations", {})
+    errors: list[Problem] = []
     containers: list[ContainerRequest] = []
     seen_any = False
     for container, kind in _containers(spec):
-        name = str(container.get("name", ""))
+        name = container.get("name", "")
         found, resource_errors = _container_resources(container, config.resource_aliases)
         if not found and not resource_errors:
             continue
@@ -375,13 +405,14 @@ def read_pod(pod: Mapping[str, Any], config: Config | None = None) -> PodReading
         errors.extend(share_errors)
         if share is not None:
             uses_aliases = any(w not in EGPU_RESOURCES for w, _ in found.values())
-            containers.append(ContainerRequest(name, kind, share, _is_privileged(container),
-                                               uses_aliases))
-    if not seen_any:
-        return PodReading(None)
+            privileged = container.get("securityContext", {}).get("privileged", False)
+            containers.append(ContainerRequest(name, kind, share, privileged, uses_aliases))
+    if not seen_any and not checked.mentions(resource_names(config)):
+        return PodReading(None)  # not an egpu pod, however malformed
+    errors[:0] = checked.errors
 
     default_priority = config.priority_classes.get(
-        str(spec.get("priorityClassName", "")), config.defaults.priority)
+        spec.get("priorityClassName", ""), config.defaults.priority)
     priority = _annotation_choice(annotations, ANN_PRIORITY, PRIORITIES, default_priority, errors)
     policy = _annotation_choice(annotations, ANN_COMPUTE_POLICY, COMPUTE_POLICIES,
                                 config.defaults.compute_policy, errors)
@@ -393,7 +424,7 @@ def read_pod(pod: Mapping[str, Any], config: Config | None = None) -> PodReading
                                      config.defaults.node_policy, errors)
     filters = {key: _annotation_list(annotations, key, errors) for key in (
         ANN_USE_GPU_TYPE, ANN_NOUSE_GPU_TYPE, ANN_USE_GPU_UUID, ANN_NOUSE_GPU_UUID)}
-    if errors:
+    if errors or not containers:
         return PodReading(None, tuple(errors))
     return PodReading(PodRequest(
         containers=tuple(containers),

@@ -12,8 +12,10 @@ What it decides, for ``CREATE`` of a ``Pod`` outside ``config.ignored_namespaces
   scheduler extender writes it, through the Binding; a hand-written one would book cards);
 - not an egpu pod (no ``egpu.io/*`` or alias resource in any container): allowed, no patch,
   whatever its other annotations say;
-- an egpu pod with mistakes (every ``RequestError`` of ``egpu.requests.read_pod``): denied,
-  code 400, reason ``BadRequest``, the errors' messages joined with ``"; "``;
+- an egpu pod with mistakes (every error of ``egpu.requests.read_pod``, wrongly typed fields
+  included: ``spec.containers[0].resources.limits=[...] is not allowed (a list of 1 item);
+  allowed: ...``): denied, code 400, reason ``BadRequest``, the errors' messages joined with
+  ``"; "`` (at most ``MAX_PROBLEMS_SHOWN``, then how many more);
 - an egpu pod that sets ``spec.nodeName`` (it would bypass card placement) or has a
   privileged container with a share (or one adding SYS_ADMIN, SYS_PTRACE, SYS_MODULE or ALL,
   or hostPID / hostIPC, or a hostPath reaching egpu's node folders) while
@@ -25,6 +27,11 @@ What it decides, for ``CREATE`` of a ``Pod`` outside ``config.ignored_namespaces
 
 Every other operation or resource is allowed untouched. ``dryRun`` requests are answered the
 same way (the review has no side effects).
+
+The pod is read once through ``egpu.podshape.check_pod``: the policy checks read its typed
+view, and ``mutate_pod`` runs only on a pod whose read fields all have their types. Nothing
+walks the fields egpu does not read, so no pod, however large or deeply nested, makes the
+review fail.
 """
 
 from __future__ import annotations
@@ -48,9 +55,14 @@ from egpu.contract import (
     KUBE_DEFAULT_SCHEDULER,
     LABEL_PRIORITY,
     NODE_PRIVATE_DIR,
+    RES_CORES,
+    RES_GPU,
+    RES_MEMORY,
+    RES_MEMORY_PERCENTAGE,
     RUNTIME_DIR,
 )
-from egpu.requests import PodRequest, read_pod
+from egpu.podshape import ContainerView, PodView, SpecView, check_pod, clip
+from egpu.requests import PodRequest, read_checked
 from webhook.reviews import (
     API_VERSION_V1,
     API_VERSIONS,
@@ -83,6 +95,8 @@ DENY_ALLOCATION: Final = "allocation"
 # read-only config or ld.so.preload; SYS_PTRACE reads and writes other processes (their
 # accounting); SYS_MODULE loads kernel code; ALL includes them.
 FORBIDDEN_CAPABILITIES: Final = ("SYS_ADMIN", "SYS_PTRACE", "SYS_MODULE", "ALL")
+
+MAX_PROBLEMS_SHOWN: Final = 50  # a denial lists at most this many problems, then a count
 
 
 class InvalidReview(ValueError):
@@ -124,16 +138,6 @@ def _mapping(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _pod_containers(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Init containers (sidecars included), then app containers: the dicts, in pod order."""
-    out: list[dict[str, Any]] = []
-    for key in ("initContainers", "containers"):
-        items = spec.get(key)
-        if isinstance(items, list):
-            out.extend(c for c in items if isinstance(c, dict))
-    return out
-
-
 def _resource_names(container: Mapping[str, Any]) -> set[str]:
     resources = _mapping(container.get("resources")) or {}
     names: set[str] = set()
@@ -153,32 +157,25 @@ def has_share(container: Mapping[str, Any], config: Config) -> bool:
                for n in _resource_names(container))
 
 
-def _is_privileged(container: Mapping[str, Any]) -> bool:
-    context = _mapping(container.get("securityContext")) or {}
-    return bool(context.get("privileged"))
-
-
 def _covers(path: str, folder: str) -> bool:
     """Whether host path ``path`` is ``folder``, lies under it, or contains it."""
     return (path == folder or path.startswith(folder + "/") or folder.startswith(path + "/")
             or path == "/")
 
 
-def _host_path_problems(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _host_path_problems(spec: SpecView) -> list[tuple[str, str]]:
     """hostPath volumes that reach egpu's host folders (``EGPU_HOST_DIRS``): a pod that can
     write there can rewrite other shares' regions or plant links for the runtime hook."""
     problems: list[tuple[str, str]] = []
-    volumes = spec.get("volumes")
-    for volume in volumes if isinstance(volumes, list) else []:
-        host_path = _mapping(_mapping(volume).get("hostPath") if _mapping(volume) else None)
-        raw = host_path.get("path") if host_path else None
-        if not isinstance(raw, str) or not raw.startswith("/"):
+    for volume in spec.get("volumes", []):
+        raw = volume.get("hostPath", {}).get("path", "")
+        if not raw.startswith("/"):
             continue
         path = posixpath.normpath(raw)
         path = "/" if path == "//" else path
         if any(_covers(path, folder) for folder in EGPU_HOST_DIRS):
             problems.append((DENY_HOST_PATH, (
-                f"volume {str(volume.get('name', ''))!r}: hostPath.path={raw!r} is not "
+                f"volume {clip(volume.get('name', ''))!r}: hostPath.path={clip(raw)!r} is not "
                 "allowed in a pod with an egpu share (it reaches egpu's node folders "
                 f"{', '.join(EGPU_HOST_DIRS)}; the runtime hook mounts each container's own "
                 "accounting folder and card regions itself); allowed: a hostPath outside "
@@ -186,8 +183,10 @@ def _host_path_problems(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
-def policy_problems(pod: Mapping[str, Any], config: Config) -> list[tuple[str, str]]:
+def policy_problems(pod: PodView, config: Config) -> list[tuple[str, str]]:
     """Reasons to refuse an egpu pod beyond its requests: ``[(DENY_*, message), ...]``.
+
+    ``pod`` is ``check_pod(...).view`` (the typed fields egpu reads).
 
     - ``spec.nodeName`` set: the pod skips the scheduler, so no card is chosen or booked;
     - a privileged container with a share (unless ``config.allow_privileged``): it sees
@@ -197,74 +196,75 @@ def policy_problems(pod: Mapping[str, Any], config: Config) -> list[tuple[str, s
     - a hostPath volume at, under or above egpu's node folders (unless
       ``config.allow_privileged``): the pod could rewrite other shares' regions.
     """
-    spec = _mapping(pod.get("spec")) or {}
+    spec = pod.get("spec", {})
     problems: list[tuple[str, str]] = []
     node_name = spec.get("nodeName")
     if node_name:
         problems.append((DENY_NODE_NAME, (
-            f"spec.nodeName={str(node_name)!r} is not allowed for a pod with an egpu share "
+            f"spec.nodeName={clip(node_name)!r} is not allowed for a pod with an egpu share "
             "(it bypasses card placement); allowed: no nodeName (use a nodeSelector or node "
             "affinity)")))
-    if not config.allow_privileged:
-        problems += _host_path_problems(spec)
-        for field_name in ("hostPID", "hostIPC"):
-            if spec.get(field_name) is True:
-                problems.append((DENY_PRIVILEGED, (
-                    f"spec.{field_name}=true is not allowed for a pod with an egpu share (it "
-                    "reaches other pods' processes and shared memory, their accounting and "
-                    "their CUDA contexts); allowed: false (or allowPrivileged: true in the "
-                    "egpu config)")))
-        for container in _pod_containers(spec):
-            if not has_share(container, config):
-                continue
-            name = str(container.get("name", ""))
-            if _is_privileged(container):
-                problems.append((DENY_PRIVILEGED, (
-                    f"container {name!r}: "
-                    "securityContext.privileged=true is not allowed with an egpu share "
-                    "(a privileged container sees every card and escapes its limits); "
-                    "allowed: false (or allowPrivileged: true in the egpu config)")))
-            for capability in _forbidden_capabilities(container):
-                problems.append((DENY_PRIVILEGED, (
-                    f"container {name!r}: securityContext.capabilities.add={capability!r} is "
-                    "not allowed with an egpu share (it can unmount the interposer or its "
-                    "read-only config, or reach other processes' memory); allowed: any "
-                    f"capability but {', '.join(FORBIDDEN_CAPABILITIES)} (or allowPrivileged: "
-                    "true in the egpu config)")))
+    if config.allow_privileged:
+        return problems
+    problems += _host_path_problems(spec)
+    for field_name in ("hostPID", "hostIPC"):
+        if spec.get(field_name) is True:
+            problems.append((DENY_PRIVILEGED, (
+                f"spec.{field_name}=true is not allowed for a pod with an egpu share (it "
+                "reaches other pods' processes and shared memory, their accounting and "
+                "their CUDA contexts); allowed: false (or allowPrivileged: true in the "
+                "egpu config)")))
+    for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+        if has_share(container, config):
+            problems += _container_problems(container)
     return problems
 
 
-def _forbidden_capabilities(container: Mapping[str, Any]) -> list[str]:
+def _container_problems(container: ContainerView) -> list[tuple[str, str]]:
+    """A container with a share that is privileged or adds a dangerous capability."""
+    problems: list[tuple[str, str]] = []
+    name = clip(container.get("name", ""))
+    context = container.get("securityContext", {})
+    if context.get("privileged") is True:
+        problems.append((DENY_PRIVILEGED, (
+            f"container {name!r}: "
+            "securityContext.privileged=true is not allowed with an egpu share "
+            "(a privileged container sees every card and escapes its limits); "
+            "allowed: false (or allowPrivileged: true in the egpu config)")))
+    for capability in _forbidden_capabilities(context.get("capabilities", {}).get("add", [])):
+        problems.append((DENY_PRIVILEGED, (
+            f"container {name!r}: securityContext.capabilities.add={clip(capability)!r} is "
+            "not allowed with an egpu share (it can unmount the interposer or its "
+            "read-only config, or reach other processes' memory); allowed: any "
+            f"capability but {', '.join(FORBIDDEN_CAPABILITIES)} (or allowPrivileged: "
+            "true in the egpu config)")))
+    return problems
+
+
+def _forbidden_capabilities(added: list[str]) -> list[str]:
     """The entries of ``securityContext.capabilities.add`` that lift a share's limits, as
     written (``SYS_ADMIN``, ``CAP_SYS_ADMIN`` and ``sys_admin`` alike; ``ALL``)."""
-    context = _mapping(container.get("securityContext")) or {}
-    capabilities = _mapping(context.get("capabilities")) or {}
-    added = capabilities.get("add")
-    out = []
-    for entry in added if isinstance(added, list) else []:
-        name = str(entry).strip().upper()
-        name = name.removeprefix("CAP_")
-        if name in FORBIDDEN_CAPABILITIES:
-            out.append(str(entry))
-    return out
+    return [entry for entry in added
+            if entry.strip().upper().removeprefix("CAP_") in FORBIDDEN_CAPABILITIES]
 
 
 # --- Mutation ------------------------------------------------------------------------------
 
 
-def _child(parent: dict[str, Any], key: str, kind: type) -> Any:
-    """``parent[key]``, replaced by an empty ``kind`` when absent or of another type."""
+def _copied(parent: dict[str, Any], key: str, kind: type) -> Any:
+    """A shallow copy of ``parent[key]`` put in its place (an empty ``kind`` when absent or
+    of another type): what ``mutate_pod`` changes is always a copy, never the input."""
     value = parent.get(key)
-    if not isinstance(value, kind):
-        value = kind()
-        parent[key] = value
+    value = kind(value) if isinstance(value, kind) else kind()
+    parent[key] = value
     return value
 
 
 def _set_env(container: dict[str, Any], values: Mapping[str, str]) -> None:
     """Every ``env`` entry named like a key of ``values`` gets exactly that value; missing
-    names are appended. A ``valueFrom`` is replaced by the literal value."""
-    env = _child(container, "env", list)
+    names are appended. A ``valueFrom`` is replaced by the literal value. Entries are
+    replaced, never changed in place."""
+    env = _copied(container, "env", list)
     for name, value in values.items():
         wanted = {"name": name, "value": value}
         found = False
@@ -278,42 +278,62 @@ def _set_env(container: dict[str, Any], values: Mapping[str, str]) -> None:
 
 
 def _rename_aliases(container: dict[str, Any], aliases: Mapping[str, str]) -> None:
-    """Rewrite alias resource names to their ``egpu.io/`` names in limits and requests."""
-    resources = _mapping(container.get("resources"))
-    if resources is None:
+    """Rewrite alias resource names to their ``egpu.io/`` names in limits and requests
+    (in copies of ``resources`` and of the maps it changes)."""
+    if not isinstance(container.get("resources"), dict):
         return
+    resources = _copied(container, "resources", dict)
     for key in ("limits", "requests"):
-        values = _mapping(resources.get(key))
-        if not values:
+        values = resources.get(key)
+        if not isinstance(values, dict) or not any(k in aliases for k in values):
             continue
+        values = _copied(resources, key, dict)
         for written in [k for k in values if k in aliases]:
             values.setdefault(aliases[written], values[written])
             del values[written]
 
 
+def _imply_card_count(container: dict[str, Any]) -> None:
+    """Write ``egpu.io/gpu: 1`` where a share names memory or cores without a card count
+    (CONTRACT.md: it means one card): the kubelet calls the device plugin's Allocate only for
+    the extended resource egpu.io/gpu, and without Allocate the container gets no card and no
+    share. In limits, and in requests where the API server's defaulting copied the limits."""
+    if not isinstance(container.get("resources"), dict):
+        return
+    resources = _copied(container, "resources", dict)
+    for key in ("limits", "requests"):
+        values = resources.get(key)
+        if isinstance(values, dict) and RES_GPU not in values \
+                and any(n in values for n in (RES_MEMORY, RES_MEMORY_PERCENTAGE, RES_CORES)):
+            _copied(resources, key, dict)[RES_GPU] = "1"
+
+
 def scheduler_warning(current: str, config: Config) -> str:
     """The warning for a pod that names another scheduler (kept as written)."""
-    return (f"spec.schedulerName {current!r} kept: egpu shares are placed only by "
+    return (f"spec.schedulerName {clip(current)!r} kept: egpu shares are placed only by "
             f"{config.scheduler_name!r}; this pod's cards will not be booked by egpu")
 
 
 def mutate_pod(
     pod: Mapping[str, Any], request: PodRequest, config: Config
 ) -> tuple[dict[str, Any], list[str]]:
-    """The pod as egpu wants it, and warnings. ``pod`` is not changed (a deep copy is).
+    """The pod as egpu wants it, and warnings. ``pod`` is not changed: the objects on the way
+    to a change are copied (copy on write), everything else is shared with ``pod``, so the
+    cost does not grow with the fields egpu leaves alone (and no depth is walked).
 
     ``request`` is ``read_pod(pod, config).request`` (a valid egpu pod). Changes
     (CONTRACT.md section 2): ``spec.schedulerName`` (absent, empty or ``default-scheduler``
     becomes ``config.scheduler_name``; another name is kept with a warning); label
     ``egpu.io/priority``; env ``EGPU_PRIORITY``, ``EGPU_COMPUTE_POLICY``,
     ``EGPU_MEMORY_OVERSUBSCRIPTION`` on every container with a share (init containers and
-    sidecars included); alias resource names rewritten to ``egpu.io/`` names. No volume: the
+    sidecars included); alias resource names rewritten to ``egpu.io/`` names; ``egpu.io/gpu:
+    1`` written where memory or cores are asked without a card count. No volume: the
     runtime hook mounts each container's own accounting folder and card region files.
     """
-    new = json_copy(pod)
+    new = dict(pod)
     warnings: list[str] = []
-    spec = _child(new, "spec", dict)
-    metadata = _child(new, "metadata", dict)
+    spec = _copied(new, "spec", dict)
+    metadata = _copied(new, "metadata", dict)
 
     current = spec.get("schedulerName")
     if not current or current == KUBE_DEFAULT_SCHEDULER:
@@ -321,7 +341,7 @@ def mutate_pod(
     elif current != config.scheduler_name:
         warnings.append(scheduler_warning(str(current), config))
 
-    labels = _child(metadata, "labels", dict)
+    labels = _copied(metadata, "labels", dict)
     labels[LABEL_PRIORITY] = request.priority
 
     env = {
@@ -329,21 +349,23 @@ def mutate_pod(
         ENV_COMPUTE_POLICY: request.compute_policy,
         ENV_MEMORY_OVERSUBSCRIPTION: "true" if request.memory_oversubscription else "false",
     }
-    for container in _pod_containers(spec):
-        if not has_share(container, config):
-            continue
-        _rename_aliases(container, config.resource_aliases)
-        _set_env(container, env)
+    for key in ("initContainers", "containers"):
+        items = spec.get(key)
+        if isinstance(items, list):
+            spec[key] = [_mutated_container(c, env, config)
+                         if isinstance(c, dict) and has_share(c, config) else c for c in items]
     return new, warnings
 
 
-def json_copy(value: Any) -> Any:
-    """A deep copy of JSON data (dicts, lists, scalars); faster than ``copy.deepcopy``."""
-    if isinstance(value, dict):
-        return {k: json_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [json_copy(v) for v in value]
-    return value
+def _mutated_container(container: dict[str, Any], env: Mapping[str, str],
+                       config: Config) -> dict[str, Any]:
+    """A copy of a container with a share: alias names rewritten, the implied card count
+    written, egpu's env set."""
+    new = dict(container)
+    _rename_aliases(new, config.resource_aliases)
+    _imply_card_count(new)
+    _set_env(new, env)
+    return new
 
 
 def make_patch(old: Any, new: Any) -> list[dict[str, Any]]:
@@ -431,14 +453,14 @@ def pod_patch(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
 
 def decide_pod(pod: Mapping[str, Any], config: Config) -> Decision:
     """The decision for creating ``pod`` (a Pod as JSON); see the module docstring."""
-    reading = read_pod(pod, config)
-    metadata = _mapping(pod.get("metadata")) or {}
-    preset = ANN_ALLOCATION in (_mapping(metadata.get("annotations")) or {})
+    checked = check_pod(pod)
+    reading = read_checked(checked, config)
+    preset = ANN_ALLOCATION in checked.metadata.get("annotations", {})
     if not reading.is_egpu_pod and not preset:
         return ALLOW
     messages = [error.message for error in reading.errors]
     denials = [DENY_INVALID_REQUEST] if reading.errors else []
-    problems = policy_problems(pod, config) if reading.is_egpu_pod else []
+    problems = policy_problems(checked.view, config) if reading.is_egpu_pod else []
     if preset:
         problems.insert(0, (DENY_ALLOCATION, (
             f"pod annotation {ANN_ALLOCATION} is not allowed at creation: it is set by the "
@@ -452,13 +474,21 @@ def decide_pod(pod: Mapping[str, Any], config: Config) -> Decision:
             allowed=False,
             code=400 if invalid else 403,
             reason="BadRequest" if invalid else "Forbidden",
-            message="; ".join(messages),
+            message=_joined(messages),
             denials=tuple(dict.fromkeys(denials)),
         )
     assert reading.request is not None
     new, warnings = mutate_pod(pod, reading.request, config)
     return Decision(allowed=True, patch=pod_patch(dict(pod), new),
                     warnings=tuple(warnings))
+
+
+def _joined(messages: list[str]) -> str:
+    """The messages joined with "; ": at most MAX_PROBLEMS_SHOWN, then how many more."""
+    shown = messages[:MAX_PROBLEMS_SHOWN]
+    if len(messages) > MAX_PROBLEMS_SHOWN:
+        shown.append(f"and {len(messages) - MAX_PROBLEMS_SHOWN} more problems")
+    return "; ".join(shown)
 
 
 def _field(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
@@ -501,14 +531,22 @@ def decide(admission_review: Any, config: Config) -> tuple[str, str, Decision]:
     if operation != "CREATE":
         return api_version, uid, ALLOW
     pod = _field(request, "object", dict, "request.")
-    metadata = _mapping(pod.get("metadata")) or {}
-    namespace = request.get("namespace") or metadata.get("namespace") or ""
-    if namespace in config.ignored_namespaces:
+    if _namespace(request, pod) in config.ignored_namespaces:
         return api_version, uid, ALLOW
     try:
         return api_version, uid, decide_pod(pod, config)
     except RecursionError:  # no Pod nests this deep; Python's stack cannot walk it
         raise InvalidReview("request.object: nested too deeply") from None
+
+
+def _namespace(request: Mapping[str, Any], pod: Mapping[str, Any]) -> str:
+    """The pod's namespace: ``request.namespace``, else ``metadata.namespace``, else ""."""
+    namespace = request.get("namespace")
+    if isinstance(namespace, str) and namespace:
+        return namespace
+    metadata = pod.get("metadata")
+    namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
+    return namespace if isinstance(namespace, str) else ""
 
 
 def response_for(api_version: str, uid: str, decision: Decision) -> AdmissionReview:

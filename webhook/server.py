@@ -3,9 +3,11 @@
 Routes:
 - ``POST /mutate``: body an AdmissionReview (admission.k8s.io/v1), answer an AdmissionReview
   (HTTP 200). Not an AdmissionReview (bad JSON, wrong shape): HTTP 400, JSON
-  ``{"reason": ...}``. Body over ``max_body_bytes``: HTTP 413. A bug while reviewing a valid
-  AdmissionReview is logged and answered as a denial (code 500 in the Status, HTTP 200), so
-  that no body ever gets a 5xx and the pod is refused rather than admitted unchanged.
+  ``{"reason": ...}`` naming the field. Integer literals too long to convert are kept as
+  their digits (``egpu.podshape.decode_int``), so the review names them like any bad value.
+  Body over ``max_body_bytes``: HTTP 413. A bug while reviewing a valid AdmissionReview is
+  logged and answered as a denial (code 500 in the Status, HTTP 200), so that no body ever
+  gets a 5xx and the pod is refused rather than admitted unchanged.
 - ``GET /healthz``: 200 while the process serves. ``GET /readyz``: 200 when a certificate
   and a config are loaded and the app is not shutting down, else 503.
 - ``GET /metrics``: Prometheus text format (``webhook.metrics``).
@@ -29,6 +31,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from egpu.config import Config, ConfigError, load_config_file
+from egpu.podshape import decode_int
 from webhook.metrics import Metrics, new_metrics
 from webhook.review import InvalidReview, decide, response_for
 from webhook.reviews import API_VERSION_V1
@@ -111,7 +114,8 @@ async def mutate(request: web.Request) -> web.Response:
         return _problem(413, f"body over {settings.max_body_bytes} bytes")
     started = time.perf_counter()
     try:
-        data = json.loads(body.decode("utf-8"))  # the API server sends UTF-8
+        # the API server sends UTF-8; integers too long to convert stay text (LongNumber)
+        data = json.loads(body.decode("utf-8"), parse_int=decode_int)
     except (ValueError, RecursionError) as exc:
         metrics.requests.labels("invalid").inc()
         return _problem(400, f"body: not valid JSON ({str(exc)[:200]})")

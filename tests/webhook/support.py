@@ -21,16 +21,20 @@ def admission_review(pod: dict[str, Any] | None, *, uid: str = "uid-1",
                      operation: str = "CREATE", namespace: str | None = None,
                      dry_run: bool = False, kind: str = "Pod",
                      sub_resource: str | None = None) -> dict[str, Any]:
-    """An admission.k8s.io/v1 AdmissionReview as the API server sends it."""
-    if namespace is None and pod is not None:
-        namespace = pod.get("metadata", {}).get("namespace", "default")
+    """An admission.k8s.io/v1 AdmissionReview as the API server sends it (``pod`` may be
+    malformed: a metadata that is not an object gives no name and the default namespace)."""
+    metadata = pod.get("metadata") if isinstance(pod, dict) else None
+    metadata = metadata if isinstance(metadata, dict) else {}
+    if namespace is None:
+        namespace = metadata.get("namespace", "default")
+    name = metadata.get("name", "")
     request: dict[str, Any] = {
         "uid": uid,
         "kind": {"group": "", "version": "v1", "kind": kind},
         "resource": {"group": "", "version": "v1", "resource": kind.lower() + "s"},
         "requestKind": {"group": "", "version": "v1", "kind": kind},
-        "name": (pod or {}).get("metadata", {}).get("name", ""),
-        "namespace": namespace or "default",
+        "name": name if isinstance(name, str) else "",
+        "namespace": namespace if isinstance(namespace, str) and namespace else "default",
         "operation": operation,
         "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
         "object": pod,

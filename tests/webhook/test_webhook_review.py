@@ -310,7 +310,8 @@ def test_aliases_rewritten_in_limits_and_requests() -> None:
 def test_configured_alias_rewritten() -> None:
     config = load_config("resourceAliases: {example.com/vmem: egpu.io/gpu-memory}")
     out = admitted(make_pod(container(limits={"example.com/vmem": "2000"})), config)
-    assert out["spec"]["containers"][0]["resources"]["limits"] == {"egpu.io/gpu-memory": "2000"}
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {"egpu.io/gpu-memory": "2000",
+                                                                  "egpu.io/gpu": "1"}
     # with this config the Volcano names are not ours any more
     assert answer(make_pod(container(limits={"volcano.sh/vgpu-memory": "1"})), config) == {
         "uid": "uid-1", "allowed": True}
@@ -497,3 +498,24 @@ def test_host_pid_and_ipc_with_a_share_denied_unless_allowed(field: str) -> None
     assert answer(pod, replace(Config(), allow_privileged=True))["allowed"] is True
     assert answer(make_pod(container("gpu", limits=GPU), **{field: False}))["allowed"] is True
     assert answer(make_pod(container("cpu", limits={"cpu": "1"}), **{field: True}))["allowed"]
+
+
+@pytest.mark.parametrize("limits", [
+    {"egpu.io/gpu-memory": "4000"}, {"egpu.io/gpu-memory-percentage": "25"},
+    {"egpu.io/gpu-cores": "10"}, {"egpu.io/gpu-memory-percentage": "25", "egpu.io/gpu-cores": "10"},
+])
+def test_a_share_without_a_card_count_gets_one_card_so_the_kubelet_allocates_it(
+        limits: dict[str, str]) -> None:
+    """Found on the real kubelet: without egpu.io/gpu the kubelet never calls Allocate, and
+    the container starts with no card and no share."""
+    c = container(limits=limits)
+    c["resources"]["requests"] = dict(limits)  # as the API server's defaulting leaves it
+    resources = admitted(make_pod(c))["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == {**limits, "egpu.io/gpu": "1"}
+    assert resources["requests"] == {**limits, "egpu.io/gpu": "1"}
+
+
+def test_an_explicit_card_count_is_kept() -> None:
+    limits = {"egpu.io/gpu": "2", "egpu.io/gpu-memory": "4000"}
+    resources = admitted(make_pod(container(limits=limits)))["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == limits
