@@ -240,6 +240,9 @@ def _shown(raw: Any) -> str:
     return str(value) if value is not None else _written(raw)
 
 
+EGPU_RESOURCE_PREFIX = "egpu.io/"  # every resource name under it is egpu's
+
+
 def _container_resources(
     container: ContainerView, aliases: Mapping[str, str]
 ) -> tuple[dict[str, tuple[str, Any]], list[RequestError]]:
@@ -254,6 +257,10 @@ def _container_resources(
     for written in sorted(set(limits) | set(requests)):
         canonical = written if written in EGPU_RESOURCES else aliases.get(written)
         if canonical is None:
+            if written.startswith(EGPU_RESOURCE_PREFIX):  # a misspelled share: never Pending
+                errors.append(RequestError(  # silently for a resource no node offers
+                    name, written, _written(limits.get(written, requests.get(written))),
+                    f"one of {', '.join(EGPU_RESOURCES)}", "not an egpu resource"))
             continue
         name_sets.add("egpu" if written in EGPU_RESOURCES else "alias")
         if written not in limits:

@@ -199,3 +199,16 @@ def test_a_5000_digit_quantity_gets_a_clear_truncated_message() -> None:
 def test_quantities_up_to_40_characters_still_parse(value: Any) -> None:
     reading = read_pod(_pod_with(value))
     assert all("not a whole number" not in e.message for e in reading.errors)
+
+
+def test_a_misspelled_egpu_resource_is_refused_naming_the_allowed_names() -> None:
+    """Otherwise the pod is admitted untouched and waits forever for a resource no node
+    offers."""
+    pod = {"metadata": {"name": "p", "namespace": "d"},
+           "spec": {"containers": [{"name": "c", "image": "x",
+                                    "resources": {"limits": {"egpu.io/gpu-memry": "4000"}}}]}}
+    reading = read_pod(pod)
+    assert reading.is_egpu_pod and reading.request is None
+    [error] = reading.errors
+    assert "egpu.io/gpu-memry='4000' is not allowed (not an egpu resource)" in error.message
+    assert "egpu.io/gpu-memory" in error.message
