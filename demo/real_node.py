@@ -133,14 +133,18 @@ def workload(inputs: Path) -> dict[str, Any]:
     }
 
 
-def probe(info: devcluster.ClusterInfo, timeout_s: float = 90.0) -> dict[str, Any]:
-    """The probe's line from the real container's log (empty when it never printed)."""
+def probe(info: devcluster.ClusterInfo, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The probe's line from the real container's log; when it never printed, ``{"error":
+    ...}`` with the last lines of its (previous) log, e.g. a crash."""
     deadline = time.monotonic() + timeout_s
+    last = ""
     while time.monotonic() < deadline:
-        logs = subprocess.run(info.kubectl_argv("logs", "-n", NAMESPACE, POD),
-                              capture_output=True, text=True, timeout=30).stdout
-        for line in logs.splitlines():
-            if line.startswith("PROBE "):
-                return dict(json.loads(line[len("PROBE "):]))
+        for previous in ((), ("--previous",)):
+            logs = subprocess.run(info.kubectl_argv("logs", "-n", NAMESPACE, POD, *previous),
+                                  capture_output=True, text=True, timeout=30).stdout
+            for line in logs.splitlines():
+                if line.startswith("PROBE "):
+                    return dict(json.loads(line[len("PROBE "):]))
+            last = logs.strip() or last
         time.sleep(1)
-    return {}
+    return {"error": "\n".join(last.splitlines()[-3:]) or "no output"}

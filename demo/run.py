@@ -116,7 +116,10 @@ def _alive(entry: dict[str, Any]) -> bool:
     except OSError:
         return False
     # A console script runs as "python <script> ...": the program is one of the first words.
-    return entry["argv"][0].encode() in cmdline[:3]
+    # nsenter (the real node's agent) replaces itself with the program after its "--".
+    argv = entry["argv"]
+    program = argv[argv.index("--") + 1] if argv[0] == "nsenter" and "--" in argv else argv[0]
+    return program.encode() in cmdline[:3]
 
 
 def _tail(path: str, lines: int = 15) -> str:
@@ -409,9 +412,9 @@ def _real_node_report(options: Options, info: devcluster.ClusterInfo) -> None:
     values = real_node.probe(info)
     options.say(f"\nA real container on the real node {real_node.NAME} "
                 f"({real_node.NAMESPACE}/{real_node.POD}: 25% of an H100, 10% compute):")
-    if not values:
-        options.say(f"  no answer from the container: kubectl -n {real_node.NAMESPACE} "
-                    f"describe pod {real_node.POD}")
+    if "error" in values:
+        options.say(f"  no answer from the container; its log ends with:\n    {values['error']}"
+                    f"\n  (kubectl -n {real_node.NAMESPACE} logs --previous {real_node.POD})")
         return
     verdict = ("CUDA_ERROR_OUT_OF_MEMORY" if values.get("alloc_one_more_mib") == 2
                else values.get("alloc_one_more_mib"))

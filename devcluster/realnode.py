@@ -750,6 +750,10 @@ def remove(state_dir: Path | str, name: str, delete_node_object: bool = True) ->
         for pid in pids:
             _alive(pid)
     _remove_cgroups(name)
+    # The node's disk (containerd's images and snapshots, ~0.5 GB; the kubelet's pods) goes;
+    # its logs and configuration stay for a look after a failure.
+    for sub in ("var-lib-containerd", "var-lib-kubelet"):
+        shutil.rmtree(Path(node.node_dir) / sub, ignore_errors=True)
     _sh("ip", "route", "del", node.pod_cidr, check=False)
     _sh("ip", "link", "del", f"egpu-v{node.index}", check=False)
     (Path(node.node_dir) / "node.json").unlink(missing_ok=True)

@@ -120,13 +120,33 @@ def wait_installed(cluster: Any, timeout: float = READY_S) -> None:
             raise AssertionError(f"{what} not ready after {timeout:.0f}s:\n{out}\n"
                                  + describe_namespace(cluster))
 
-    def serving() -> bool:  # the device plugin's slots and the agent's inventory published
+    wait_slots(cluster, timeout=max(10.0, deadline - time.monotonic()))
+
+
+def _ready_since(obj: dict[str, Any]) -> str:
+    """When the object's Ready condition last changed (RFC 3339, comparable as text)."""
+    return next((c.get("lastTransitionTime", "") for c in obj["status"].get("conditions", [])
+                 if c["type"] == "Ready"), "")
+
+
+def wait_slots(cluster: Any, timeout: float = 90.0) -> None:
+    """Wait until the node reports the device plugin's slots (and the agent's inventory) in a
+    status written after the running node agent became Ready: a status from before (the old
+    agent's slots, about to drop to 0) would let a pod in while the node offers none."""
+    agent = get_json(cluster, "pods", "-n", NAMESPACE, "-l",
+                     "app.kubernetes.io/name=egpu-node-agent")["items"][0]
+    since = _ready_since(agent)
+
+    def serving() -> bool:
         node = get_json(cluster, "node", cluster.node.name)
-        return int(node["status"]["allocatable"].get("egpu.io/gpu", "0")) > 0 \
+        heartbeat = next((c.get("lastHeartbeatTime", "") for c in node["status"]["conditions"]
+                          if c["type"] == "Ready"), "")
+        return heartbeat > since \
+            and int(node["status"]["allocatable"].get("egpu.io/gpu", "0")) > 0 \
             and "egpu.io/inventory" in node["metadata"].get("annotations", {})
 
-    cluster.wait_for("the node agent's slots and inventory on the real node", serving,
-                     timeout=max(10.0, deadline - time.monotonic()), interval=1.0)
+    cluster.wait_for("the node agent's slots and inventory on the real node, reported after "
+                     "the agent became Ready", serving, timeout=timeout, interval=1.0)
 
 
 def describe_namespace(cluster: Any, namespace: str = NAMESPACE) -> str:
@@ -196,7 +216,21 @@ def probe_result(cluster: Any, namespace: str, pod: str, timeout: float = POD_ST
         return dict(cluster.wait_for(f"probe output of {namespace}/{pod}", result,
                                      timeout=timeout, interval=1.0))
     except Exception as exc:
-        raise AssertionError(f"{exc}\n" + describe_namespace(cluster, namespace)) from exc
+        raise AssertionError(f"{exc}\n{describe_namespace(cluster, namespace)}\n--- egpu-system:"
+                             f"\n{describe_namespace(cluster)}\n--- the egpu scheduler's log:\n"
+                             f"{scheduler_log_tail(cluster)}") from exc
+
+
+def scheduler_log_tail(cluster: Any, lines: int = 30) -> str:
+    """The last lines of every egpu-scheduler container's log (kube-scheduler and extender)."""
+    out = []
+    for pod in get_json(cluster, "pods", "-n", NAMESPACE, "-l",
+                        "app.kubernetes.io/name=egpu-scheduler")["items"]:
+        for container in ("kube-scheduler", "extender"):
+            text = cluster.kubectl("-n", NAMESPACE, "logs", pod["metadata"]["name"], "-c",
+                                   container, f"--tail={lines}", check=False)
+            out.append(f"[{pod['metadata']['name']}/{container}]\n{text}")
+    return "\n".join(out)
 
 
 def scrape(url: str, timeout: float = 5.0) -> str:

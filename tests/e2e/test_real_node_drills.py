@@ -4,7 +4,7 @@ running shares, and a share whose Allocate cannot be matched (FC-05, FC-12 on th
 
 from __future__ import annotations
 
-import time
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +16,7 @@ pytestmark = pytest.mark.e2e
 
 SOURCE = "01-vllm-online.yaml"
 SMALL = {"egpu.io/gpu-memory": 1000, "egpu.io/gpu-cores": 5}
+REGISTERED = 'Registered client" name="egpu.io/gpu"'  # the kubelet's log line
 
 
 def _start_share(cluster: RealCluster, name: str) -> dict:
@@ -60,10 +61,14 @@ def test_kubelet_restart_keeps_running_shares_and_new_shares_still_start(
     files = _node_files(installed)
     realnode.restart_part(installed.info.state_dir, installed.node.name, "kubelet")
     installed.node = realnode.RealNode.load(installed.info.state_dir, installed.node.name)
-    # The device plugin re-registers with the new kubelet: its slots come back.
-    time.sleep(2)
+    # The device plugin re-registers with the new kubelet (the node agent watches
+    # kubelet.sock), and its slots come back in a status the new kubelet wrote.
+    log = Path(installed.node.processes["kubelet"].log)
+    installed.wait_for("the device plugin's registration with the new kubelet",
+                       lambda: REGISTERED in log.read_text().rsplit("\n=== ", 1)[-1], timeout=90)
     installed.wait_for("the device plugin's slots after the kubelet restart",
                        lambda: _slots(installed) > 0, timeout=90)
+    inst.wait_slots(installed)
     _still_running(installed, before)
     assert files <= _node_files(installed), "a running share lost its files"
     _start_share(installed, "drill-kubelet-new")
