@@ -24,7 +24,6 @@ from devcluster import cluster as devcluster
 from devcluster import images, realnode
 
 NODE = "egpu-real-bench"
-INDEX = 2  # the e2e tests use 0 and the demo 1: all three may run on one machine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for _ in range(args.rounds):
                 t0 = time.monotonic()
-                node = realnode.add(info, name=NODE, index=INDEX,
+                node = realnode.add(info, name=NODE,
                                     images={k: Path(v) for k, v in archives.items()})
                 starts.append(time.monotonic() - t0)
                 print(f"  steps (s): {node.steps_s}", flush=True)

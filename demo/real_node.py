@@ -35,7 +35,6 @@ from devcluster.images import IMAGE_EGPU
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "egpu-real-demo"
-INDEX = 1  # the e2e tests' real node is index 0: both may run on one machine
 NAMESPACE = "research"
 POD = "notebook-on-real-node"
 SOURCE = "03-notebook-percentage.yaml"
@@ -79,7 +78,7 @@ def start(state_dir: Path, info: devcluster.ClusterInfo, config_file: Path,
     """Add the real node (tainted), install the hook and the interposer on it, and start its
     node agent (``start_process(name, argv, env)`` records it with the demo's processes).
     Returns once the agent has registered the device plugin (the node offers egpu.io/gpu)."""
-    node = realnode.add(info, name=NAME, index=INDEX, taints=(TAINT,))
+    node = realnode.add(info, name=NAME, taints=(TAINT,))
     install = Path(node.node_dir) / "usr-local-egpu"
     (install / "lib").mkdir(parents=True, exist_ok=True)
     (install / "bin").mkdir(parents=True, exist_ok=True)

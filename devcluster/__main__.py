@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise DevClusterError(f"--real-nodes: {args.real_nodes} is not allowed "
                                       "(0 or more)")
             for index in range(args.real_nodes):
-                node = realnode.add(info, name=f"egpu-real-{index}", index=index)
+                node = realnode.add(info, name=f"egpu-real-{index}")
                 print(f"real node {node.name} Ready in {node.startup_s}s ({node.ip}, pods "
                       f"{node.pod_cidr}); logs: {node.node_dir}/logs")
             print(f"dev cluster up in {info.startup_s}s: {info.server}")

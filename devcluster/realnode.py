@@ -4,10 +4,11 @@ kube-proxy) beside the kwok fleet, whose GPUs are the fake GPU's cards.
 A real node is a network namespace and a mount namespace on this machine, as a node is a
 machine of its own: its address lives in the network namespace (a veth pair to the host
 bridge ``egpu-br0``), and in its mount namespace a private ``/run`` and its own
-``/var/lib/kubelet``, ``/var/lib/containerd``, ``/var/log``, ``/etc/cdi`` and
+``/var/lib/kubelet``, ``/var/lib/containerd``, ``/var/log``, ``/var/lib/cni``, ``/etc/cdi`` and
 ``/usr/local/egpu`` (bind mounts of folders under ``<state>/real-nodes/<name>/``) are what the
 host has at those paths. Its processes (containerd and the runc shims, the kubelet,
-kube-proxy, the containers) live in the cgroup ``/egpu-node-<name>`` of every hierarchy, so
+kube-proxy, the containers) live in the cgroup ``/egpu-node-<index>-<name>`` of every
+hierarchy (``cgroup_name``), so
 that ``remove`` finds each of them.
 
     add(info, name="egpu-real-0", index=0, cards=DEFAULT_CARDS) -> RealNode
@@ -32,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -53,7 +55,8 @@ CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
 RUNC = "/usr/sbin/runc"  # Debian's runc
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # The kubelet sets these machine-wide (they are not per namespace): kept and put back.
-KUBELET_SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory")
+KUBELET_SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory",
+                   "vm/panic_on_oom", "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
 # Their values before the first real node of any cluster on this machine started (host /run:
 # gone at reboot, as the changes are).
 SYSCTLS_BEFORE = Path("/run/egpu-devcluster/sysctls-before.json")
@@ -62,10 +65,12 @@ NODE_FOLDERS = {
     "var-lib-kubelet": "/var/lib/kubelet",
     "var-lib-containerd": "/var/lib/containerd",
     "var-log": "/var/log",
+    "var-lib-cni": "/var/lib/cni",  # the CNI plugins' cache (results, host-local leases)
     "etc-cdi": "/etc/cdi",
     "usr-local-egpu": "/usr/local/egpu",
 }
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+MAX_NODES = 16  # node IPs 198.18.0.10..25, pod ranges 198.18.16..31.0/24 (CLUSTER_POD_CIDR)
 NODE_READY_S = 90.0
 SOCKET_WAIT_S = 30.0
 STOP_GRACE_S = 10.0
@@ -74,6 +79,12 @@ DEFAULT_CARDS = (
     ("GPU-7e1e0000-0000-4000-8000-000000000000", "NVIDIA H100 80GB HBM3", 81559, 0),
     ("GPU-7e1e0000-0000-4000-8000-000000000001", "NVIDIA H100 80GB HBM3", 81559, 0),
 )
+
+
+def cgroup_name(index: int, name: str) -> str:
+    """The node's cgroup folder in every hierarchy (the index keeps two clusters' nodes of the
+    same name apart)."""
+    return f"egpu-node-{index}-{name}"
 
 
 def node_ip(index: int) -> str:
@@ -151,12 +162,13 @@ state = "/run/containerd"
 def toolkit_wrapper(node_dir: Path) -> str:
     """The shell wrapper containerd runs as the ``nvidia`` runtime: runc for every call but
     ``create``, which goes through the fake toolkit (devcluster.fake_toolkit) first."""
+    toolkit = shlex.quote(str(REPO / "devcluster" / "fake_toolkit.py"))
+    driver = shlex.quote(str(node_dir / "driver"))
     return f"""#!/bin/sh
 # The fake GPU's container toolkit (devcluster/fake_toolkit.py); written by devcluster.realnode.
 for a in "$@"; do
   if [ "$a" = create ]; then
-    exec /usr/bin/python3 {REPO / 'devcluster' / 'fake_toolkit.py'} \\
-      --driver-root {node_dir / 'driver'} --runc {RUNC} -- "$@"
+    exec /usr/bin/python3 {toolkit} --driver-root {driver} --runc {RUNC} -- "$@"
   fi
 done
 exec {RUNC} "$@"
@@ -209,7 +221,7 @@ authentication:
 authorization: {{mode: Webhook}}
 containerRuntimeEndpoint: unix://{CONTAINERD_SOCKET}
 cgroupDriver: cgroupfs
-cgroupRoot: /egpu-node-{name}/pods
+cgroupRoot: /{cgroup_name(index, name)}/pods
 failCgroupV1: false
 failSwapOn: false
 imageGCHighThresholdPercent: 100
@@ -244,6 +256,32 @@ conntrack:
 """
 
 
+# Where a node and its pods may send packets: loopback and the benchmark range (nodes, pods,
+# Services, the host's bridge). Anything else (a registry, the host's DNS resolver) is dropped
+# in the node's namespace, whatever the host forwards.
+ALLOWED_DESTINATIONS = ("127.0.0.0/8", "198.18.0.0/15")
+
+
+def guard_ruleset() -> str:
+    """nftables rules for the node's network namespace: drop every packet the node or its pods
+    send (output, forward) to an address outside ALLOWED_DESTINATIONS (IPv6: all but
+    loopback), and answer with an ICMP refusal so that the sender fails at once."""
+    allowed = ", ".join(ALLOWED_DESTINATIONS)
+    return f"""table inet egpu-node-guard {{
+  chain egress {{
+    type filter hook output priority 0; policy accept;
+    ip daddr != {{ {allowed} }} reject with icmp type admin-prohibited
+    ip6 daddr != ::1 meta l4proto != ipv6-icmp reject with icmpv6 type admin-prohibited
+  }}
+  chain forwarded {{
+    type filter hook forward priority 0; policy accept;
+    ip daddr != {{ {allowed} }} reject with icmp type admin-prohibited
+    meta nfproto ipv6 drop
+  }}
+}}
+"""
+
+
 def hook_base_spec() -> dict[str, Any]:
     """The base OCI spec of the ``egpu-hook`` runtime handler: containerd's defaults plus the
     egpu hook at createRuntime (docs/containerd.md, the OCI-hook route)."""
@@ -269,6 +307,21 @@ class RealNode:
     processes: dict[str, ProcessInfo] = field(default_factory=dict)
     startup_s: float = 0.0
     steps_s: dict[str, float] = field(default_factory=dict)  # how long each step of add took
+    # Each recorded pid's start time (clock ticks since boot, /proc/PID/stat field 22): a pid
+    # of a process that has gone, reused by another one, is never signalled.
+    start_ticks: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def cgroup(self) -> str:
+        return cgroup_name(self.index, self.name)
+
+    def ours(self, pid: int) -> bool:
+        """Whether ``pid`` is still the process this node started (alive, same start)."""
+        return pid > 0 and _alive(pid) and _start_ticks(pid) == self.start_ticks.get(str(pid))
+
+    def record(self, proc: ProcessInfo) -> None:
+        self.processes[proc.name] = proc
+        self.start_ticks[str(proc.pid)] = _start_ticks(proc.pid) or -1
 
     def save(self) -> None:
         path = Path(self.node_dir) / "node.json"
@@ -339,10 +392,10 @@ def _hierarchies() -> list[Path]:
                   if p.is_dir() and not p.is_symlink() and (p / "cgroup.procs").exists())
 
 
-def _make_cgroups(name: str) -> None:
+def _make_cgroups(group: str) -> None:
     for h in _hierarchies():
         for sub in ("", "system", "pods"):
-            d = h / f"egpu-node-{name}" / sub if sub else h / f"egpu-node-{name}"
+            d = h / group / sub if sub else h / group
             d.mkdir(exist_ok=True)
             if h.name == "cpuset":  # a cpuset child is empty until it copies its parent's
                 for knob in ("cpuset.cpus", "cpuset.mems"):
@@ -350,26 +403,26 @@ def _make_cgroups(name: str) -> None:
                         (d / knob).write_text((d.parent / knob).read_text())
 
 
-def _join_cgroup(name: str, pid: int, sub: str = "system") -> None:
+def _join_cgroup(group: str, pid: int, sub: str = "system") -> None:
     for h in _hierarchies():
         with contextlib.suppress(OSError):
-            (h / f"egpu-node-{name}" / sub / "cgroup.procs").write_text(str(pid))
+            (h / group / sub / "cgroup.procs").write_text(str(pid))
 
 
-def _cgroup_pids(name: str) -> set[int]:
+def _cgroup_pids(group: str) -> set[int]:
     pids: set[int] = set()
-    top = CGROUP_ROOT / "pids" / f"egpu-node-{name}"
+    top = CGROUP_ROOT / "pids" / group
     if not top.exists():
-        top = CGROUP_ROOT / "memory" / f"egpu-node-{name}"
+        top = CGROUP_ROOT / "memory" / group
     for procs in top.rglob("cgroup.procs") if top.exists() else ():
         with contextlib.suppress(OSError):
             pids |= {int(p) for p in procs.read_text().split()}
     return pids
 
 
-def _remove_cgroups(name: str) -> None:
+def _remove_cgroups(group: str) -> None:
     for h in _hierarchies():
-        top = h / f"egpu-node-{name}"
+        top = h / group
         if not top.exists():
             continue
         for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
@@ -413,6 +466,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _start_ticks(pid: int) -> int | None:
+    """The process' start time in clock ticks since boot (/proc/PID/stat field 22)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(fields[19])  # fields[0] is field 3 (state)
+
+
 def _stop_pid(pid: int, grace_s: float = STOP_GRACE_S) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
@@ -439,9 +501,9 @@ def _tail(path: str, n: int = 30) -> str:
 def _ensure_relay(info: ClusterInfo) -> ProcessInfo:
     """The relay from HOST_LINK_IP:<apiserver port> to the apiserver (one per cluster)."""
     path = nodes_dir(info.state_dir) / "relay.json"
-    with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
-        relay = ProcessInfo(**json.loads(path.read_text()))
-        if _alive(relay.pid):
+    with contextlib.suppress(FileNotFoundError, ValueError, TypeError, KeyError):
+        relay = _load_relay(path)
+        if relay is not None:
             return relay
     port = info.ports["kube-apiserver"]
     argv = [sys.executable, "-m", "devcluster.relay", f"{HOST_LINK_IP}:{port}",
@@ -451,8 +513,17 @@ def _ensure_relay(info: ClusterInfo) -> ProcessInfo:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
     relay = ProcessInfo(name="apiserver-relay", pid=proc.pid, argv=argv, log=str(log))
-    path.write_text(json.dumps(asdict(relay)))
+    path.write_text(json.dumps({**asdict(relay), "start_ticks": _start_ticks(proc.pid)}))
     return relay
+
+
+def _load_relay(path: Path) -> ProcessInfo | None:
+    """The recorded relay while it still runs (same pid and start time), else None."""
+    data = json.loads(path.read_text())
+    ticks = data.pop("start_ticks", None)
+    relay = ProcessInfo(**data)
+    alive = _alive(relay.pid) and ticks is not None and _start_ticks(relay.pid) == ticks
+    return relay if alive else None
 
 
 def _apiserver_endpoint(info: ClusterInfo) -> None:
@@ -486,23 +557,39 @@ def _apiserver_endpoint(info: ClusterInfo) -> None:
 # --- add / remove -----------------------------------------------------------------------------
 
 
-def add(info: ClusterInfo, name: str = "egpu-real-0", index: int = 0,
+def free_index() -> int:
+    """The lowest node index no real node on this machine (of any cluster) uses: its link
+    ``egpu-v<index>`` does not exist."""
+    index = 0
+    while Path(f"/sys/class/net/egpu-v{index}").exists():
+        index += 1
+    if index >= MAX_NODES:
+        raise DevClusterError(f"{MAX_NODES} real nodes run on this machine already")
+    return index
+
+
+def add(info: ClusterInfo, name: str = "egpu-real-0", index: int | None = None,
         cards: tuple[tuple[str, str, int, int], ...] = DEFAULT_CARDS,
         images: dict[str, Path] | None = None, labels: dict[str, str] | None = None,
         taints: tuple[str, ...] = (), ready_timeout_s: float = NODE_READY_S) -> RealNode:
-    """Start a real node and wait until its Node is Ready. ``index`` picks its addresses (one
-    index per real node on this machine, whatever its cluster); ``images``: reference -> OCI
+    """Start a real node and wait until its Node is Ready. ``index`` picks its addresses and
+    its cgroup (one index per real node on this machine, whatever its cluster; default: the
+    lowest free one, ``free_index``); ``images``: reference -> OCI
     archive to import (default: devcluster.images.ensure_images()); ``taints``: registered
     with the node (``key=value:Effect``). Raises DevClusterError naming the part that failed,
     with its log's last lines; what was started is removed."""
     if os.geteuid() != 0:
         raise DevClusterError("a real node needs root (namespaces, cgroups, mounts)")
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        raise DevClusterError("real nodes need cgroup v1 hierarchies under /sys/fs/cgroup (this "
+                              "machine has the unified cgroup v2 tree; not supported yet)")
     t0 = time.monotonic()
     state_dir = Path(info.state_dir)
     node_dir = nodes_dir(state_dir) / name
     with contextlib.suppress(DevClusterError):
         remove(state_dir, name)  # a node of an earlier run under this name
     shutil.rmtree(node_dir, ignore_errors=True)
+    index = free_index() if index is None else index
     for sub in ("logs", "config", "cni", "pki", "driver/lib", "driver/state", *NODE_FOLDERS):
         (node_dir / sub).mkdir(parents=True, exist_ok=True)
     if images is None:
@@ -528,9 +615,10 @@ def add(info: ClusterInfo, name: str = "egpu-real-0", index: int = 0,
         _ensure_bridge()
         node.processes["apiserver-relay"] = _ensure_relay(info)
         _apiserver_endpoint(info)
-        _make_cgroups(name)
+        _make_cgroups(node.cgroup)
         _write_files(info, node, cards)
         _start_namespaces(node)
+        _route_to_peers(state_dir, node)
         node.save()
         step("host, files and namespaces")
         _start_containerd(node)
@@ -575,6 +663,7 @@ def _write_files(info: ClusterInfo, node: RealNode, cards: tuple[tuple[str, str,
         containerd_config(node_dir, imagesmod.IMAGE_PAUSE))
     (node_dir / "config" / "egpu-base-spec.json").write_text(_base_spec(node))
     (node_dir / "cni" / "10-egpu-pods.conflist").write_text(cni_conflist(node.index))
+    (node_dir / "config" / "guard.nft").write_text(guard_ruleset())
     driver = node_dir / "driver"
     for lib in ("libcuda.so.1", "libnvidia-ml.so.1"):
         src = REPO / "fakegpu" / "build" / lib
@@ -601,8 +690,9 @@ def _start_namespaces(node: RealNode) -> None:
     holder = _start(node_dir, "holder", ["unshare", "--net", "--mount", "--propagation",
                                          "private", "--", "sleep", "infinity"])
     node.holder_pid = holder.pid
-    node.processes["holder"] = holder
-    _join_cgroup(node.name, holder.pid)
+    node.record(holder)
+    node.save()  # recorded at once: an interrupted add leaves nothing unknown behind
+    _join_cgroup(node.cgroup, holder.pid)
     own_net = os.readlink("/proc/self/ns/net")
     wait_until("the node's namespaces", lambda: _alive(holder.pid) and
                os.readlink(f"/proc/{holder.pid}/ns/net") != own_net, timeout=10, interval=0.05)
@@ -615,14 +705,29 @@ def _start_namespaces(node: RealNode) -> None:
     mounts = ["mount -t tmpfs -o mode=755 tmpfs /run"]
     for sub, target in NODE_FOLDERS.items():
         Path(target).mkdir(parents=True, exist_ok=True)  # the mount point (empty on the host)
-        mounts.append(f"mount --bind {node_dir / sub} {target}")
+        mounts.append(f"mount --bind {shlex.quote(str(node_dir / sub))} {target}")
     script = "; ".join([
         "set -e", "ip link set lo up",
         f"ip addr add {node.ip}/{LINK_PREFIX_LEN} dev eth0", "ip link set eth0 up",
         f"ip route add default via {HOST_LINK_IP}", "sysctl -qw net.ipv4.ip_forward=1",
+        f"nft -f {shlex.quote(str(Path(node.node_dir) / 'config' / 'guard.nft'))}",
         *mounts, "mkdir -p /run/containerd /var/run/cdi", "mount --make-rshared /",
     ])
     _sh("nsenter", "-t", str(holder.pid), "-m", "-n", "--", "sh", "-c", script)
+
+
+def _route_to_peers(state_dir: Path, node: RealNode) -> None:
+    """Routes between this node's pods and those of the cluster's other real nodes (each
+    range via its node's address on the shared link): the host forwards nothing."""
+    for path in nodes_dir(state_dir).glob("*/node.json"):
+        if path.parent.name == node.name:
+            continue
+        with contextlib.suppress(DevClusterError, ValueError, KeyError, TypeError):
+            peer = RealNode.load(state_dir, path.parent.name)
+            if not peer.ours(peer.holder_pid):
+                continue
+            node.run("ip", "route", "replace", peer.pod_cidr, "via", peer.ip)
+            peer.run("ip", "route", "replace", node.pod_cidr, "via", node.ip)
 
 
 def _node_env(node: RealNode) -> dict[str, str]:
@@ -636,8 +741,8 @@ def _start_containerd(node: RealNode) -> None:
     argv = node.nsenter_argv(str(Path(node.bin_dir) / "containerd"), "--config",
                              str(node_dir / "config" / "containerd.toml"))
     proc = _start(node_dir, "containerd", argv, env=_node_env(node))
-    _join_cgroup(node.name, proc.pid)
-    node.processes["containerd"] = proc
+    _join_cgroup(node.cgroup, proc.pid)
+    node.record(proc)
     sock = node.host_path(CONTAINERD_SOCKET)
     try:
         wait_until("containerd's socket", lambda: _alive(proc.pid) and sock.exists(),
@@ -667,8 +772,8 @@ def _start_kubelet(node: RealNode, labels: dict[str, str], taints: tuple[str, ..
         "--v=2",
     )
     proc = _start(node_dir, "kubelet", argv, env=_node_env(node))
-    _join_cgroup(node.name, proc.pid)
-    node.processes["kubelet"] = proc
+    _join_cgroup(node.cgroup, proc.pid)
+    node.record(proc)
 
 
 def _start_kube_proxy(node: RealNode) -> None:
@@ -676,8 +781,8 @@ def _start_kube_proxy(node: RealNode) -> None:
     argv = node.nsenter_argv(str(Path(node.bin_dir) / "kube-proxy"),
                              f"--config={node_dir / 'config' / 'kube-proxy.yaml'}", "--v=1")
     proc = _start(node_dir, "kube-proxy", argv, env=_node_env(node))
-    _join_cgroup(node.name, proc.pid)
-    node.processes["kube-proxy"] = proc
+    _join_cgroup(node.cgroup, proc.pid)
+    node.record(proc)
     try:
         wait_until("kube-proxy's service rules", lambda: _alive(proc.pid) and "kubernetes"
                    in node.run("nft", "list", "table", "ip", "kube-proxy", check=False),
@@ -715,10 +820,11 @@ def restart_part(state_dir: Path | str, name: str, part: str) -> RealNode:
     if part not in ("kubelet", "containerd", "kube-proxy"):
         raise DevClusterError(f"part must be kubelet, containerd or kube-proxy, not {part!r}")
     old = node.processes[part]
-    _stop_pid(old.pid)
+    if node.ours(old.pid):
+        _stop_pid(old.pid)
     proc = _start(Path(node.node_dir), part, old.argv, env=_node_env(node))
-    _join_cgroup(node.name, proc.pid)
-    node.processes[part] = proc
+    _join_cgroup(node.cgroup, proc.pid)
+    node.record(proc)
     node.save()
     if part == "containerd":
         sock = node.host_path(CONTAINERD_SOCKET)
@@ -735,11 +841,12 @@ def remove(state_dir: Path | str, name: str, delete_node_object: bool = True) ->
     node = RealNode.load(state_dir, name)
     for part in ("kube-proxy", "kubelet", "containerd"):
         proc = node.processes.get(part)
-        if proc and _alive(proc.pid):
+        if proc and node.ours(proc.pid):
             _stop_pid(proc.pid, grace_s=5)
     for _ in range(20):
-        pids = _cgroup_pids(name) - {os.getpid()}
-        if node.holder_pid and _alive(node.holder_pid):
+        # Only what is in the node's cgroups, and its holder if it is still the same process.
+        pids = _cgroup_pids(node.cgroup) - {os.getpid()}
+        if node.holder_pid and node.ours(node.holder_pid):
             pids.add(node.holder_pid)
         if not pids:
             break
@@ -749,7 +856,7 @@ def remove(state_dir: Path | str, name: str, delete_node_object: bool = True) ->
         time.sleep(0.2)
         for pid in pids:
             _alive(pid)
-    _remove_cgroups(name)
+    _remove_cgroups(node.cgroup)
     # The node's disk (containerd's images and snapshots, ~0.5 GB; the kubelet's pods) goes;
     # its logs and configuration stay for a look after a failure.
     for sub in ("var-lib-containerd", "var-lib-kubelet"):
@@ -786,9 +893,9 @@ def _delete_node_object(state_dir: Path, name: str) -> None:
 
 def _last_node_gone(state_dir: Path) -> None:
     relay = nodes_dir(state_dir) / "relay.json"
-    with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
-        proc = ProcessInfo(**json.loads(relay.read_text()))
-        if _alive(proc.pid):
+    with contextlib.suppress(FileNotFoundError, ValueError, TypeError, KeyError):
+        proc = _load_relay(relay)
+        if proc is not None:
             _stop_pid(proc.pid, grace_s=2)
     relay.unlink(missing_ok=True)
     if _nodes_on_bridge():  # another cluster's real node still runs on this machine

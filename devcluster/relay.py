@@ -17,13 +17,15 @@ CHUNK_BYTES = 64 * 1024
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until the reader's end; then pass the half-close on (the other direction may
+    still carry an answer), and close on errors."""
     try:
         while data := await reader.read(CHUNK_BYTES):
             writer.write(data)
             await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
     except (ConnectionError, OSError):
-        pass
-    finally:
         with contextlib.suppress(Exception):
             writer.close()
 
@@ -36,6 +38,9 @@ async def serve(listen: tuple[str, int], target: tuple[str, int]) -> None:
             writer.close()
             return
         await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        for w in (writer, up_writer):
+            with contextlib.suppress(Exception):
+                w.close()
 
     server = await asyncio.start_server(handle, *listen)
     stop = asyncio.Event()

@@ -244,7 +244,7 @@ def real_cluster() -> Iterator[RealCluster]:
     info = devcluster.up(devcluster.Config(state_dir=state_dir, egpu_profile=False))
     handle = None
     try:
-        node = realnode.add(info, name=REAL_NODE, index=0)
+        node = realnode.add(info, name=REAL_NODE)
         handle = RealCluster(info=info, node_names=[REAL_NODE], inputs=INPUTS,
                              started_here=True, node=node)
         yield handle

@@ -43,7 +43,7 @@ def test_kubelet_config_names_this_machines_settings() -> None:
     assert config["kind"] == "KubeletConfiguration"
     assert config["failCgroupV1"] is False and config["failSwapOn"] is False
     assert config["cgroupDriver"] == "cgroupfs"
-    assert config["cgroupRoot"] == "/egpu-node-egpu-real-0/pods"
+    assert config["cgroupRoot"] == "/egpu-node-0-egpu-real-0/pods"
     assert config["address"] == "198.18.0.10"
     assert config["imageGCHighThresholdPercent"] == 100
     assert config["authentication"]["anonymous"]["enabled"] is False
@@ -96,3 +96,9 @@ def test_toolkit_finds_the_bundle_of_a_runc_create_command_line() -> None:
     args = ["--root", "/r", "create", "--bundle", "/b/x", "--pid-file", "/p", "id"]
     assert fake_toolkit.bundle_of(args) == Path("/b/x")
     assert fake_toolkit.bundle_of(["create", "-b=/y", "id"]) == Path("/y")
+
+
+def test_guard_drops_every_destination_outside_loopback_and_the_benchmark_range() -> None:
+    rules = realnode.guard_ruleset()
+    assert "ip daddr != { 127.0.0.0/8, 198.18.0.0/15 } reject" in rules
+    assert rules.count("reject") + rules.count("drop") >= 3
