@@ -45,30 +45,38 @@ typedef struct {
     int64_t floor_level_ns;    /* the floor's own bucket (low priority only) */
     int64_t pi_integral_ppm;   /* PI controller's integral term */
     uint64_t est_ns;           /* EWMA of measured GPU time per launch (pre-charge estimate) */
-    uint64_t inflight_ns;      /* estimated GPU time launched and not yet measured */
+    uint64_t inflight_ns;      /* estimated GPU time of recorded groups not yet measured */
     /* measurement (under the mutex) */
     uint64_t win_start_ns;     /* current window began */
     uint64_t win_busy_ns;      /* GPU time measured in the current window */
     uint64_t last_win_busy_ns; /* the previous complete window: GPU time ... */
     uint64_t last_win_len_ns;  /* ... over this wall time (use = busy / len) */
     uint64_t busy_total_ns;    /* monotonic counter of measured GPU time (exporter: rate) */
-    uint64_t launches_total;   /* monotonic counter of gated launches */
+    uint64_t launches_total;   /* monotonic counter of gated launches (the poller adds them) */
     uint64_t wait_total_ns;    /* monotonic counter of time launches spent waiting */
-    uint64_t last_active_ns;   /* last launch (atomic) */
+    uint64_t last_active_ns;   /* last launch, to within a poll (atomic) */
     uint64_t busy_until_ns;    /* end of the latest measured GPU interval (merging) */
     uint64_t use_ppm;          /* smoothed measured use, ppm of wall time (for others' elastic) */
     uint64_t demand_ppm;       /* smoothed time with work outstanding or waiting, ppm */
     uint64_t tick_start_ns;    /* controller tick (smoothing, PI, elastic rate) began */
     uint64_t tick_busy_ns;     /* GPU time measured in the current tick */
     uint64_t tick_wait_ns;     /* launch wait time in the current tick */
-    uint64_t inflight_n;       /* launches pre-charged and not yet measured */
-    uint64_t inflight_since_ns; /* launch time that began the current outstanding period */
+    uint64_t inflight_n;       /* launches of recorded groups not yet measured (the poller
+                                * counts a group in when it sees its event recorded) */
+    uint64_t inflight_since_ns; /* first launch of the groups that began the outstanding period */
     uint64_t est_graph_ns;     /* as est_ns, for graph launches */
-    uint64_t solo_ns[2];       /* EWMA of GPU time per launch measured with no other share
-                                * active (kernel, graph): the charge for an overlapped launch */
-    uint64_t overlapped_total; /* monotonic counter of launches measured while others were active */
+    uint64_t solo_ns[2];       /* one launch's own GPU time (kernel, graph), from one-launch
+                                * groups: the bound of an overlapped group, the unit of the
+                                * launch meters' prediction */
+    uint64_t overlapped_total; /* monotonic counter of groups measured while others were active */
     uint64_t last_complete_ns; /* last measured completion (in-flight expiry) */
-    uint64_t reserved[25];     /* reserved[0]: EGPU_SLOT_PID_OFD */
+    uint64_t reserved[1];      /* reserved[0]: EGPU_SLOT_PID_OFD */
+    uint64_t events_total;     /* monotonic counter of the events the gate recorded to measure
+                                * the share's launches (one per group of launches) */
+    uint64_t queued_until_ns;  /* predicted end of the share's queued work, as its processes'
+                                * pollers last saw it (others' overlap test; atomic) */
+    uint32_t solo_n[2];        /* one-launch samples taken into solo_ns (kernel, graph) */
+    uint64_t reserved2[21];
 } egpu_card_slot;
 
 /* Bit p set: the process in pids[p] holds an OFD write lock (fcntl F_OFD_SETLK) on the first

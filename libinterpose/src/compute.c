@@ -1,19 +1,13 @@
-/* compute.c: compute shares and priority gating (compute.h; design in docs/compute.md).
+/* compute.c: the compute controller core (compute.h; design in docs/compute.md).
  *
- * Part 1, the controller core, is pure: it reads and writes the per-card region with the
- * clock passed in. Part 2, the launch gate, measures launches with CUDA events and sleeps
- * while part 1 says wait. Neither holds the card lock while sleeping or calling the driver. */
+ * Pure: it reads and writes the per-card region and a stream's launch meter with the clock
+ * passed in; no CUDA, no sleeping (compute_sim runs it on a simulated clock). The launch gate
+ * (compute_gate.c) measures launches with CUDA events and sleeps while this says wait. */
 #define _GNU_SOURCE
-#include "capture.h"
 #include "compute.h"
 
-#include <errno.h>
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #define PPM 1000000ULL
 
@@ -37,6 +31,9 @@ void egpu_ctl_defaults(egpu_ctl_params *p)
     p->max_inflight_ns = 2000000ULL;
     p->hi_hold_ns = 2000000ULL;
     p->wait_step_ns = 1000000ULL;
+    p->lease_ns = p->burst_ns / 8;
+    p->group_min_ns = 1000000ULL;
+    p->group_max_ns = 2000000ULL;
     p->pi_ki_ppm = 100000;
     p->pi_limit_ppm = 30000;
     p->elastic_headroom_ppm = 20000;
@@ -44,6 +41,12 @@ void egpu_ctl_defaults(egpu_ctl_params *p)
 }
 
 #define EST_INITIAL_NS 100000ULL /* first launch of a share: 100 us until measured */
+#define EST_MIN_NS 100ULL /* the least estimate: a pre-charge that still counts launches */
+/* Events complete when the GPU processes them: a kernel shorter than the window between its
+ * launch returning and its event being submitted cannot be told apart from an empty one. Such
+ * a launch, alone on an idle stream, is charged at most this (about the least GPU time a real
+ * kernel takes). */
+#define UNRESOLVED_NS 1000ULL
 #define HI_RECENT_NS 1000000000ULL /* high priority seen this recently: low keeps one launch queued */
 
 static uint64_t u64min(uint64_t a, uint64_t b) { return a < b ? a : b; }
@@ -78,6 +81,22 @@ static uint64_t others_reserved_ppm(const egpu_card_region *r, int self, const e
         sum += res;
     }
     return u64min(sum, PPM);
+}
+
+/* What the other live, active shares on the card hold: their booked cores or, above that,
+ * their measured use. */
+#define CARD_FULL_SLACK_PPM 10000ULL /* booked to within 1 point of the whole card */
+static uint64_t others_committed_ppm(const egpu_card_region *r, int self, const egpu_ctl_params *p, uint64_t now)
+{
+    uint64_t sum = 0;
+    for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
+        const egpu_card_slot *o = &r->slot[j];
+        if (j == self || !o->owner) continue;
+        uint64_t last = __atomic_load_n(&o->last_active_ns, __ATOMIC_RELAXED);
+        if (!o->inflight_n && (!last || now - last > 4 * p->tick_ns)) continue; /* idle */
+        sum += u64max((uint64_t)o->cores * 10000ULL, o->use_ppm);
+    }
+    return sum;
 }
 
 static uint64_t base_rate_ppm(const egpu_card_region *r, int i, const egpu_ctl_params *p, uint64_t now)
@@ -132,9 +151,14 @@ static void tick_locked(egpu_card_region *r, int i, const egpu_ctl_params *p, ui
     if (s->policy == EGPU_CARD_STRICT && s->cores > 0 && s->cores < 100) {
         /* PI trim on the measured tick: only while the cap is what limits the share (anti
          * windup), or when it ran above the cap. Corrects the bucket's systematic losses
-         * (burst clipping, estimate refunds) so the measured use converges on the cap. */
+         * (burst clipping, estimate refunds) so the measured use converges on the cap. Held
+         * while the card is booked whole and behind (more than a burst of the share's work
+         * recorded and not yet measured): there a share's measured use is how the card works
+         * off everyone's queue, late, not what its bucket let out, and raising a rate would
+         * only grow the queue. */
         int64_t err = (int64_t)base - (int64_t)use;
-        if ((s->flags & EGPU_SLOT_WAITING) || err < 0) {
+        int behind = base + others_committed_ppm(r, i, p, now) >= PPM - CARD_FULL_SLACK_PPM;
+        if (!behind && ((s->flags & EGPU_SLOT_WAITING) || err < 0)) {
             s->pi_integral_ppm += err * (int64_t)p->pi_ki_ppm / (int64_t)PPM;
             s->pi_integral_ppm = i64clamp(s->pi_integral_ppm, -(int64_t)p->pi_limit_ppm, (int64_t)p->pi_limit_ppm);
         }
@@ -172,9 +196,144 @@ int egpu_ctl_others_booked(const egpu_card_region *r, int self)
     return n;
 }
 
-int egpu_ctl_admit(egpu_card_region *r, int slot, const egpu_ctl_params *p, int kind, uint64_t now,
-                   uint64_t *est, uint64_t *wait_ns)
+void egpu_ctl_estimates(const egpu_card_region *r, int slot, int kind, uint64_t *est, uint64_t *unit)
 {
+    const egpu_card_slot *s = &r->slot[slot];
+    int k = EGPU_LAUNCH_KIND(kind);
+    uint64_t e = __atomic_load_n(k == EGPU_LAUNCH_GRAPH ? &s->est_graph_ns : &s->est_ns, __ATOMIC_RELAXED);
+    uint64_t u = __atomic_load_n(&s->solo_ns[k], __ATOMIC_RELAXED);
+    *est = e ? e : EST_INITIAL_NS;
+    *unit = u ? u : *est;
+}
+
+/* ---- launch meters (per stream, kept by the launching thread) ------------------------ */
+
+static uint32_t group_n(const egpu_group *g) { return g->n[0] + g->n[1]; }
+static uint64_t group_est(const egpu_group *g) { return g->est_ns[0] + g->est_ns[1]; }
+
+int egpu_meter_add(egpu_stream_meter *m, const egpu_ctl_params *p, int kind, int gated, uint64_t est,
+                   uint64_t unit, uint64_t t0, uint64_t t_queued, egpu_group *closed)
+{
+    int out = 0;
+    egpu_group *g = &m->open;
+    if (group_n(g) && g->gated != (uint32_t)!!gated) {
+        /* the share's mode changed (a low-priority share arrived or left): the open group
+         * is settled by its estimates and a new one begins */
+        *closed = *g;
+        memset(g, 0, sizeof *g);
+        out |= EGPU_METER_CLOSED;
+    }
+    /* the stream ran at least until the end of its last measured group */
+    uint64_t measured = __atomic_load_n(&m->measured_end_ns, __ATOMIC_RELAXED);
+    if (measured > m->pred_end_ns) m->pred_end_ns = measured;
+    /* a one-launch group measures one launch's own time: best when it starts right behind the
+     * stream's own queued work */
+    int sample = m->sample_due && !group_n(g) &&
+                 (m->pred_end_ns > t0 || m->sample_due++ >= EGPU_SAMPLE_PATIENCE);
+    if (!group_n(g)) {
+        g->t_first = u64max(t0, t_queued);
+        g->gated = !!gated;
+    } else if (t0 > m->pred_end_ns) {
+        g->gap_ns += t0 - m->pred_end_ns; /* predicted drained before this launch: idle */
+    }
+    m->pred_end_ns = u64max(m->pred_end_ns, t0) + unit;
+    int k = EGPU_LAUNCH_KIND(kind);
+    g->n[k]++;
+    g->est_ns[k] += est;
+    uint64_t total = group_est(g);
+    int outstanding = __atomic_load_n(&m->settled_seq, __ATOMIC_RELAXED) < m->rec_seq;
+    /* a launch as long as a group is measured alone, outstanding event or not: at most one
+     * event per group_min of GPU time */
+    int whole = group_n(g) == 1 && total >= p->group_min_ns;
+    int full = (total >= p->group_min_ns && group_n(g) >= EGPU_GROUP_MIN_LAUNCHES) ||
+               t0 >= g->t_first + EGPU_GROUP_MAX_AGE_NS;
+    if (sample || whole || total >= p->group_max_ns || (!outstanding && full)) out |= EGPU_METER_RECORD;
+    return out;
+}
+
+egpu_group egpu_meter_take(egpu_stream_meter *m, uint64_t *seq)
+{
+    egpu_group g = m->open;
+    memset(&m->open, 0, sizeof m->open);
+    *seq = ++m->rec_seq;
+    /* a one-launch group measures one launch's own time (the share's solo estimate, the
+     * prediction's unit): one falls due after each of the first groups, then every 8th */
+    if (group_n(&g) == 1 && m->sample_due) m->sample_due = 0;
+    else if ((m->nrec++ < EGPU_SAMPLE_FIRST || m->nrec % EGPU_SOLO_SAMPLE_EVERY == 0) && !m->sample_due)
+        m->sample_due = 1;
+    return g;
+}
+
+static void store_max(uint64_t *w, uint64_t v)
+{
+    uint64_t old = __atomic_load_n(w, __ATOMIC_RELAXED);
+    while (old < v && !__atomic_compare_exchange_n(w, &old, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
+void egpu_meter_settled(egpu_stream_meter *m, uint64_t seq, uint64_t end_ns)
+{
+    if (end_ns) store_max(&m->measured_end_ns, end_ns);
+    store_max(&m->settled_seq, seq);
+}
+
+uint64_t egpu_meter_queued(const egpu_stream_meter *m, uint64_t now)
+{
+    return m->pred_end_ns > now ? m->pred_end_ns - now : 0;
+}
+
+/* ---- admission (the slow path) --------------------------------------------------------- */
+
+/* Low priority keeps what a high-priority launch finds queued ahead of it short: beyond two
+ * launches, at most max_inflight of work; while high-priority work was seen in the last
+ * second (a latency-sensitive neighbour), one launch unless the queue stays within
+ * max_inflight. queued: the launching stream's predicted queue. */
+static int low_queue_full(const egpu_ctl_params *p, int hi_recent, uint64_t e, uint64_t queued)
+{
+    if (hi_recent) return queued > 0 && queued + e > p->max_inflight_ns;
+    return queued >= 2 * e && queued >= p->max_inflight_ns;
+}
+
+/* How long until the queue takes the launch (low_queue_full's inverse). */
+static uint64_t low_queue_wait(const egpu_ctl_params *p, int hi_recent, uint64_t e, uint64_t queued)
+{
+    uint64_t room = hi_recent ? (p->max_inflight_ns > e ? p->max_inflight_ns - e : 0)
+                              : u64max(2 * e, p->max_inflight_ns);
+    return queued > room ? queued - room + 1000 : 1000;
+}
+
+int egpu_ctl_low_may_go(const egpu_card_region *r, const egpu_ctl_params *p, uint64_t est, uint64_t queued_ns,
+                        uint64_t now)
+{
+    uint64_t hi = __atomic_load_n(&r->hi_active_ns, __ATOMIC_RELAXED);
+    if (hi && now < hi + p->hi_hold_ns) return 0;
+    return !low_queue_full(p, hi && now < hi + HI_RECENT_NS, est, queued_ns);
+}
+
+/* A process of the share that died (or exited) with groups in flight never settles them:
+ * forget in-flight work that has not moved for a long time, so that no one waits on it. */
+static void expire_inflight_locked(egpu_card_slot *s, uint64_t now)
+{
+    if (!s->inflight_n) return;
+    uint64_t quiet = u64max(250 * 1000000ULL, 8 * u64max(s->est_ns, s->est_graph_ns));
+    uint64_t last = u64max(s->last_complete_ns, s->inflight_since_ns);
+    if (now > last + quiet) {
+        s->inflight_n = 0;
+        s->inflight_ns = 0;
+    }
+}
+
+/* Tokens a process held (or owes) go back into the bucket. */
+static void fold_lease_locked(egpu_card_slot *s, const egpu_ctl_params *p, int64_t held)
+{
+    if (held && has_bucket(s)) s->level_ns = i64clamp(s->level_ns + held, debt_floor(s, p), (int64_t)p->burst_ns);
+}
+
+int egpu_ctl_admit(egpu_card_region *r, int slot, const egpu_ctl_params *p, int kind, uint64_t now,
+                   uint64_t queued_ns, int64_t *lease, uint64_t *est, uint64_t *wait_ns)
+{
+    int64_t held = lease ? *lease : 0;
+    if (lease) *lease = 0;
     *est = 0;
     *wait_ns = 0;
     if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS) return EGPU_ADMIT_GO; /* released (exit) */
@@ -182,17 +341,8 @@ int egpu_ctl_admit(egpu_card_region *r, int slot, const egpu_ctl_params *p, int 
     egpu_card_slot *s = &r->slot[slot];
     tick_locked(r, slot, p, now);
     refill_locked(s, p, now);
-    if (s->inflight_n) {
-        /* A process of the share that died (or exited) with launches in flight never
-         * completes them: forget in-flight work that has not moved for a long time, so
-         * that no one waits on it forever. */
-        uint64_t quiet = u64max(250 * 1000000ULL, 8 * u64max(s->est_ns, s->est_graph_ns));
-        uint64_t last = u64max(s->last_complete_ns, s->inflight_since_ns);
-        if (now > last + quiet) {
-            s->inflight_n = 0;
-            s->inflight_ns = 0;
-        }
-    }
+    expire_inflight_locked(s, now);
+    fold_lease_locked(s, p, held);
     uint64_t ke = EGPU_LAUNCH_KIND(kind) == EGPU_LAUNCH_GRAPH ? s->est_graph_ns : s->est_ns;
     uint64_t e = ke ? ke : EST_INITIAL_NS;
     int floor_go = 0, why = EGPU_ADMIT_GO;
@@ -200,27 +350,19 @@ int egpu_ctl_admit(egpu_card_region *r, int slot, const egpu_ctl_params *p, int 
     if (s->priority == EGPU_CARD_PRIO_LOW) {
         uint64_t hi = __atomic_load_n(&r->hi_active_ns, __ATOMIC_RELAXED);
         if (hi && now < hi + p->hi_hold_ns) {
-            if (s->floor_pct && s->floor_level_ns > 0 && !s->inflight_n) {
+            if (s->floor_pct && s->floor_level_ns > 0 && !queued_ns && !s->inflight_n) {
                 floor_go = 1; /* the floor: a trickle of launches, one at a time */
             } else {
                 why = EGPU_ADMIT_WAIT_PRIO;
                 hint = u64min(hint, hi + p->hi_hold_ns - now);
-                if (s->floor_pct && s->floor_level_ns <= 0 && s->floor_pct)
+                if (s->floor_pct && s->floor_level_ns <= 0)
                     hint = u64min(hint, (uint64_t)(-s->floor_level_ns) * 100 / s->floor_pct + 1000);
             }
         } else {
-            /* Keeps what a high-priority launch finds queued ahead of it short: beyond two
-             * launches, at most max_inflight of work; while high-priority work was seen in
-             * the last second (a latency-sensitive neighbour), one launch unless the queue
-             * stays within max_inflight. */
             int hi_recent = hi && now < hi + HI_RECENT_NS;
-            int full = hi_recent ? (s->inflight_n >= 1 && s->inflight_ns + e > p->max_inflight_ns)
-                                 : (s->inflight_n >= 2 && s->inflight_ns >= p->max_inflight_ns);
-            if (full) {
+            if (low_queue_full(p, hi_recent, e, queued_ns)) {
                 why = EGPU_ADMIT_WAIT_INFLIGHT;
-                /* sleep until the queued work should be done (it began at inflight_since) */
-                uint64_t done = s->inflight_since_ns + s->inflight_ns;
-                hint = u64min(hint, done > now ? done - now : 0);
+                hint = u64min(hint, low_queue_wait(p, hi_recent, e, queued_ns));
             }
         }
     }
@@ -234,11 +376,17 @@ int egpu_ctl_admit(egpu_card_region *r, int slot, const egpu_ctl_params *p, int 
         s->flags |= EGPU_SLOT_WAITING;
     }
     if (why == EGPU_ADMIT_GO) {
-        if (has_bucket(s)) s->level_ns -= (int64_t)e;
+        int64_t x = lease ? i64clamp(s->level_ns, 0, (int64_t)p->lease_ns) : 0;
+        if (bucket && x > (int64_t)e) {
+            /* a new lease: up to lease_ns of the bucket, this launch's estimate drawn from it */
+            s->level_ns -= x;
+            *lease = x - (int64_t)e;
+        } else if (has_bucket(s)) {
+            /* a launch longer than a lease draws on the bucket itself (a debt stays in the
+             * bucket, where the refill pays it back unclipped) */
+            s->level_ns -= (int64_t)e;
+        }
         if (floor_go) s->floor_level_ns -= (int64_t)e;
-        s->inflight_ns += e;
-        if (!s->inflight_n++) s->inflight_since_ns = now;
-        s->launches_total++;
         __atomic_store_n(&s->last_active_ns, now, __ATOMIC_RELAXED);
         *est = e;
     }
@@ -248,6 +396,8 @@ int egpu_ctl_admit(egpu_card_region *r, int slot, const egpu_ctl_params *p, int 
     return why;
 }
 
+/* ---- settlement ------------------------------------------------------------------------ */
+
 static void account_locked(egpu_card_slot *s, uint64_t charge)
 {
     s->tick_busy_ns += charge;
@@ -255,9 +405,14 @@ static void account_locked(egpu_card_slot *s, uint64_t charge)
     s->busy_total_ns += charge;
 }
 
+/* Other shares' launches reach their slots when their pollers pass (every 0.5 ms while they
+ * launch, every 5 ms while idle): a share counts as active this long after it was seen. */
+#define ACTIVE_SLACK_NS 5000000ULL
+
 /* Was another share's work on the card during [start, end)? Its measured work ended after
- * our start, or it has work outstanding since before our end, or high-priority work was
- * active (lock held). */
+ * our start, or its queued work was predicted to, or it has recorded work outstanding since
+ * before our end, or it launched (to within a poll) since our start, or high-priority work
+ * was active (lock held). */
 static int overlapped_locked(const egpu_card_region *r, int self, uint64_t start, uint64_t end)
 {
     if (__atomic_load_n(&r->hi_active_ns, __ATOMIC_RELAXED) > start && r->slot[self].priority == EGPU_CARD_PRIO_LOW)
@@ -266,51 +421,144 @@ static int overlapped_locked(const egpu_card_region *r, int self, uint64_t start
         const egpu_card_slot *o = &r->slot[j];
         if (j == self || !o->owner) continue;
         if (o->busy_until_ns > start) return 1;
+        if (__atomic_load_n(&o->queued_until_ns, __ATOMIC_RELAXED) > start) return 1;
         if (o->inflight_n && o->inflight_since_ns < end) return 1;
+        if (__atomic_load_n(&o->last_active_ns, __ATOMIC_RELAXED) + ACTIVE_SLACK_NS > start) return 1;
     }
     return 0;
 }
 
-void egpu_ctl_complete(egpu_card_region *r, int slot, const egpu_ctl_params *p, int kind, int gated,
-                       uint64_t est, uint64_t launch_ns, uint64_t end_ns, uint64_t now)
+/* The per-launch EWMA x <- (7x + v) / 8 applied for each of n launches of value v:
+ * x <- v + (x - v) * (7/8)^n. */
+static uint64_t ewma_launches(uint64_t x, uint64_t v, uint32_t n)
 {
-    if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS || egpu_card_lock(r) != 0) return;
+    if (!x) return v;
+    uint64_t w = 1u << 16; /* (7/8)^n, 16.16 fixed point */
+    for (uint32_t i = 0; i < n && w; i++) w = w * 7 / 8;
+    int64_t d = ((int64_t)x - (int64_t)v) * (int64_t)w / 65536;
+    return (uint64_t)((int64_t)v + d);
+}
+
+/* A one-launch group measured one launch's own time. Alone on the card it is a sample of the
+ * solo estimate; overlapped it is an upper bound of it: the estimate follows smaller ones at
+ * once and larger ones slowly (kernels that grew), by at most 1/64 of itself a sample (one
+ * launch queued behind another share's burst must not move it far). The first samples of a
+ * share that starts beside busy ones are its launches queued behind their work: until it has
+ * SOLO_FIRST of them, the estimate is their least. */
+#define SOLO_FIRST 8
+static void solo_sample_locked(egpu_card_slot *s, int k, int overlapped, uint64_t v)
+{
+    uint64_t *so = &s->solo_ns[k];
+    if (s->solo_n[k] < SOLO_FIRST) s->solo_n[k]++;
+    if (!*so) *so = v;
+    else if (s->solo_n[k] < SOLO_FIRST && overlapped) *so = u64min(*so, v);
+    else if (!overlapped) *so = (*so * 7 + v) / 8;
+    else if (v < *so) *so = (*so + v) / 2;
+    else *so += u64min(v - *so, *so) / 64;
+}
+
+/* What the group's launches cost alone, by their solo estimates (0: not known). */
+static uint64_t solo_bound_locked(const egpu_card_slot *s, const egpu_group *g)
+{
+    uint64_t b = 0;
+    for (int k = 0; k < 2; k++) {
+        if (!g->n[k]) continue;
+        if (!s->solo_ns[k]) return 0;
+        b += g->n[k] * s->solo_ns[k];
+    }
+    return b;
+}
+
+/* Times from different processes' events differ by their anchors' errors (each process maps
+ * GPU time to host time to within a few us): another share's end is trusted this much early,
+ * and only for launches long enough (ANCHOR_SLACK_NS x 100) that such an error is at most 1%
+ * of them; shorter ones rely on samples queued behind their own work. */
+#define ANCHOR_SLACK_NS 2000ULL
+
+/* The latest end of another share's measured work inside (start, end), or start. Kernels of
+ * different contexts do not run at once: a single launch that ended at `end` began after it. */
+static uint64_t others_end_within_locked(const egpu_card_region *r, int self, uint64_t start, uint64_t end)
+{
+    uint64_t latest = start;
+    for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
+        const egpu_card_slot *o = &r->slot[j];
+        uint64_t e = o->busy_until_ns > ANCHOR_SLACK_NS ? o->busy_until_ns - ANCHOR_SLACK_NS : 0;
+        if (j != self && o->owner && e > latest && o->busy_until_ns < end) latest = e;
+    }
+    return latest;
+}
+
+/* The group's measured GPU time: from its first launch (or the share's previous measured end)
+ * to its event, less the time its stream was predicted idle between its launches; at most
+ * its solo bound when another share's work overlapped it. */
+static uint64_t measured_charge_locked(egpu_card_region *r, int slot, const egpu_group *g, uint64_t end_ns)
+{
+    egpu_card_slot *s = &r->slot[slot];
+    uint64_t start = u64max(g->t_first, s->busy_until_ns);
+    int single = group_n(g) == 1; /* a launch's own time: its event right after it */
+    /* queued behind the stream's previous event: both ends of the interval are event times
+     * (the host clock's offset from them cancels) */
+    int behind = s->busy_until_ns >= g->t_first;
+    /* one launch on an idle stream whose event fired by the time its record call returned:
+     * the kernel was done before; how long it ran is below what the event can tell */
+    int unresolved = single && g->rec_ns && !behind && end_ns <= g->rec_ns;
+    uint64_t unit = s->solo_ns[g->n[1] ? 1 : 0];
+    if (single && (unit ? unit : end_ns - start) >= 100 * ANCHOR_SLACK_NS)
+        start = others_end_within_locked(r, slot, start, end_ns);
+    uint64_t span = end_ns > start ? end_ns - start : 0;
+    if (unresolved && span > UNRESOLVED_NS) span = UNRESOLVED_NS;
+    if (end_ns > s->busy_until_ns) s->busy_until_ns = end_ns;
+    if (!span) return 0;
+    int ov = overlapped_locked(r, slot, start, end_ns);
+    /* an end the poller had to clamp to its own time (the anchor put it in the future) is
+     * not a sample */
+    if (single && !g->end_clamped) solo_sample_locked(s, g->n[1] ? 1 : 0, ov, span);
+    uint64_t bound = ov ? solo_bound_locked(s, g) : 0;
+    if (ov) s->overlapped_total++;
+    if (bound) {
+        /* other shares' work is inside the interval, and the time the stream was predicted
+         * idle may have been its launches queued behind theirs: the interval (which holds all
+         * of the group's work) is bounded by what the launches cost alone */
+        return bound < span ? bound : span;
+    }
+    return span > g->gap_ns ? span - g->gap_ns : 0;
+}
+
+/* The per-launch estimates follow the group's charge, split between kernels and graphs in
+ * proportion to their estimates. */
+static void learn_estimates_locked(egpu_card_slot *s, const egpu_group *g, uint64_t charge)
+{
+    uint64_t total = group_est(g);
+    for (int k = 0; k < 2; k++) {
+        if (!g->n[k]) continue;
+        uint64_t part = total ? charge / total * g->est_ns[k] + charge % total * g->est_ns[k] / total
+                              : charge * g->n[k] / group_n(g);
+        uint64_t *ep = k == EGPU_LAUNCH_GRAPH ? &s->est_graph_ns : &s->est_ns;
+        uint64_t v = ewma_launches(*ep, part / g->n[k], g->n[k]);
+        __atomic_store_n(ep, v < EST_MIN_NS ? EST_MIN_NS : v, __ATOMIC_RELAXED);
+    }
+}
+
+void egpu_ctl_settle(egpu_card_region *r, int slot, const egpu_ctl_params *p, const egpu_group *g, int counted,
+                     uint64_t end_ns, uint64_t now)
+{
+    uint32_t n = group_n(g);
+    if (!n || !r || slot < 0 || slot >= EGPU_CARD_SLOTS || egpu_card_lock(r) != 0) return;
     egpu_card_slot *s = &r->slot[slot];
     refill_locked(s, p, now);
-    int k = EGPU_LAUNCH_KIND(kind);
-    uint64_t charge = est;
+    uint64_t est = group_est(g), charge = est;
     if (end_ns) {
-        /* the share's GPU intervals merged: time before its previous measured end, or before
-         * the launch itself, is not this launch's */
-        uint64_t start = u64max(launch_ns, s->busy_until_ns);
-        charge = end_ns > start ? end_ns - start : 0;
-        if (end_ns > s->busy_until_ns) s->busy_until_ns = end_ns;
-        if (charge) {
-            uint64_t *so = &s->solo_ns[k];
-            if (overlapped_locked(r, slot, start, end_ns)) {
-                /* the interval holds other shares' time (time-sliced or queued ahead of
-                 * ours): charge what the launch costs alone, never more than measured. A
-                 * measurement is an upper bound of the launch's own time, so the estimate
-                 * follows smaller ones at once and larger ones slowly (kernels that grew). */
-                if (!*so) *so = charge;
-                else if (charge < *so) *so = (*so + charge) / 2;
-                else *so += (charge - *so) / 64;
-                if (*so < charge) charge = *so;
-                s->overlapped_total++;
-            } else {
-                *so = *so ? (*so * 7 + charge) / 8 : charge;
-            }
-        }
-        uint64_t *ep = k == EGPU_LAUNCH_GRAPH ? &s->est_graph_ns : &s->est_ns;
-        *ep = *ep ? (*ep * 7 + charge) / 8 : charge;
-        if (*ep < 1000) *ep = 1000;
+        charge = measured_charge_locked(r, slot, g, end_ns);
+        if (charge) learn_estimates_locked(s, g, charge);
     }
-    if (gated) {
+    if (g->gated) {
         s->last_complete_ns = now;
         if (has_bucket(s))
             s->level_ns = i64clamp(s->level_ns + (int64_t)est - (int64_t)charge, debt_floor(s, p), (int64_t)p->burst_ns);
+    }
+    if (counted) {
         s->inflight_ns = s->inflight_ns > est ? s->inflight_ns - est : 0;
-        if (s->inflight_n) s->inflight_n--;
+        s->inflight_n = s->inflight_n > n ? s->inflight_n - n : 0;
         if (!s->inflight_n) s->inflight_ns = 0;
     }
     account_locked(s, charge);
@@ -318,13 +566,24 @@ void egpu_ctl_complete(egpu_card_region *r, int slot, const egpu_ctl_params *p, 
     egpu_card_unlock(r);
 }
 
-void egpu_ctl_cancel(egpu_card_region *r, int slot, uint64_t est)
+void egpu_ctl_batch_apply(egpu_card_region *r, int slot, const egpu_ctl_params *p, const egpu_ctl_batch *b,
+                          uint64_t now)
 {
     if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS || egpu_card_lock(r) != 0) return;
     egpu_card_slot *s = &r->slot[slot];
-    if (has_bucket(s)) s->level_ns += (int64_t)est;
-    s->inflight_ns = s->inflight_ns > est ? s->inflight_ns - est : 0;
-    if (s->inflight_n) s->inflight_n--;
+    refill_locked(s, p, now);
+    s->launches_total += b->launches;
+    if (b->launches) __atomic_store_n(&s->last_active_ns, now, __ATOMIC_RELAXED);
+    if (b->rec_n) {
+        if (!s->inflight_n) s->inflight_since_ns = b->rec_since_ns;
+        s->inflight_n += b->rec_n;
+        s->inflight_ns += b->rec_est_ns;
+    }
+    fold_lease_locked(s, p, b->lease_back);
+    s->events_total += b->events;
+    if (b->queued_until_ns > s->queued_until_ns)
+        __atomic_store_n(&s->queued_until_ns, b->queued_until_ns, __ATOMIC_RELAXED);
+    tick_locked(r, slot, p, now);
     egpu_card_unlock(r);
 }
 
@@ -346,504 +605,4 @@ void egpu_ctl_tick(egpu_card_region *r, int slot, const egpu_ctl_params *p, uint
     tick_locked(r, slot, p, now);
     refill_locked(&r->slot[slot], p, now);
     egpu_card_unlock(r);
-}
-
-/* ===================================================================================== */
-/* Part 2: the launch gate                                                               */
-/* ===================================================================================== */
-
-enum { MODE_NONE = 0, MODE_CTL = 1, MODE_WATCH = 2 };
-#define MAX_PENDING 4096
-#define MAX_FREE_EVENTS 1024
-#define MAX_CTX 32
-#define CU_STREAM_NON_BLOCKING_ 0x1
-#define REANCHOR_NS 20000000000ULL
-
-typedef struct {
-    CUevent ev;
-    CUcontext ctx;
-    CUstream stream;
-    uint64_t t0, est;
-    int dev;
-    int gated;
-    int kind;
-} pending_rec;
-
-typedef struct {
-    CUcontext ctx;
-    int dev;
-    CUevent anchor;
-    CUstream anchor_stream;
-    uint64_t anchor_ns;   /* host time of the anchor event */
-    uint64_t anchored_at; /* when it was made */
-    int ok;
-    int failures;         /* anchoring attempts that failed: give up after a few */
-} ctx_ent;
-
-typedef struct {
-    egpu_card_region *r;
-    int slot;
-    int mode;             /* MODE_* (atomic) */
-    int cores;
-} card_ent;
-
-static struct {
-    pthread_mutex_t mu;   /* everything below except the atomics */
-    int inited;
-    egpu_compute_cfg cfg;
-    egpu_ctl_params p;
-    egpu_compute_drv d;
-    card_ent card[EGPU_COMPUTE_MAX_DEVS];
-    ctx_ent ctx[MAX_CTX];
-    int nctx;
-    struct { CUevent ev; CUcontext ctx; } freeev[MAX_FREE_EVENTS];
-    int nfree;
-    pending_rec pend[MAX_PENDING];
-    int npend;
-    pthread_t thr;
-    int thr_started;
-    int stop;             /* atomic */
-    uint64_t poll_ns;
-    uint64_t last_modes_ns;
-} g_c = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-int egpu_compute_on;
-
-static void sleep_ns(uint64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / 1000000000ULL), (long)(ns % 1000000000ULL)};
-    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
-    }
-}
-
-static uint64_t env_u64(const char *name, uint64_t def)
-{
-    const char *v = getenv(name);
-    if (!v || !*v) return def;
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    /* 0 or garbage keeps the default: a zero tick or burst would divide by zero or spin. */
-    return end != v && !*end && x > 0 && x < (1ull << 40) ? (uint64_t)x : def;
-}
-
-void egpu_compute_env(egpu_ctl_params *p, egpu_compute_cfg *cfg)
-{
-    /* Tunables, microseconds (tests scale time with them); docs/compute.md lists them. */
-    p->tick_ns = env_u64("EGPU_COMPUTE_TICK_US", p->tick_ns / 1000) * 1000;
-    p->window_ns = env_u64("EGPU_COMPUTE_WINDOW_US", p->window_ns / 1000) * 1000;
-    p->burst_ns = env_u64("EGPU_COMPUTE_BURST_US", p->burst_ns / 1000) * 1000;
-    p->max_inflight_ns = env_u64("EGPU_COMPUTE_INFLIGHT_US", p->max_inflight_ns / 1000) * 1000;
-    p->hi_hold_ns = env_u64("EGPU_COMPUTE_HI_HOLD_US", p->hi_hold_ns / 1000) * 1000;
-    p->max_stall_ns = env_u64("EGPU_COMPUTE_MAX_STALL_US", p->max_stall_ns / 1000) * 1000;
-    if (cfg && cfg->floor_pct < 0) {
-        uint64_t f = env_u64("EGPU_LOW_PRIORITY_FLOOR", 0);
-        cfg->floor_pct = f > 100 ? 100 : (int)f;
-    }
-}
-
-static int want_mode(int dev)
-{
-    card_ent *c = &g_c.card[dev];
-    if (!c->r || c->slot < 0) return MODE_NONE;
-    if (g_c.cfg.priority == EGPU_CARD_PRIO_LOW) return MODE_CTL;
-    if (c->cores > 0 && c->cores < 100) return MODE_CTL;
-    if (c->cores == 0 && egpu_ctl_others_booked(c->r, c->slot) > 0) return MODE_CTL;
-    if (__atomic_load_n(&c->r->n_low, __ATOMIC_RELAXED) > 0) return MODE_WATCH;
-    return MODE_NONE;
-}
-
-static void update_modes(void)
-{
-    int any = 0;
-    for (int d = 0; d < g_c.cfg.ndev && d < EGPU_COMPUTE_MAX_DEVS; d++) {
-        int m = want_mode(d);
-        __atomic_store_n(&g_c.card[d].mode, m, __ATOMIC_RELAXED);
-        any |= m != MODE_NONE;
-    }
-    __atomic_store_n(&egpu_compute_on, any, __ATOMIC_RELAXED);
-}
-
-/* ctx -> entry (lock held). */
-static ctx_ent *ctx_find(CUcontext ctx)
-{
-    for (int i = 0; i < g_c.nctx; i++)
-        if (g_c.ctx[i].ctx == ctx) return &g_c.ctx[i];
-    return NULL;
-}
-
-/* The gate's own event queries, synchronisations and anchors run in RELAXED capture mode
- * (capture.h): an application's graph capture must never be invalidated by them. */
-static egpu_capture_relax relax_capture(void) { return egpu_capture_relaxed(g_c.d.cuThreadExchangeStreamCaptureMode); }
-static void restore_capture(egpu_capture_relax c) { egpu_capture_restore(g_c.d.cuThreadExchangeStreamCaptureMode, c); }
-
-/* A launch into a capturing stream is recorded into a graph, not run: it is charged when the
- * graph is launched (cuGraphLaunch goes through the gate as one launch). */
-static int stream_capturing(CUstream s, int kind)
-{
-    return egpu_stream_capturing(g_c.d.cuStreamIsCapturing, egpu_stream_of(s, kind & EGPU_LAUNCH_PTSZ));
-}
-
-/* Host time of an anchor event: record on our own idle stream, wait, take the midpoint of
- * the tightest of three tries. The current context must be ctx. */
-static int make_anchor_relaxed(ctx_ent *e);
-static int make_anchor(ctx_ent *e)
-{
-    egpu_capture_relax cr = relax_capture();
-    int rc = make_anchor_relaxed(e);
-    restore_capture(cr);
-    return rc;
-}
-
-static int make_anchor_relaxed(ctx_ent *e)
-{
-    const egpu_compute_drv *d = &g_c.d;
-    if (!e->anchor_stream && d->cuStreamCreate(&e->anchor_stream, CU_STREAM_NON_BLOCKING_) != CUDA_SUCCESS)
-        return -1;
-    CUevent best = NULL;
-    uint64_t best_span = UINT64_MAX, best_mid = 0;
-    for (int i = 0; i < 3; i++) {
-        CUevent ev;
-        if (d->cuEventCreate(&ev, 0) != CUDA_SUCCESS) break;
-        uint64_t t0 = egpu_now_ns();
-        if (d->cuEventRecord(ev, e->anchor_stream) != CUDA_SUCCESS || d->cuEventSynchronize(ev) != CUDA_SUCCESS) {
-            d->cuEventDestroy(ev);
-            break;
-        }
-        uint64_t t1 = egpu_now_ns();
-        if (t1 - t0 < best_span) {
-            if (best) d->cuEventDestroy(best);
-            best = ev;
-            best_span = t1 - t0;
-            best_mid = t0 + (t1 - t0) / 2;
-        } else {
-            d->cuEventDestroy(ev);
-        }
-    }
-    if (!best) {
-        e->failures++;
-        return -1;
-    }
-    if (e->anchor) d->cuEventDestroy(e->anchor);
-    e->anchor = best;
-    e->anchor_ns = best_mid;
-    e->anchored_at = egpu_now_ns();
-    e->ok = 1;
-    return 0;
-}
-
-/* The context's entry, made (device looked up, anchor recorded) on first sight. Called on
- * the launching thread, whose current context is ctx. Lock held. */
-static ctx_ent *ctx_get(CUcontext ctx)
-{
-    ctx_ent *e = ctx_find(ctx);
-    if (e) return e;
-    if (g_c.nctx >= MAX_CTX) return NULL;
-    CUdevice dev;
-    if (g_c.d.cuCtxGetDevice(&dev) != CUDA_SUCCESS) return NULL;
-    static int exit_hook;
-    if (!exit_hook) {
-        /* Registered at the first gated launch, after the CUDA runtime registered its own
-         * teardown: at exit ours runs first and stops the poller before the driver goes. */
-        exit_hook = 1;
-        atexit(egpu_compute_shutdown);
-    }
-    e = &g_c.ctx[g_c.nctx++];
-    memset(e, 0, sizeof *e);
-    e->ctx = ctx;
-    e->dev = dev;
-    if (make_anchor(e) != 0) e->ok = 0;
-    return e;
-}
-
-static CUevent event_take(CUcontext ctx)
-{
-    for (int i = g_c.nfree - 1; i >= 0; i--) {
-        if (g_c.freeev[i].ctx != ctx) continue;
-        CUevent ev = g_c.freeev[i].ev;
-        g_c.freeev[i] = g_c.freeev[--g_c.nfree];
-        return ev;
-    }
-    CUevent ev = NULL;
-    egpu_capture_relax cr = relax_capture(); /* not a stream operation: keep it out of captures */
-    CUresult r = g_c.d.cuEventCreate(&ev, 0);
-    restore_capture(cr);
-    return r == CUDA_SUCCESS ? ev : NULL;
-}
-
-static void event_give(CUevent ev, CUcontext ctx)
-{
-    if (g_c.nfree < MAX_FREE_EVENTS) {
-        g_c.freeev[g_c.nfree].ev = ev;
-        g_c.freeev[g_c.nfree].ctx = ctx;
-        g_c.nfree++;
-    } else {
-        g_c.d.cuEventDestroy(ev);
-    }
-}
-
-/* Completes finished records (lock held). only_ctx: when not NULL, only that context's
- * records (a launching thread must not switch its current context). Returns the number
- * still pending; sets *hi_busy when one of them is not finished. */
-static int poll_locked_relaxed(CUcontext only_ctx, int switch_ctx, int *hi_busy_mask);
-static int poll_locked(CUcontext only_ctx, int switch_ctx, int *hi_busy_mask)
-{
-    if (!g_c.npend) return 0;
-    egpu_capture_relax cr = relax_capture();
-    int n = poll_locked_relaxed(only_ctx, switch_ctx, hi_busy_mask);
-    restore_capture(cr);
-    return n;
-}
-
-static int poll_locked_relaxed(CUcontext only_ctx, int switch_ctx, int *hi_busy_mask)
-{
-    const egpu_compute_drv *d = &g_c.d;
-    uint64_t now = egpu_now_ns();
-    CUstream blocked[16];
-    int nblocked = 0, kept = 0;
-    CUcontext cur = NULL;
-    for (int i = 0; i < g_c.npend; i++) {
-        pending_rec *pr = &g_c.pend[i];
-        int keep = 1;
-        int skip = (only_ctx && pr->ctx != only_ctx);
-        for (int b = 0; !skip && b < nblocked; b++)
-            if (blocked[b] == pr->stream) skip = 1;
-        if (!skip) {
-            if (switch_ctx && pr->ctx != cur) {
-                d->cuCtxSetCurrent(pr->ctx);
-                cur = pr->ctx;
-            }
-            CUresult q = d->cuEventQuery(pr->ev);
-            if (q == CUDA_ERROR_NOT_READY) {
-                if (nblocked < 16) blocked[nblocked++] = pr->stream;
-            } else {
-                uint64_t end = 0;
-                ctx_ent *ce = ctx_find(pr->ctx);
-                if (q == CUDA_SUCCESS && ce && ce->ok) {
-                    float ms = 0;
-                    if (d->cuEventElapsedTime(&ms, ce->anchor, pr->ev) == CUDA_SUCCESS) {
-                        double e = (double)ce->anchor_ns + (double)ms * 1e6;
-                        end = e > 0 ? (uint64_t)e : 0;
-                        if (end > now) end = now;
-                    } else {
-                        ce->ok = 0; /* re-anchor on the next launch in that context */
-                    }
-                }
-                card_ent *c = &g_c.card[pr->dev];
-                if (c->r && (pr->gated || end))
-                    egpu_ctl_complete(c->r, c->slot, &g_c.p, pr->kind, pr->gated, pr->est, pr->t0, end, now);
-                if (q == CUDA_SUCCESS) event_give(pr->ev, pr->ctx);
-                keep = 0;
-            }
-        }
-        if (keep) {
-            if (hi_busy_mask && g_c.cfg.priority == EGPU_CARD_PRIO_HIGH && pr->dev < 32) *hi_busy_mask |= 1 << pr->dev;
-            g_c.pend[kept++] = *pr;
-        }
-    }
-    g_c.npend = kept;
-    return kept;
-}
-
-int egpu_compute_poll_now(void)
-{
-    pthread_mutex_lock(&g_c.mu);
-    int n = poll_locked(NULL, 0, NULL);
-    pthread_mutex_unlock(&g_c.mu);
-    return n;
-}
-
-static void *poller(void *arg)
-{
-    (void)arg;
-    /* this thread only ever queries: RELAXED for good, so its polls need no exchange */
-    (void)relax_capture();
-    while (!__atomic_load_n(&g_c.stop, __ATOMIC_RELAXED)) {
-        int hi_mask = 0, n;
-        pthread_mutex_lock(&g_c.mu);
-        if (__atomic_load_n(&g_c.stop, __ATOMIC_RELAXED)) { /* shut down while we waited */
-            pthread_mutex_unlock(&g_c.mu);
-            break;
-        }
-        n = poll_locked_relaxed(NULL, 1, &hi_mask);
-        uint64_t now = egpu_now_ns();
-        for (int dv = 0; dv < g_c.cfg.ndev && dv < 32; dv++)
-            if ((hi_mask >> dv) & 1) egpu_ctl_hi_touch(g_c.card[dv].r, now);
-        if (now - g_c.last_modes_ns >= g_c.p.tick_ns / 4) {
-            g_c.last_modes_ns = now;
-            update_modes();
-            for (int dv = 0; dv < g_c.cfg.ndev; dv++)
-                if (g_c.card[dv].r && g_c.card[dv].slot >= 0) egpu_ctl_tick(g_c.card[dv].r, g_c.card[dv].slot, &g_c.p, now);
-            /* re-anchor contexts: float milliseconds lose precision far from the anchor */
-            for (int i = 0; i < g_c.nctx; i++) {
-                ctx_ent *e = &g_c.ctx[i];
-                if (e->ok && now - e->anchored_at > REANCHOR_NS && g_c.d.cuCtxSetCurrent(e->ctx) == CUDA_SUCCESS)
-                    make_anchor(e);
-            }
-        }
-        pthread_mutex_unlock(&g_c.mu);
-        sleep_ns(n ? g_c.poll_ns : u64min(g_c.poll_ns * 10, g_c.p.tick_ns / 4));
-    }
-    return NULL;
-}
-
-static void atfork_child(void)
-{
-    /* the child has no poller and no CUDA state of its parent: start clean */
-    pthread_mutex_init(&g_c.mu, NULL);
-    g_c.thr_started = 0;
-    g_c.npend = 0;
-    g_c.nfree = 0;
-    g_c.nctx = 0;
-}
-
-int egpu_compute_init(const egpu_compute_cfg *cfg, const egpu_ctl_params *p, const egpu_compute_drv *drv)
-{
-    pthread_mutex_lock(&g_c.mu);
-    if (g_c.inited) { pthread_mutex_unlock(&g_c.mu); return 0; }
-    g_c.cfg = *cfg;
-    if (g_c.cfg.floor_pct < 0) g_c.cfg.floor_pct = 0;
-    g_c.p = *p;
-    g_c.d = *drv;
-    g_c.poll_ns = env_u64("EGPU_COMPUTE_POLL_US", 500) * 1000;
-    if (g_c.poll_ns < 50000) g_c.poll_ns = 50000;
-    int rc = 0, any = 0;
-    uint64_t owner = egpu_owner_id(cfg->share_key[0] ? cfg->share_key : "egpu-anonymous-share");
-    for (int d = 0; d < cfg->ndev && d < EGPU_COMPUTE_MAX_DEVS; d++) {
-        card_ent *c = &g_c.card[d];
-        c->slot = -1;
-        c->cores = cfg->dev[d].cores;
-        if (!cfg->dev[d].ours || !cfg->dev[d].region_path[0]) continue;
-        c->r = egpu_card_region_open(cfg->dev[d].region_path, cfg->dev[d].uuid);
-        if (!c->r) {
-            fprintf(stderr, "egpu: cannot open the card region %s (%s): compute on that card is not shared\n",
-                    cfg->dev[d].region_path, strerror(errno));
-            rc = -1;
-            continue;
-        }
-        c->slot = egpu_card_claim(c->r, owner, (int32_t)getpid(), (uint32_t)cfg->priority, (uint32_t)cfg->policy,
-                                  (uint32_t)cfg->dev[d].cores, (uint32_t)g_c.cfg.floor_pct, egpu_now_ns());
-        if (c->slot < 0) {
-            fprintf(stderr, "egpu: card region %s has no free slot: compute on that card is not shared\n",
-                    cfg->dev[d].region_path);
-            egpu_card_region_close(c->r);
-            c->r = NULL;
-            rc = -1;
-            continue;
-        }
-        any = 1;
-    }
-    g_c.inited = 1;
-    update_modes();
-    if (any && !g_c.thr_started) {
-        pthread_atfork(NULL, NULL, atfork_child);
-        pthread_attr_t a;
-        pthread_attr_init(&a);
-        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&g_c.thr, &a, poller, NULL) == 0) g_c.thr_started = 1;
-        /* frees the slots at exit; registered again at the first gated launch (ctx_get) so
-         * that it also runs before the CUDA runtime's teardown */
-        atexit(egpu_compute_shutdown);
-        pthread_attr_destroy(&a);
-        if (!g_c.thr_started) fprintf(stderr, "egpu: cannot start the compute poller: compute is not shared\n");
-        if (!g_c.thr_started) __atomic_store_n(&egpu_compute_on, 0, __ATOMIC_RELAXED);
-    }
-    pthread_mutex_unlock(&g_c.mu);
-    return rc;
-}
-
-void egpu_compute_shutdown(void)
-{
-    __atomic_store_n(&egpu_compute_on, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&g_c.stop, 1, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&g_c.mu);
-    /* in-flight launches are given back, so that the share's in-flight count stays true
-     * for its other processes (no driver call here: at exit the driver may be gone) */
-    for (int i = 0; i < g_c.npend; i++) {
-        pending_rec *pr = &g_c.pend[i];
-        if (pr->gated && g_c.card[pr->dev].r) egpu_ctl_cancel(g_c.card[pr->dev].r, g_c.card[pr->dev].slot, pr->est);
-    }
-    g_c.npend = 0;
-    for (int d = 0; d < EGPU_COMPUTE_MAX_DEVS; d++) {
-        card_ent *c = &g_c.card[d];
-        if (c->r && c->slot >= 0) egpu_card_release(c->r, c->slot, (int32_t)getpid());
-        c->slot = -1;
-    }
-    pthread_mutex_unlock(&g_c.mu);
-}
-
-void egpu_compute_before(CUstream s, int kind, egpu_launch_ticket *t)
-{
-    t->dev = -1;
-    t->gated = 0;
-    t->est = 0;
-    t->kind = kind;
-    CUcontext ctx = NULL;
-    if (!g_c.inited || g_c.d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return;
-    pthread_mutex_lock(&g_c.mu);
-    ctx_ent *ce = ctx_get(ctx);
-    /* the current context is ce->ctx here; without an anchor, launches are charged their
-     * estimates (a driver without working events is told once, then left alone) */
-    if (ce && !ce->ok && ce->failures < 3 && make_anchor(ce) != 0 && ce->failures == 3)
-        fprintf(stderr, "egpu: cannot time launches with events; compute is charged by estimate\n");
-    int dev = ce ? ce->dev : -1;
-    pthread_mutex_unlock(&g_c.mu);
-    if (dev < 0 || dev >= EGPU_COMPUTE_MAX_DEVS) return;
-    card_ent *c = &g_c.card[dev];
-    int mode = __atomic_load_n(&c->mode, __ATOMIC_RELAXED);
-    if (mode == MODE_NONE || stream_capturing(s, kind)) return;
-    uint64_t now = egpu_now_ns();
-    if (mode == MODE_CTL) {
-        uint64_t est = 0, wait = 0, waited_from = 0;
-        int why;
-        for (;;) {
-            why = egpu_ctl_admit(c->r, c->slot, &g_c.p, kind, now, &est, &wait);
-            if (why == EGPU_ADMIT_GO || __atomic_load_n(&g_c.stop, __ATOMIC_RELAXED)) break;
-            if (!waited_from) waited_from = now;
-            /* measurements that finished while we wait refund the bucket: take them in */
-            if (pthread_mutex_trylock(&g_c.mu) == 0) {
-                poll_locked(ctx, 0, NULL);
-                pthread_mutex_unlock(&g_c.mu);
-            }
-            sleep_ns(u64min(wait, g_c.p.wait_step_ns)); /* never a busy spin, never holding a lock */
-            now = egpu_now_ns();
-        }
-        if (waited_from) egpu_ctl_waited(c->r, c->slot, &g_c.p, why, now - waited_from, now);
-        t->gated = 1;
-        t->est = est;
-    } else if (g_c.cfg.priority == EGPU_CARD_PRIO_HIGH) {
-        egpu_ctl_hi_touch(c->r, now);
-    }
-    t->dev = dev;
-    t->ctx = ctx;
-    t->t0 = now;
-}
-
-void egpu_compute_after(CUstream s, egpu_launch_ticket *t, CUresult r)
-{
-    card_ent *c = &g_c.card[t->dev];
-    if (r != CUDA_SUCCESS) {
-        if (t->gated) egpu_ctl_cancel(c->r, c->slot, t->est);
-        return;
-    }
-    /* _ptsz entry points: stream 0 is the calling thread's default stream */
-    CUstream rs = egpu_stream_of(s, t->kind & EGPU_LAUNCH_PTSZ);
-    pthread_mutex_lock(&g_c.mu);
-    CUevent ev = g_c.npend < MAX_PENDING ? event_take(t->ctx) : NULL;
-    if (ev && g_c.d.cuEventRecord(ev, rs) != CUDA_SUCCESS) {
-        g_c.d.cuEventDestroy(ev); /* maybe an event of a context that is gone: never reuse */
-        ev = NULL;
-    }
-    if (ev) {
-        pending_rec *pr = &g_c.pend[g_c.npend++];
-        pr->ev = ev;
-        pr->ctx = t->ctx;
-        pr->stream = rs;
-        pr->t0 = t->t0;
-        pr->est = t->est;
-        pr->dev = t->dev;
-        pr->gated = t->gated;
-        pr->kind = t->kind;
-    }
-    pthread_mutex_unlock(&g_c.mu);
-    if (!ev && t->gated) egpu_ctl_complete(c->r, c->slot, &g_c.p, t->kind, 1, t->est, t->t0, 0, egpu_now_ns());
 }

@@ -1,11 +1,16 @@
 /* compute.h: compute shares (caps in 1% steps, strict / elastic) and priority gating.
  *
  * Two layers (docs/compute.md has the design and why it converges):
- *  - the controller core (egpu_ctl_*): pure functions over the per-card region with the
- *    clock passed in; no CUDA, no sleeping; unit-tested with a simulated clock;
- *  - the launch gate (egpu_compute_*): called by the launch hooks; measures the GPU time of
- *    each gated launch with CUDA events (polled with cuEventQuery by a background thread,
- *    never on the launch path) and waits, in short sleeps, while the core says so.
+ *  - the controller core (egpu_ctl_*, egpu_meter_*): pure functions over the per-card region
+ *    and a stream's launch meter, with the clock passed in; no CUDA, no sleeping; unit-tested
+ *    with a simulated clock;
+ *  - the launch gate (egpu_compute_*): called by the launch hooks. A launch of a capped share
+ *    draws its estimate from its thread's lease of the share's token bucket (no lock, no
+ *    system call) and joins its stream's open group; an event is recorded after a launch only
+ *    when the stream has none outstanding (or after a GPU-time budget); a background thread
+ *    polls the events (cuEventQuery, never on the launch path) and settles each group on its
+ *    event. The card lock is taken when a lease runs out, when a launch must wait and by the
+ *    poller.
  *
  * Hook usage (the uncapped path costs one load and one predicted branch):
  *
@@ -33,6 +38,11 @@ typedef struct {
                                 * two launches (2 ms): what a high-priority launch queues behind */
     uint64_t hi_hold_ns;       /* high priority counts as active this long after it was seen (2 ms) */
     uint64_t wait_step_ns;     /* longest single sleep of a waiting launch (1 ms) */
+    uint64_t lease_ns;         /* GPU time a thread draws from its share's bucket at a time, then
+                                * spends without any lock (1.25 ms: an eighth of the burst) */
+    uint64_t group_min_ns;     /* an event closes a group once it holds this much estimated GPU
+                                * time and the stream has no event outstanding (1 ms) */
+    uint64_t group_max_ns;     /* ... or this much, outstanding or not (2 ms) */
     uint32_t pi_ki_ppm;        /* integral gain per tick, ppm of the error (100000 = 0.1) */
     uint32_t pi_limit_ppm;     /* |PI correction| bound, ppm of wall time (30000 = 3 points) */
     uint32_t elastic_headroom_ppm; /* elastic shares leave this much of the card idle (20000) */
@@ -53,20 +63,101 @@ enum {
     EGPU_ADMIT_WAIT_INFLIGHT = 3 /* low priority with enough work queued already */
 };
 
-/* May the share in `slot` launch now? On GO, pre-charges the share's per-launch estimate
- * (returned in *est; give it back to egpu_ctl_complete). Otherwise *wait_ns says how long
- * until it may be worth asking again (never more than p->wait_step_ns). Takes the lock. */
+/* ---- launch groups: GPU time without an event per launch ----------------------------
+ * Kernels on a stream finish in order, so one event after a run of launches bounds them all.
+ * A stream's launches since its last event form its open group. An event is recorded after
+ * a launch when the stream has none outstanding and the group holds group_min_ns of estimated
+ * work in at least EGPU_GROUP_MIN_LAUNCHES launches (or began EGPU_GROUP_MAX_AGE_NS ago), or
+ * when it holds group_max_ns, outstanding or not, or when the launch alone is group_min_ns
+ * long. After each of a stream's first EGPU_SAMPLE_FIRST events and every
+ * EGPU_SOLO_SAMPLE_EVERY-th one later, a one-launch sample falls due: the first launch right
+ * after an event that finds the stream's own work still queued (it starts right behind it:
+ * other shares' work is less likely between) -- or, after EGPU_SAMPLE_PATIENCE such
+ * launches that did not, the next one -- gets an event of its own. The group is settled on
+ * its event: its measured interval, less the time the stream was predicted idle between its
+ * launches, replaces the estimates it was pre-charged. */
+#define EGPU_SOLO_SAMPLE_EVERY 8          /* one-launch samples: an eighth more events */
+#define EGPU_SAMPLE_FIRST 16              /* ... at first after every event: it settles fast */
+#define EGPU_SAMPLE_PATIENCE 64           /* launches after an event a due sample waits for a
+                                           * queued stream (then an idle one will do) */
+#define EGPU_GROUP_MIN_LAUNCHES 32        /* an event's cost (~2.5 us) spread over 32 launches or more */
+#define EGPU_GROUP_MAX_AGE_NS 10000000ULL /* sparse launches: at most 100 events a second */
+
+typedef struct {
+    uint64_t t_first;          /* host time the group's first launch was queued (its call returned) */
+    uint64_t gap_ns;           /* time the stream was predicted idle between its launches */
+    uint64_t est_ns[2];        /* the sum of its launches' estimates: kernels, graphs */
+    uint32_t n[2];             /* its launches: kernels, graphs */
+    uint32_t gated;            /* its estimates were pre-charged: given back when it settles */
+    uint32_t end_clamped;      /* its event's time mapped past the poll: taken as the poll's */
+    uint64_t rec_ns;           /* one-launch groups: host time the event's record call returned */
+} egpu_group;
+
+/* One stream's meter, kept by the launching thread. */
+typedef struct {
+    egpu_group open;           /* launches since the stream's last event */
+    uint64_t pred_end_ns;      /* predicted end of the stream's queued work (host clock) */
+    uint64_t rec_seq;          /* events recorded after its launches (the launching thread's) */
+    uint64_t settled_seq;      /* the last of them settled (atomic: written by the poller) */
+    uint64_t measured_end_ns;  /* end of the last settled group (atomic: written by the poller) */
+    uint32_t nrec;             /* events recorded for groups (the one-launch samples' clock) */
+    uint32_t sample_due;       /* a one-launch sample is due (0: not), 1 + the launches right
+                                * after an event that were passed over for it */
+} egpu_stream_meter;
+
+/* egpu_meter_add's answer (bits). */
+enum {
+    EGPU_METER_RECORD = 1,     /* record an event after this launch now, then egpu_meter_take */
+    EGPU_METER_CLOSED = 2      /* *closed holds a group to settle by its estimates (the launch
+                                * was gated where the open group was not, or the reverse) */
+};
+
+/* A launch went out on the stream at t0 (host time just before the call) with estimate est
+ * (pre-charged when gated) and `unit`, the share's one-launch time, for the prediction.
+ * t_queued: when the call returned (its kernel cannot have started before the driver queued
+ * it), needed only when the launch opens a group (egpu_meter_opens); else pass t0. */
+int egpu_meter_add(egpu_stream_meter *m, const egpu_ctl_params *p, int kind, int gated, uint64_t est,
+                   uint64_t unit, uint64_t t0, uint64_t t_queued, egpu_group *closed);
+/* Does the next launch open a group (the stream's group is empty)? */
+static inline int egpu_meter_opens(const egpu_stream_meter *m) { return !(m->open.n[0] | m->open.n[1]); }
+
+/* An event was recorded after the stream's last launch: returns its group (now closed) and
+ * the event's sequence number in *seq (give it to egpu_meter_settled). */
+egpu_group egpu_meter_take(egpu_stream_meter *m, uint64_t *seq);
+
+/* The event seq settled, the group's work having ended at end_ns (0: unknown). Any thread. */
+void egpu_meter_settled(egpu_stream_meter *m, uint64_t seq, uint64_t end_ns);
+/* Predicted work still queued on the stream at `now`. */
+uint64_t egpu_meter_queued(const egpu_stream_meter *m, uint64_t now);
+
+/* May the share in `slot` launch now? The slow path of a gated launch (the thread's lease of
+ * the bucket ran out, or a low-priority share's fast checks failed). *lease: in, the tokens
+ * the caller held (folded into the bucket); out, on GO, what it holds after this launch's
+ * estimate (*est) was drawn: a new lease of up to p->lease_ns, less the estimate (NULL: no
+ * lease, the estimate alone is drawn). queued_ns: the launching stream's predicted queued
+ * work (a low-priority share's in-flight bound). Otherwise *wait_ns says how long until it
+ * may be worth asking again (never more than p->wait_step_ns). Takes the lock. */
 int egpu_ctl_admit(egpu_card_region *r, int slot, const egpu_ctl_params *p, int kind, uint64_t now,
-                   uint64_t *est, uint64_t *wait_ns);
-/* A gated launch finished on the GPU: it was launched (host time) at launch_ns and its
- * completion event fired at end_ns (0: not measured, charge the estimate). Charges the
- * measured GPU time (intervals of the share merged; a launch that overlapped another
- * share's work is charged at most its solo estimate), refunds the estimate. gated = 0: a
- * launch that was only measured (high priority beside low): statistics only. */
-void egpu_ctl_complete(egpu_card_region *r, int slot, const egpu_ctl_params *p, int kind, int gated,
-                       uint64_t est, uint64_t launch_ns, uint64_t end_ns, uint64_t now);
-/* A launch that never happened (the driver refused it): refunds the estimate. */
-void egpu_ctl_cancel(egpu_card_region *r, int slot, uint64_t est);
+                   uint64_t queued_ns, int64_t *lease, uint64_t *est, uint64_t *wait_ns);
+/* A group of the share's launches finished on the GPU: its event fired at end_ns (0: not
+ * measured, charge the estimates). Charges the group's measured GPU time (intervals of the
+ * share merged, predicted idle time taken out; a group that overlapped another share's work
+ * is charged at most its launches' solo estimates), gives back its pre-charges (when gated).
+ * counted: the group was counted in the slot's in-flight figures (egpu_ctl_batch). */
+void egpu_ctl_settle(egpu_card_region *r, int slot, const egpu_ctl_params *p, const egpu_group *g, int counted,
+                     uint64_t end_ns, uint64_t now);
+
+/* What the poller hands the slot on each pass, under one lock. */
+typedef struct {
+    uint64_t launches;         /* launches counted by the process since the last batch */
+    uint64_t rec_n, rec_est_ns;/* newly recorded gated groups: launches, estimates (in flight) */
+    uint64_t rec_since_ns;     /* the earliest first launch among them */
+    int64_t lease_back;        /* lease tokens given back (a thread or the process exits) */
+    uint64_t events;           /* events recorded since the last batch */
+    uint64_t queued_until_ns;  /* predicted end of the process's queued work on the card */
+} egpu_ctl_batch;
+void egpu_ctl_batch_apply(egpu_card_region *r, int slot, const egpu_ctl_params *p, const egpu_ctl_batch *b,
+                          uint64_t now);
 /* A launch of the share waited waited_ns (statistics and the demand signal). */
 void egpu_ctl_waited(egpu_card_region *r, int slot, const egpu_ctl_params *p, int why,
                      uint64_t waited_ns, uint64_t now);
@@ -78,6 +169,13 @@ void egpu_ctl_hi_touch(egpu_card_region *r, uint64_t now);
 int egpu_ctl_hi_active(const egpu_card_region *r, const egpu_ctl_params *p, uint64_t now);
 /* Number of slots other than `self` that booked cores (lock-free read). */
 int egpu_ctl_others_booked(const egpu_card_region *r, int self);
+/* The share's current estimates (lock-free reads): *est per launch (pre-charge), *unit a
+ * launch's own time (for the prediction), for kind k. */
+void egpu_ctl_estimates(const egpu_card_region *r, int slot, int kind, uint64_t *est, uint64_t *unit);
+/* Low priority, fast path: may a launch go without the slow path (lock-free)? No high-priority
+ * activity and the stream's queue within bounds; the bucket is the caller's lease. */
+int egpu_ctl_low_may_go(const egpu_card_region *r, const egpu_ctl_params *p, uint64_t est, uint64_t queued_ns,
+                        uint64_t now);
 
 /* ---- launch gate -------------------------------------------------------------------- */
 
@@ -132,10 +230,13 @@ int egpu_compute_init(const egpu_compute_cfg *cfg, const egpu_ctl_params *p, con
 typedef struct {
     int dev;          /* -1: nothing to do after the launch */
     int kind;
-    int gated;        /* pre-charged: complete or cancel */
-    uint64_t est;
-    uint64_t t0;      /* host ns at launch */
+    int gated;        /* est was drawn from the lease: given back if the launch fails */
+    uint64_t est;     /* the launch's estimate (pre-charged when gated) */
+    uint64_t unit;    /* a launch's own time, for the stream's prediction */
+    uint64_t t0;      /* host ns just before the launch */
     CUcontext ctx;
+    void *stream;     /* the launching thread's meter of the stream (NULL: an event after
+                       * this launch alone, for threads beyond the gate's table) */
 } egpu_launch_ticket;
 
 /* Nonzero while any card of this process needs the gate (cap, low priority, or high priority

@@ -18,6 +18,6 @@ int main(void)
     S(win_busy_ns) S(last_win_busy_ns) S(last_win_len_ns) S(busy_total_ns) S(launches_total)
     S(wait_total_ns) S(last_active_ns) S(busy_until_ns) S(use_ppm) S(demand_ppm) S(tick_start_ns)
     S(tick_busy_ns) S(tick_wait_ns) S(inflight_n) S(inflight_since_ns) S(est_graph_ns) S(solo_ns)
-    S(overlapped_total) S(last_complete_ns) S(reserved)
+    S(overlapped_total) S(last_complete_ns) S(reserved) S(events_total) S(queued_until_ns) S(solo_n) S(reserved2)
     return 0;
 }

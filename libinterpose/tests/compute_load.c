@@ -18,7 +18,12 @@
  *   {"dev":0,"launches":N,"wall_s":W,"use_pct":U,"win_use_pct":[...1 s windows...],
  *    "max_gap_ms":G,"lat_us_p50":..,"lat_us_p99":..,"lat_us_max":..}
  *   graph mode adds "capture_rc" (cuStreamEndCapture's answer) and "graph_kernels":N
- * win_use_pct: GPU use in consecutive 1 s windows (scaled by -w WINDOW_MS). */
+ * win_use_pct: GPU use in consecutive 1 s windows (scaled by -w WINDOW_MS).
+ *
+ *   compute_load -t SECONDS -b CHUNK    (bench mode, bench/compute.py)
+ * launches back to back, never synchronising, in chunks of CHUNK launches timed apart, and
+ * prints {"launches":N,"wall_s":W,"best_ns":B,"median_ns":M}: the fastest and the median
+ * chunk's ns per launch (a shared machine's preemptions land in some chunks, not in all). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -62,6 +67,7 @@ static CUresult launch(CUfunction f, CUstream s)
 }
 
 static double g_seconds = 3, g_kernel_us, g_window_ms = 1000;
+static long g_chunk; /* -b: bench mode */
 static int g_ndev = 1, g_sync = 16;
 static long g_period_us;
 
@@ -166,12 +172,49 @@ static void *run_dev(void *arg)
     return NULL;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* -b: chunks of back-to-back launches on one stream, each timed. */
+static int bench_mode(void)
+{
+    CUdevice d;
+    CUcontext ctx;
+    CUstream s;
+    CK(p_cuDeviceGet(&d, 0));
+    CK(p_cuDevicePrimaryCtxRetain(&ctx, d));
+    CK(p_cuCtxSetCurrent(ctx));
+    CK(p_cuStreamCreate(&s, 0));
+    CUfunction f = (CUfunction)(uintptr_t)0x1000;
+    for (int i = 0; i < 1000; i++) CK(launch(f, s)); /* warm: the gate has met this stream */
+    enum { MAXC = 100000 };
+    static double per[MAXC];
+    int nc = 0;
+    uint64_t t0 = now_ns(), end = t0 + (uint64_t)(g_seconds * 1e9), n = 0;
+    while (nc < MAXC) {
+        uint64_t a = now_ns();
+        if (a >= end) break;
+        for (long i = 0; i < g_chunk; i++) CK(launch(f, s));
+        per[nc++] = (double)(now_ns() - a) / (double)g_chunk;
+        n += (uint64_t)g_chunk;
+    }
+    CK(p_cuStreamSynchronize(s));
+    double wall = (double)(now_ns() - t0) / 1e9;
+    qsort(per, (size_t)nc, sizeof per[0], cmp_double);
+    printf("{\"launches\":%llu,\"wall_s\":%.4f,\"best_ns\":%.1f,\"median_ns\":%.1f}\n", (unsigned long long)n, wall,
+           nc ? per[0] : 0.0, nc ? per[nc / 2] : 0.0);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *k = getenv("FAKEGPU_KERNEL_US");
     g_kernel_us = k ? atof(k) : 0;
     int opt;
-    while ((opt = getopt(argc, argv, "t:d:s:p:k:w:g:ec")) != -1) {
+    while ((opt = getopt(argc, argv, "t:d:s:p:k:w:g:b:ec")) != -1) {
         switch (opt) {
         case 't': g_seconds = atof(optarg); break;
         case 'd': g_ndev = atoi(optarg); break;
@@ -181,6 +224,7 @@ int main(int argc, char **argv)
         case 'w': g_window_ms = atof(optarg); break;
         case 'e': case 'c': g_entry = opt; break;
         case 'g': g_graph = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
+        case 'b': g_chunk = atol(optarg) > 0 ? atol(optarg) : 10000; break;
         default: fprintf(stderr, "usage: see the comment at the top of compute_load.c\n"); return 2;
         }
     }
@@ -195,6 +239,7 @@ int main(int argc, char **argv)
         LD(cuStreamBeginCapture_v2); LD(cuStreamEndCapture); LD(cuGraphInstantiateWithFlags); LD(cuGraphLaunch);
     }
     CK(p_cuInit(0));
+    if (g_chunk) return bench_mode();
     if (g_ndev < 1 || g_ndev > 16) g_ndev = 1;
     job jobs[16];
     pthread_t th[16];

@@ -70,6 +70,9 @@ SLOT_FIELDS = [
     ("solo_ns", "2Q", 280),
     ("overlapped_total", "Q", 296),
     ("last_complete_ns", "Q", 304),
+    ("events_total", "Q", 320),  # events the gate recorded to measure the share (one a group)
+    ("queued_until_ns", "Q", 328),
+    ("solo_n", "2I", 336),
 ]
 
 

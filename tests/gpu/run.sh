@@ -21,7 +21,8 @@
 #   FC-16  cuMemGetInfo / NVML / torch.cuda.mem_get_info against a 12288 MiB share
 #   FC-02  PyTorch with expandable_segments:True under a 4096 MiB share
 #   overhead: launch rate of an uncapped share vs no interposer (and matmul throughput),
-#          and of an uncapped high-priority share beside a low-priority one (watched)
+#          of an uncapped high-priority share beside a low-priority one (watched), and of a
+#          capped share on a loop of the smallest kernels (the gated path, issue 17)
 #   graphs CUDA graph capture under a 30% share (GLOBAL mode, the gate's poller running) and
 #          capped replay; torch.cuda.graph likewise
 # Writes $OUT/figures.json (OUT defaults to ./out), prints a table, and ends with
