@@ -52,7 +52,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-unit: venv native system-deps
+unit: venv native system-deps k8s
 	$(BIN)/pytest -m "not e2e" tests
 
 e2e: venv native system-deps k8s image

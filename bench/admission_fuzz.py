@@ -74,6 +74,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"
 sys.path.insert(0, str(REPO))
 
 from certs.issue import create_ca, create_serving, write_bundle  # noqa: E402
+from egpu.podshape import path_pattern  # noqa: E402
 from egpu.workloads import pod_templates  # noqa: E402
 
 SHARED = Path(os.environ.get("EGPU_SHARED_DIR", REPO.parent / "shared"))
@@ -129,7 +130,6 @@ for _kind in ("containers", "initContainers"):
                         ("securityContext", "privileged"): "boolean",
                         ("securityContext", "capabilities", "add"): "list"}.items():
         READ_FIELDS[("spec", _kind, "#", *_sub)] = _type
-MAP_PARENTS = {"labels", "annotations", "limits", "requests"}
 WRONG: dict[str, list[Any]] = {
     "object": [7, 0, True, False, "x", [1], [], 1.5],
     "list": [7, 0, True, False, "x", {"a": 1}, {}, -2.5],
@@ -219,17 +219,6 @@ def odd_value(rng: random.Random) -> Any:
     return rng.choice(QUANTITIES)
 
 
-def _pattern(path: tuple[Any, ...]) -> tuple[str, ...]:
-    out: list[str] = []
-    for index, part in enumerate(path):
-        if isinstance(part, int):
-            out.append("#")
-        elif index and path[index - 1] in MAP_PARENTS:
-            out.append("*")
-        else:
-            out.append(str(part))
-    return tuple(out)
-
 
 def _paths(value: Any, path: tuple[Any, ...] = (), depth: int = 12) -> list[tuple[Any, ...]]:
     """Every path in ``value`` (no deeper than ``depth``)."""
@@ -258,10 +247,10 @@ def mutate(pod: dict[str, Any], rng: random.Random) -> None:
     if not paths:
         return
     choice = rng.randrange(9)
-    read = [p for p in paths if _pattern(p) in READ_FIELDS]
+    read = [p for p in paths if path_pattern(p) in READ_FIELDS]
     if choice < 4 and read:
         path = rng.choice(read)
-        _parent(pod, path)[path[-1]] = rng.choice(WRONG[READ_FIELDS[_pattern(path)]])
+        _parent(pod, path)[path[-1]] = rng.choice(WRONG[READ_FIELDS[path_pattern(path)]])
         return
     path = rng.choice(paths)
     parent = _parent(pod, path)

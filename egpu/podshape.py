@@ -226,6 +226,33 @@ class _Scalar:
         return value if self.accepts(value) else _fail(self.allowed, value, path, errors)
 
 
+def _wrong_type(kind: _Map | _List | _Object, value: Any, path: str,
+                errors: list[ShapeError]) -> Any:
+    """Record that ``value`` at ``path`` is not the JSON type ``kind`` reads (the raw value kept
+    where it carries resources, so that a GPU pod still fails closed)."""
+    return _fail(kind.allowed, value, path, errors, value if kind.carries_resources else None)
+
+
+# The pod fields that are maps of free keys (labels, annotations, limits, requests): a path
+# pattern (``path_pattern``) writes their keys as "*".
+MAP_FIELDS: Final = frozenset({"labels", "annotations", "limits", "requests"})
+
+
+def path_pattern(path: tuple[str | int, ...]) -> tuple[str, ...]:
+    """A field path as a pattern: list indexes as "#", keys of MAP_FIELDS maps as "*"
+    (``("spec", "containers", 0, "resources", "limits", "x")`` ->
+    ``("spec", "containers", "#", "resources", "limits", "*")``)."""
+    out: list[str] = []
+    for index, part in enumerate(path):
+        if isinstance(part, int):
+            out.append("#")
+        elif index and path[index - 1] in MAP_FIELDS:
+            out.append("*")
+        else:
+            out.append(str(part))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class _Map:
     """An object of arbitrary string keys to ``value`` scalars (labels, limits, ...); a null
@@ -238,8 +265,7 @@ class _Map:
 
     def read(self, value: Any, path: str, errors: list[ShapeError]) -> Any:
         if not isinstance(value, Mapping):
-            return _fail(self.allowed, value, path, errors,
-                         value if self.carries_resources else None)
+            return _wrong_type(self, value, path, errors)
         out: dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str):  # JSON keys are strings; YAML's need not be
@@ -264,8 +290,7 @@ class _List:
 
     def read(self, value: Any, path: str, errors: list[ShapeError]) -> Any:
         if not isinstance(value, list):
-            return _fail(self.allowed, value, path, errors,
-                         value if self.carries_resources else None)
+            return _wrong_type(self, value, path, errors)
         out = []
         for index, item in enumerate(value):
             got = self.item.read(item, f"{path}[{index}]", errors)
@@ -284,8 +309,7 @@ class _Object:
 
     def read(self, value: Any, path: str, errors: list[ShapeError]) -> Any:
         if not isinstance(value, Mapping):
-            return _fail(self.allowed, value, path, errors,
-                         value if self.carries_resources else None)
+            return _wrong_type(self, value, path, errors)
         out: dict[str, Any] = {}
         for name, kind in self.fields.items():
             item = value.get(name)

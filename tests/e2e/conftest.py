@@ -236,7 +236,7 @@ def real_cluster() -> Iterator[RealCluster]:
     from devcluster import realnode
 
     if os.geteuid() != 0:
-        pytest.skip("a real node needs root (namespaces, cgroups, mounts)")
+        pytest.fail("a real node needs root (namespaces, cgroups, mounts): run as root, README")
     state_dir = devcluster.default_state_dir().expanduser().resolve().with_name(
         "dev-cluster-real")
     realnode.remove_all(state_dir)  # what an interrupted earlier run left

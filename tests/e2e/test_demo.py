@@ -145,7 +145,7 @@ def test_the_four_mistakes_are_denied_with_actionable_messages(outcome: Outcome)
 
 def test_the_runc_container_sees_its_share(outcome: Outcome) -> None:
     if "runc container skipped" in outcome.text:
-        pytest.skip("runc or root missing")
+        pytest.fail("runc or root missing (`make demo` installs runc; run as root)")
     assert "cuMemGetInfo in the container: total 4096 MiB" in outcome.text
     assert "cuMemAlloc(8192 MiB) in the container: CUDA_ERROR_OUT_OF_MEMORY" in outcome.text
 
@@ -175,7 +175,7 @@ def test_a_workload_runs_as_a_real_container_on_the_real_node(outcome: Outcome) 
     from demo import real_node
 
     if real_node.prerequisite_missing():
-        pytest.skip(real_node.prerequisite_missing())
+        pytest.fail(real_node.prerequisite_missing())
     pod = outcome.pods[real_node.POD]
     assert pod["spec"]["nodeName"] == real_node.NAME
     assert pod["status"]["phase"] == "Running"

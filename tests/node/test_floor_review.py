@@ -130,7 +130,7 @@ int main(void) {
 @pytest.fixture(scope="module")
 def c_parse(tmp_path_factory: pytest.TempPathFactory):
     if not shutil.which("cc"):
-        pytest.skip("no C compiler")
+        pytest.fail("no C compiler (README: gcc)")
     d = tmp_path_factory.mktemp("cparse")
     (d / "h.c").write_text(HARNESS)
     subprocess.run(["cc", "-O1", f"-I{ROOT / 'libinterpose' / 'include'}", str(d / "h.c"),

@@ -56,7 +56,7 @@ Objects = dict[Key, dict[str, Any]]
 def _binary(name: str) -> Path:
     path = build.binary_path(name)
     if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.skip(f"{name} is not built yet ({path} is missing): `make k8s` builds it")
+        pytest.fail(f"{name} is not built yet ({path} is missing): `make k8s` builds it")
     return path
 
 

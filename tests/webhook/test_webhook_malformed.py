@@ -19,7 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from egpu.config import Config
-from egpu.podshape import MAX_INTEGER_DIGITS, LongNumber, check_pod, decode_int
+from egpu.podshape import (
+    MAP_FIELDS,
+    MAX_INTEGER_DIGITS,
+    LongNumber,
+    check_pod,
+    decode_int,
+    path_pattern,
+)
 from egpu.requests import read_pod
 from webhook.review import MAX_PROBLEMS_SHOWN, review
 from webhook.server import Settings, create_app
@@ -65,7 +72,6 @@ for _kind in ("containers", "initContainers"):
         ("spec", _kind, "#", "securityContext"): "object",
         ("spec", _kind, "#", "securityContext", "privileged"): "boolean",
     })
-MAP_PARENTS = {"labels", "annotations", "limits", "requests"}
 
 # Values of the wrong JSON type for each type (null is absent, so never wrong for a field).
 WRONG: dict[str, list[Any]] = {
@@ -77,17 +83,6 @@ WRONG: dict[str, list[Any]] = {
 }
 
 
-def _pattern(path: tuple[str | int, ...]) -> tuple[str, ...]:
-    out: list[str] = []
-    for index, part in enumerate(path):
-        if isinstance(part, int):
-            out.append("#")
-        elif index and path[index - 1] in MAP_PARENTS:
-            out.append("*")
-        else:
-            out.append(part)
-    return tuple(out)
-
 
 def _json_path(path: tuple[str | int, ...]) -> str:
     """``spec.containers[0].resources.limits["egpu.io/gpu"]`` for a path of keys."""
@@ -95,7 +90,7 @@ def _json_path(path: tuple[str | int, ...]) -> str:
     for index, part in enumerate(path):
         if isinstance(part, int):
             text += f"[{part}]"
-        elif index and path[index - 1] in MAP_PARENTS:
+        elif index and path[index - 1] in MAP_FIELDS:
             text += f"[{json.dumps(part)}]"
         else:
             text += f".{part}" if text else part
@@ -104,7 +99,7 @@ def _json_path(path: tuple[str | int, ...]) -> str:
 
 def _read_paths(value: Any, path: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
     """The paths in ``value`` of fields egpu reads."""
-    out = [path] if path and _pattern(path) in READ_FIELDS else []
+    out = [path] if path and path_pattern(path) in READ_FIELDS else []
     if isinstance(value, dict):
         items: Any = value.items()
     elif isinstance(value, list):
@@ -188,7 +183,7 @@ def broken(draw: st.DrawFn, base: st.SearchStrategy[dict[str, Any]]
     pod = draw(base)
     paths = [p for p in _read_paths(pod) if p != ("spec",)]
     path = draw(st.sampled_from(paths))
-    value = draw(st.sampled_from(WRONG[READ_FIELDS[_pattern(path)]]))
+    value = draw(st.sampled_from(WRONG[READ_FIELDS[path_pattern(path)]]))
     return _set(pod, path, value), path
 
 
@@ -267,7 +262,7 @@ def test_any_read_field_of_the_wrong_type_in_a_cpu_pod_is_allowed_untouched(
 @given(gpu_pods(), st.data())
 def test_null_reads_as_an_absent_field(pod: dict[str, Any], data: st.DataObject) -> None:
     paths = [p for p in _read_paths(pod) if p != ("spec",) and not isinstance(p[-1], int)
-             and p[-2:-1] not in {(name,) for name in MAP_PARENTS}]  # fields, not entries
+             and p[-2:-1] not in {(name,) for name in MAP_FIELDS}]  # fields, not entries
     path = data.draw(st.sampled_from(paths))
     nulled = _set(pod, path, None)
     removed = json.loads(json.dumps(pod))
