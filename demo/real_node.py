@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,20 +46,41 @@ TAINT = f"{TAINT_KEY}=true:NoSchedule"
 PROBE_CPU = "10m"
 PROBE_MEMORY = "128Mi"
 INTERPOSER = REPO / "libinterpose" / "build" / "libegpu_interpose.so"
-PROBE = (
-    "import ctypes as C, json, time\n"
-    "MIB = 1 << 20\n"
-    "cuda = C.CDLL('libcuda.so.1')\n"
-    "cuda.cuInit(0); dev = C.c_int(); cuda.cuDeviceGet(C.byref(dev), 0)\n"
-    "ctx = C.c_void_p(); cuda.cuCtxCreate_v2(C.byref(ctx), 0, dev)\n"
-    "free, total = C.c_size_t(), C.c_size_t()\n"
-    "cuda.cuMemGetInfo_v2(C.byref(free), C.byref(total))\n"
-    "p = C.c_uint64(); a = cuda.cuMemAlloc_v2(C.byref(p), C.c_size_t(free.value))\n"
-    "q = C.c_uint64(); b = cuda.cuMemAlloc_v2(C.byref(q), C.c_size_t(MIB))\n"
-    "print('PROBE ' + json.dumps({'total_mib': total.value // MIB, 'alloc_free': a,"
-    " 'alloc_one_more_mib': b}), flush=True)\n"
-    "while True: time.sleep(3600)\n"
-)
+# What the probe containers run (the demo's and the e2e tests'): the CUDA driver API and NVML
+# through ctypes, as any application loads them (the interposer, preloaded by the hook,
+# sees every call).
+PROBE = textwrap.dedent('''
+    import ctypes as C, json, os, sys, time
+    MIB = 1 << 20
+    cuda = C.CDLL("libcuda.so.1")
+    out = {"preload": open("/etc/ld.so.preload").read().strip()
+           if os.path.exists("/etc/ld.so.preload") else "",
+           "config": os.path.exists("/run/egpu/config.json")}
+    out["init"] = cuda.cuInit(0)
+    dev = C.c_int()
+    out["device"] = cuda.cuDeviceGet(C.byref(dev), 0)
+    ctx = C.c_void_p()
+    out["ctx"] = cuda.cuCtxCreate_v2(C.byref(ctx), 0, dev)
+    free, total = C.c_size_t(), C.c_size_t()
+    out["meminfo"] = cuda.cuMemGetInfo_v2(C.byref(free), C.byref(total))
+    out["total_mib"], out["free_mib"] = total.value // MIB, free.value // MIB
+    ptr = C.c_uint64()
+    out["alloc_free"] = cuda.cuMemAlloc_v2(C.byref(ptr), C.c_size_t(free.value))
+    more = C.c_uint64()
+    out["alloc_one_more_mib"] = cuda.cuMemAlloc_v2(C.byref(more), C.c_size_t(MIB))
+    nvml = C.CDLL("libnvidia-ml.so.1")
+    out["nvml_init"] = nvml.nvmlInit_v2()
+    handle = C.c_void_p()
+    out["nvml_handle"] = nvml.nvmlDeviceGetHandleByIndex_v2(0, C.byref(handle))
+    class Memory(C.Structure):
+        _fields_ = [("total", C.c_ulonglong), ("free", C.c_ulonglong), ("used", C.c_ulonglong)]
+    mem = Memory()
+    out["nvml_meminfo"] = nvml.nvmlDeviceGetMemoryInfo(handle, C.byref(mem))
+    out["nvml_total_mib"] = mem.total // MIB
+    print("PROBE " + json.dumps(out), flush=True)
+    while True:
+        time.sleep(3600)
+''')
 
 
 def prerequisite_missing() -> str:

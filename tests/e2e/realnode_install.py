@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from demo import real_node
 from devcluster import images as devimages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,44 +28,11 @@ SHARE_NS = "ml-serving"
 REAL_LABEL = "egpu.io/real-node"
 READY_S = 240.0
 # What a probe pod asks of the 2-core node, beside egpu's own pods (about 1.5 cores booked).
-PROBE_CPU = "10m"
-PROBE_MEMORY = "128Mi"
+PROBE_CPU = real_node.PROBE_CPU
+PROBE_MEMORY = real_node.PROBE_MEMORY
 POD_START_S = 120.0
 
-# What the probe container runs: the CUDA driver API and NVML through ctypes, as any
-# application loads them (the interposer, preloaded by the hook, sees every call).
-PROBE = textwrap.dedent('''
-    import ctypes as C, json, os, sys, time
-    MIB = 1 << 20
-    cuda = C.CDLL("libcuda.so.1")
-    out = {"preload": open("/etc/ld.so.preload").read().strip()
-           if os.path.exists("/etc/ld.so.preload") else "",
-           "config": os.path.exists("/run/egpu/config.json")}
-    out["init"] = cuda.cuInit(0)
-    dev = C.c_int()
-    out["device"] = cuda.cuDeviceGet(C.byref(dev), 0)
-    ctx = C.c_void_p()
-    out["ctx"] = cuda.cuCtxCreate_v2(C.byref(ctx), 0, dev)
-    free, total = C.c_size_t(), C.c_size_t()
-    out["meminfo"] = cuda.cuMemGetInfo_v2(C.byref(free), C.byref(total))
-    out["total_mib"], out["free_mib"] = total.value // MIB, free.value // MIB
-    ptr = C.c_uint64()
-    out["alloc_free"] = cuda.cuMemAlloc_v2(C.byref(ptr), C.c_size_t(free.value))
-    more = C.c_uint64()
-    out["alloc_one_more_mib"] = cuda.cuMemAlloc_v2(C.byref(more), C.c_size_t(MIB))
-    nvml = C.CDLL("libnvidia-ml.so.1")
-    out["nvml_init"] = nvml.nvmlInit_v2()
-    handle = C.c_void_p()
-    out["nvml_handle"] = nvml.nvmlDeviceGetHandleByIndex_v2(0, C.byref(handle))
-    class Memory(C.Structure):
-        _fields_ = [("total", C.c_ulonglong), ("free", C.c_ulonglong), ("used", C.c_ulonglong)]
-    mem = Memory()
-    out["nvml_meminfo"] = nvml.nvmlDeviceGetMemoryInfo(handle, C.byref(mem))
-    out["nvml_total_mib"] = mem.total // MIB
-    print("PROBE " + json.dumps(out), flush=True)
-    while True:
-        time.sleep(3600)
-''')
+PROBE = real_node.PROBE  # the container's CUDA and NVML check (demo/real_node.py)
 
 
 def kustomization(out_dir: Path) -> Path:
