@@ -110,7 +110,7 @@ def start(state_dir: Path, info: devcluster.ClusterInfo, config_file: Path,
                    cwd=REPO, capture_output=True)
     kubeconfig = state_dir / "real-node.kubeconfig"
     pki = Path(info.state_dir) / "pki"
-    kubeconfig.write_text(realnode.kubeconfig_text(
+    kubeconfig.write_text(devcluster.kubeconfig_text(
         f"https://{realnode.HOST_LINK_IP}:{info.ports['kube-apiserver']}", pki / "ca.crt",
         pki / "admin.crt", pki / "admin.key", "egpu-dev-admin"))
     driver = Path(node.node_dir) / "driver"

@@ -274,25 +274,16 @@ def _get(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 3.0) -> t
         return exc.code, exc.read().decode(errors="replace")
 
 
-def _kubeconfig_text(server: str, pki: Path) -> str:
+def kubeconfig_text(server: str, ca: Path, crt: Path, key: Path,
+                    user: str = "egpu-dev-admin") -> str:
+    """A kubeconfig for ``server`` (CA file) as ``user`` (client cert and key files)."""
     return (
-        "apiVersion: v1\n"
-        "kind: Config\n"
-        "clusters:\n"
-        "- name: egpu-dev\n"
-        "  cluster:\n"
-        f"    server: {server}\n"
-        f"    certificate-authority: {pki / 'ca.crt'}\n"
-        "users:\n"
-        "- name: egpu-dev-admin\n"
-        "  user:\n"
-        f"    client-certificate: {pki / 'admin.crt'}\n"
-        f"    client-key: {pki / 'admin.key'}\n"
-        "contexts:\n"
-        "- name: egpu-dev\n"
-        "  context:\n"
-        "    cluster: egpu-dev\n"
-        "    user: egpu-dev-admin\n"
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: egpu-dev\n  cluster:\n    server: {server}\n"
+        f"    certificate-authority: {ca}\n"
+        f"users:\n- name: {user}\n  user:\n    client-certificate: {crt}\n"
+        f"    client-key: {key}\n"
+        f"contexts:\n- name: egpu-dev\n  context:\n    cluster: egpu-dev\n    user: {user}\n"
         "current-context: egpu-dev\n"
     )
 
@@ -503,7 +494,8 @@ def up(config: Config | None = None) -> ClusterInfo:
         server = f"https://{HOST}:{ports['kube-apiserver']}"
         etcd_url = f"http://{HOST}:{ports['etcd-client']}"
         kubeconfig = state_dir / "kubeconfig"
-        kubeconfig.write_text(_kubeconfig_text(server, pki))
+        kubeconfig.write_text(kubeconfig_text(server, pki / 'ca.crt', pki / 'admin.crt',
+                                                pki / 'admin.key'))
         kubeconfig.chmod(0o600)
         sched_cfg = state_dir / "scheduler-config.yaml"
         sched_cfg.write_text(

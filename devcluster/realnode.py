@@ -44,7 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from devcluster import pki as pkimod
-from devcluster.cluster import ClusterInfo, DevClusterError, ProcessInfo, wait_until
+from devcluster.cluster import (
+    ClusterInfo,
+    DevClusterError,
+    ProcessInfo,
+    kubeconfig_text,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 HOST_BRIDGE = "egpu-br0"
@@ -189,18 +195,6 @@ def cni_conflist(index: int) -> str:
             {"type": "portmap", "capabilities": {"portMappings": True}},
         ],
     }, indent=1)
-
-
-def kubeconfig_text(server: str, ca: Path, crt: Path, key: Path, user: str) -> str:
-    return (
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters:\n- name: egpu-dev\n  cluster:\n    server: {server}\n"
-        f"    certificate-authority: {ca}\n"
-        f"users:\n- name: {user}\n  user:\n    client-certificate: {crt}\n"
-        f"    client-key: {key}\n"
-        f"contexts:\n- name: egpu-dev\n  context:\n    cluster: egpu-dev\n    user: {user}\n"
-        "current-context: egpu-dev\n"
-    )
 
 
 def kubelet_config(name: str, index: int, ca: Path) -> str:
