@@ -120,6 +120,21 @@ class Node:
         return self.spawn("compute_load", ["-t", str(seconds), *map(str, args)], env, delay)
 
 
+# Two shares started together on a card they book whole: the newcomer's estimate of its
+# kernels starts from launches queued behind the other's work, and on a loaded 2-core machine
+# it can take up to ~2 s to settle (3 of 12 runs in full-suite runs: a 30% share at 13-20% in
+# its second 1 s window; docs/compute.md, Known limits). FC-13 judges 10 s windows, where such
+# a start costs under 3 points; the scaled-down split tests judge the windows after it.
+SPLIT_SETTLE_WINDOWS = 2
+SPLIT_RUN_S = 5  # three settled 1 s windows
+
+
+def settled_mean(r: dict) -> float:
+    """Mean use (%) of a split run's 1 s windows after SPLIT_SETTLE_WINDOWS."""
+    w = r["win_use_pct"][SPLIT_SETTLE_WINDOWS:]
+    return sum(w) / len(w)
+
+
 def result(p: subprocess.Popen, timeout: float = 60) -> list[dict]:
     """The JSON lines a compute_load process printed (one per device)."""
     out, err = p.communicate(timeout=timeout)

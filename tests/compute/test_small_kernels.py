@@ -13,7 +13,7 @@ import time
 import pytest
 
 from . import cardregion
-from .conftest import Node, result
+from .conftest import SPLIT_RUN_S, Node, result, settled_mean
 
 KERNEL_US = 10
 NEVER = 100_000_000  # compute_load -s: synchronise every NEVER launches, i.e. never
@@ -56,10 +56,12 @@ def test_caps_hold_for_10us_kernels_back_to_back(node: Node, caps: tuple[int, ..
 
 @pytest.mark.parametrize("policy", ["strict", "elastic"])
 def test_split_30_70_for_10us_kernels_back_to_back(node: Node, policy: str) -> None:
-    a = node.load(node.env("a", [0], cores=30, policy=policy, kernel_us=KERNEL_US), 4, "-s", NEVER)
-    b = node.load(node.env("b", [0], cores=70, policy=policy, kernel_us=KERNEL_US), 4, "-s", NEVER)
+    env_a = node.env("a", [0], cores=30, policy=policy, kernel_us=KERNEL_US)
+    env_b = node.env("b", [0], cores=70, policy=policy, kernel_us=KERNEL_US)
+    a = node.load(env_a, SPLIT_RUN_S, "-s", NEVER)
+    b = node.load(env_b, SPLIT_RUN_S, "-s", NEVER)
     ra, rb = result(a)[0], result(b)[0]
-    sa, sb = steady(ra), steady(rb)
+    sa, sb = settled_mean(ra), settled_mean(rb)
     assert 27 <= 100 * sa / (sa + sb) <= 33, (ra, rb)
     if policy == "strict":
         assert sa <= 33 and sb <= 73, (ra, rb)
