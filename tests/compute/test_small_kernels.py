@@ -66,3 +66,36 @@ def test_split_30_70_for_10us_kernels_back_to_back(node: Node, policy: str) -> N
     if policy == "strict":
         assert sa <= 33 and sb <= 73, (ra, rb)
     assert sa + sb >= 85, (ra, rb)
+
+
+# Kernels shorter than the driver's time per launch, on the fake's realistic call costs
+# (2.5 us a launch, 2.5 us an event record): the GPU idles between launches, so a launch's
+# event fires before its record call returns and cannot tell how long the kernel ran. Such a
+# launch is charged the window it ran in (launch call + record call, ~5.5 us), an upper bound:
+# the cap is never exceeded, and a share of such kernels is held under it (docs/compute.md,
+# Known limits). Kernels longer than a launch (5 us here) queue, and the cap is exact again.
+REALISTIC = {"FAKEGPU_CALL_COSTS": "realistic"}
+
+
+@pytest.mark.parametrize("kernel_us", [0.5, 1, 2, 3, 5])
+def test_kernels_shorter_than_a_launch_never_exceed_the_cap(node: Node, kernel_us: float) -> None:
+    procs = [
+        (
+            cap,
+            node.load(
+                node.env(f"s{cap}", [i], cores=cap, kernel_us=kernel_us, **REALISTIC),
+                3,
+                "-s",
+                NEVER,
+            ),
+        )
+        for i, cap in enumerate((30, 60))
+    ]
+    for cap, p in procs:
+        r = result(p)[0]
+        assert max(r["win_use_pct"][1:]) <= cap + 3, (kernel_us, cap, r)
+        # not starved: held under the cap by at most the unmeasurable window (~5.5 us a
+        # launch); 5 us kernels queue and are measured (two such loops at once on the fake's
+        # spinning call costs can fall a few points short for lack of CPU)
+        low = 0.85 * cap if kernel_us >= 5 else 0.7 * cap * kernel_us / 5.5
+        assert steady(r) >= low, (kernel_us, cap, r)
