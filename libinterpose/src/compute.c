@@ -42,6 +42,11 @@ void egpu_ctl_defaults(egpu_ctl_params *p)
 
 #define EST_INITIAL_NS 100000ULL /* first launch of a share: 100 us until measured */
 #define EST_MIN_NS 100ULL /* the least estimate: a pre-charge that still counts launches */
+/* Events complete when the GPU reaches them: a kernel shorter than the window between its
+ * launch returning and its event being submitted cannot be told apart from an empty one. Such
+ * a launch, alone on an idle stream, is charged at most this (about the least GPU time a real
+ * kernel takes). */
+#define UNRESOLVED_NS 1000ULL
 #define HI_RECENT_NS 1000000000ULL /* high priority seen this recently: low keeps one launch queued */
 
 static uint64_t u64min(uint64_t a, uint64_t b) { return a < b ? a : b; }
@@ -227,7 +232,6 @@ int egpu_meter_add(egpu_stream_meter *m, const egpu_ctl_params *p, int kind, int
                  (m->pred_end_ns > t0 || m->sample_due++ >= EGPU_SAMPLE_PATIENCE);
     if (!group_n(g)) {
         g->t_first = u64max(t0, t_queued);
-        g->t_call = t0;
         g->gated = !!gated;
     } else if (t0 > m->pred_end_ns) {
         g->gap_ns += t0 - m->pred_end_ns; /* predicted drained before this launch: idle */
@@ -445,8 +449,9 @@ static uint64_t ewma_launches(uint64_t x, uint64_t v, uint32_t n)
 static void solo_sample_locked(egpu_card_slot *s, int k, int overlapped, uint64_t v)
 {
     uint64_t *so = &s->solo_ns[k];
+    int first = !s->solo_n[k]; /* an estimate set by unresolved launches only is replaced */
     if (s->solo_n[k] < SOLO_FIRST) s->solo_n[k]++;
-    if (!*so) *so = v;
+    if (!*so || first) *so = v;
     else if (s->solo_n[k] < SOLO_FIRST && overlapped) *so = u64min(*so, v);
     else if (!overlapped) *so = (*so * 7 + v) / 8;
     else if (v < *so) *so = (*so + v) / 2;
@@ -497,26 +502,27 @@ static uint64_t measured_charge_locked(egpu_card_region *r, int slot, const egpu
     int behind = s->busy_until_ns >= g->t_first;
     /* one launch on an idle stream whose event fired by the time its record call returned:
      * the kernel was done before, and how long it ran is below what the event can tell (an
-     * event completes when the GPU reaches it, not when the kernel ended). It ran inside the
-     * launch call and the record call: charged that whole window, an upper bound, so that a
-     * cap is never exceeded by kernels too short to measure (docs/compute.md, Known limits). */
+     * event completes when the GPU reaches it, not when the kernel ended; docs/compute.md,
+     * Known limits) */
     int unresolved = single && g->rec_ns && !behind && end_ns <= g->rec_ns;
     uint64_t unit = s->solo_ns[g->n[1] ? 1 : 0];
     if (single && (unit ? unit : end_ns - start) >= 100 * ANCHOR_SLACK_NS)
         start = others_end_within_locked(r, slot, start, end_ns);
-    if (unresolved && g->t_call && g->t_call < start) start = g->t_call;
-    uint64_t span = unresolved ? g->rec_ns - start : end_ns > start ? end_ns - start : 0;
+    uint64_t span = end_ns > start ? end_ns - start : 0;
     if (end_ns > s->busy_until_ns) s->busy_until_ns = end_ns;
     if (!span) return 0;
     int ov = overlapped_locked(r, slot, start, end_ns);
     /* an end the poller had to clamp to its own time (the anchor put it in the future) is
      * not a sample */
     if (unresolved) {
-        /* its window only bounds its time: the least window seen so far is the tightest bound
-         * (a window the CPU was preempted in is long), and it is what such a launch is charged */
+        /* its time is below what the event can tell: it is charged at most UNRESOLVED_NS, and
+         * sets the share's estimate only when there is none (and is not counted as a sample:
+         * the first measured one replaces it). A measured estimate stays: such launches of
+         * kernels longer than a launch found the stream idle only because the CPU fell behind,
+         * and lowering the prediction's unit would count their busy time as idle */
         uint64_t *so = &s->solo_ns[g->n[1] ? 1 : 0];
-        if (!*so || span < *so) *so = span;
-        span = *so;
+        if (span > UNRESOLVED_NS) span = UNRESOLVED_NS;
+        if (!*so) *so = span;
     } else if (single && !g->end_clamped) {
         solo_sample_locked(s, g->n[1] ? 1 : 0, ov, span);
     }

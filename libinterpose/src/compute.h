@@ -85,7 +85,6 @@ enum {
 
 typedef struct {
     uint64_t t_first;          /* host time the group's first launch was queued (its call returned) */
-    uint64_t t_call;           /* host time the group's first launch call began */
     uint64_t gap_ns;           /* time the stream was predicted idle between its launches */
     uint64_t est_ns[2];        /* the sum of its launches' estimates: kernels, graphs */
     uint32_t n[2];             /* its launches: kernels, graphs */

@@ -765,7 +765,7 @@ static void record_group(const egpu_launch_ticket *t, gate_stream *gs)
 /* A thread beyond the gate's table: an event after each of its launches. */
 static void record_single(const egpu_launch_ticket *t, CUstream s)
 {
-    egpu_group g = {.t_first = egpu_now_ns(), .t_call = t->t0, .gated = (uint32_t)t->gated};
+    egpu_group g = {.t_first = egpu_now_ns(), .gated = (uint32_t)t->gated};
     g.n[EGPU_LAUNCH_KIND(t->kind)] = 1;
     g.est_ns[EGPU_LAUNCH_KIND(t->kind)] = t->est;
     pthread_mutex_lock(&g_c.mu);

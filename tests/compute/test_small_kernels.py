@@ -68,17 +68,17 @@ def test_split_30_70_for_10us_kernels_back_to_back(node: Node, policy: str) -> N
     assert sa + sb >= 85, (ra, rb)
 
 
-# Kernels shorter than the driver's time per launch, on the fake's realistic call costs
-# (2.5 us a launch, 2.5 us an event record): the GPU idles between launches, so a launch's
-# event fires before its record call returns and cannot tell how long the kernel ran. Such a
-# launch is charged the window it ran in (launch call + record call, ~5.5 us), an upper bound:
-# the cap is never exceeded, and a share of such kernels is held under it (docs/compute.md,
-# Known limits). Kernels longer than a launch (5 us here) queue, and the cap is exact again.
+# Kernels about a launch long, on the fake's realistic call costs (2.5 us a launch, 2.5 us an
+# event record): the stream queues only while the CPU keeps up, so some of the share's
+# one-launch samples find it idle and their events fire before the record call returns, too
+# early to tell the kernel's time. Those samples must not drag the estimate (the prediction's
+# unit) down: before, 3 and 5 us kernels ran at up to 2x their cap for seconds. Kernels
+# shorter than a launch (the GPU idle between launches) are a known limit: docs/compute.md.
 REALISTIC = {"FAKEGPU_CALL_COSTS": "realistic"}
 
 
-@pytest.mark.parametrize("kernel_us", [0.5, 1, 2, 3, 5])
-def test_kernels_shorter_than_a_launch_never_exceed_the_cap(node: Node, kernel_us: float) -> None:
+@pytest.mark.parametrize("kernel_us", [5, 8])
+def test_kernels_about_a_launch_long_hold_the_cap(node: Node, kernel_us: float) -> None:
     procs = [
         (
             cap,
@@ -94,8 +94,6 @@ def test_kernels_shorter_than_a_launch_never_exceed_the_cap(node: Node, kernel_u
     for cap, p in procs:
         r = result(p)[0]
         assert max(r["win_use_pct"][1:]) <= cap + 3, (kernel_us, cap, r)
-        # not starved: held under the cap by at most the unmeasurable window (~5.5 us a
-        # launch); 5 us kernels queue and are measured (two such loops at once on the fake's
-        # spinning call costs can fall a few points short for lack of CPU)
-        low = 0.85 * cap if kernel_us >= 5 else 0.7 * cap * kernel_us / 5.5
-        assert steady(r) >= low, (kernel_us, cap, r)
+        # two such loops at once on the fake's spinning call costs can fall a few points
+        # short for lack of CPU
+        assert steady(r) >= 0.85 * cap, (kernel_us, cap, r)
