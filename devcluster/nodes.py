@@ -3,9 +3,12 @@
 Each node is kwok-managed (annotation ``kwok.x-k8s.io/node=fake``, no taint), carries the
 labels of the file, capacity/allocatable cpu 64, memory 512Gi, pods 110 and
 ``egpu.io/gpu`` = cards x shares_per_card, and the node agent's annotations
-``egpu.io/inventory`` (deterministic card UUIDs) and ``egpu.io/inventory-heartbeat``.
+``egpu.io/inventory`` (deterministic card UUIDs) and ``egpu.io/inventory-heartbeat``, and (as
+the node agent with ``--dra``) its ResourceSlices of the DRA driver gpu.egpu.io
+(``devcluster.dra``).
 
-    create_nodes(api_client, cluster_file, shares_per_card=4, ready_timeout_s=60) -> list[str]
+    create_nodes(api_client, cluster_file, shares_per_card=4, ready_timeout_s=60,
+                 dra_slices=True) -> list[str]
     node_manifest(spec, shares_per_card=4, now=None) -> dict
     wait_nodes_ready(api_client, names, timeout_s=60) -> None
     refresh_heartbeats(api_client, names) -> None
@@ -173,14 +176,20 @@ def create_nodes(
     cluster_file: Path | str,
     shares_per_card: int = DEFAULT_SHARES_PER_CARD,
     ready_timeout_s: float = 60.0,
+    dra_slices: bool = True,
 ) -> list[str]:
-    """Create (or update) the nodes of ``cluster_file`` and wait until each is Ready and
+    """Create (or update) the nodes of ``cluster_file``, with ``dra_slices`` their
+    ResourceSlices (``devcluster.dra.publish_node_slices``), and wait until each is Ready and
     without lifecycle taints (``wait_nodes_ready``); returns their names.
 
     ``ready_timeout_s=0`` returns without waiting. Raises ``DevClusterError``."""
     names = []
     for spec in load_cluster(cluster_file):
         names.append(put_node(api_client, node_manifest(spec, shares_per_card)))
+        if dra_slices:
+            from devcluster.dra import publish_node_slices  # it imports this module
+
+            publish_node_slices(api_client, names[-1], inventory(spec).cards)
     if ready_timeout_s:
         wait_nodes_ready(api_client, names, ready_timeout_s)
     return names

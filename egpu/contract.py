@@ -120,6 +120,25 @@ HOST_HOOK_PATH: Final = "/usr/local/egpu/bin/egpu-hook"
 HOST_INTERPOSER_PATH: Final = "/usr/local/egpu/lib/libegpu_interpose.so"
 CDI_KIND: Final = "egpu.io/gpu"  # CDI device kind of the cards (egpu cdi generate)
 
+# --- DRA (Dynamic Resource Allocation, resource.k8s.io/v1; CONTRACT.md section 5) ---------
+# For clusters that run egpu as a DRA driver (egpu.dra); the extender path above stays for
+# clusters without DRA.
+DRA_DRIVER: Final = "gpu.egpu.io"  # ResourceSlice spec.driver, kubelet plugin name
+DRA_CDI_VENDOR: Final = "egpu.io"
+DEVICE_CLASS_SHARE: Final = "share.gpu.egpu.io"  # a share of one card (multiple allocations)
+DEVICE_CLASS_WHOLE: Final = "whole.gpu.egpu.io"  # whole cards; extendedResourceName RES_GPU
+DRA_CAPACITY_MEMORY: Final = "memory"  # bytes (Quantity, e.g. 24000Mi), in 1 MiB steps
+DRA_CAPACITY_CORES: Final = "cores"  # % of the card's compute, 0..100
+# Device attributes, as the inventory's card fields (egpu.records.Card):
+DRA_ATTR_UUID: Final = "uuid"  # string
+DRA_ATTR_MODEL: Final = "model"  # string
+DRA_ATTR_INDEX: Final = "index"  # int
+DRA_ATTR_MEMORY_MIB: Final = "memoryMiB"  # int, MiB, the card's physical memory
+DRA_ATTR_NUMA_NODE: Final = "numaNode"  # int, -1 when unknown
+DRA_ATTR_HEALTHY: Final = "healthy"  # bool
+DRA_CONFIG_API_VERSION: Final = "gpu.egpu.io/v1alpha1"  # opaque config
+DRA_CONFIG_KIND: Final = "ShareConfig"  # priority, computePolicy, memoryOversubscription
+
 # --- Configuration -----------------------------------------------------------------------
 CONFIG_MAP_NAME: Final = "egpu-config"
 CONFIG_FILE_ENV: Final = "EGPU_CLUSTER_CONFIG"  # path of the YAML config for the parts

@@ -7,5 +7,6 @@
 - ``cdi``: the node's CDI spec (``/var/run/cdi/egpu.json``) and the CDI device names that
   Allocate returns (also used by ``egpu cdi generate``);
 - ``metrics``: the Prometheus exporter over the accounting regions and NVML;
+- ``dra``: with ``--dra``, the node's ResourceSlices of the DRA driver ``gpu.egpu.io``;
 - ``main``: wiring and the command line.
 """

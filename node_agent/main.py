@@ -2,8 +2,9 @@
 
 Threads: the pod watch (``pods.watch_pods``), the XID health watcher, the device plugin's
 keep-registered loop, the inventory heartbeat (main thread; it also rewrites the CDI spec
-``<--cdi-spec-dir>/egpu.json`` when the cards or their device nodes changed) and the metrics
-HTTP server.
+``<--cdi-spec-dir>/egpu.json`` when the cards or their device nodes changed, and with ``--dra``
+brings the node's ResourceSlices of the DRA driver gpu.egpu.io to the healthy cards) and the
+metrics HTTP server.
 Options come from the command line, with environment defaults for the DaemonSet:
 ``NODE_NAME`` (downward API), ``EGPU_CLUSTER_CONFIG`` (the config YAML).
 """
@@ -89,6 +90,14 @@ def parser() -> argparse.ArgumentParser:
                         "spec (nvidia-ctk cdi generate) is looked for (default: %(default)s)")
     p.add_argument("--hook", default=HOST_HOOK_PATH,
                    help="host path of egpu-hook, named in the CDI spec (default: %(default)s)")
+    p.add_argument("--dra", action="store_true",
+                   help="publish the node's ResourceSlices of the DRA driver gpu.egpu.io (one "
+                        "device per healthy card, consumable memory and cores) at each beat; "
+                        "needs Kubernetes >= 1.34 with DRAConsumableCapacity")
+    p.add_argument("--dra-memory-oversubscription", action="store_true",
+                   help="with --dra: offer each card's memory x the config's "
+                        "memoryOversubscriptionRatio, for every claim on this node "
+                        "(default: the card's memory)")
     return p
 
 
@@ -150,6 +159,13 @@ def run(argv: Sequence[str] | None = None) -> int:
         cdi.publish(cards.get())  # before the plugin registers: Allocate names its devices
     catch_up = (PodCatchUp(registry, list_node_pods(core_v1, args.node_name))
                 if core_v1 is not None else None)
+    dra = None
+    if args.dra and core_v1 is not None:
+        from node_agent.dra import DraPublisher
+
+        dra = DraPublisher(core_v1, args.node_name,
+                           config.memory_oversubscription_ratio
+                           if args.dra_memory_oversubscription else 1.0)
     plugin = EgpuDevicePlugin(cards.get, config.shares_per_card, registry.pending,
                               registry.consume, args.node_name, catch_up=catch_up,
                               cdi=cdi.names if cdi is not None else None)
@@ -197,6 +213,11 @@ def run(argv: Sequence[str] | None = None) -> int:
                 last_beat[:] = [time.time()]
             except Exception as exc:  # the API server may be away; retry at the next beat
                 log.warning("inventory heartbeat: %s", exc)
+        if dra is not None:
+            try:
+                dra.publish(cards.get())
+            except Exception as exc:  # as the heartbeat: retry at the next beat
+                log.warning("ResourceSlices: %s", exc)
         heartbeat_now.wait(args.heartbeat_seconds)
         heartbeat_now.clear()
     return 0

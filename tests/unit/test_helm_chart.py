@@ -279,6 +279,23 @@ def test_monitoring_off_drops_exactly_the_monitoring_objects(
         assert {kind for kind, _, _ in dropped} == {"ConfigMap", "PodMonitor", "PrometheusRule"}
 
 
+def test_dra_enabled_renders_manifests_with_the_dra_component(
+        helm, kustomize, tmp_path: Path) -> None:
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(MANIFESTS, overlay)  # kustomize takes relative paths only
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{base}]\ncomponents: [{base}/dra]\n")
+    on = helm(**{"dra.enabled": "true"})
+    _assert_same(kustomize(overlay), on, ("kustomize + manifests/dra", "helm dra.enabled"))
+    added = on.keys() - helm().keys()
+    assert added == {("DeviceClass", "", "share.gpu.egpu.io"),
+                     ("DeviceClass", "", "whole.gpu.egpu.io")}
+    agent = dict(_containers(on))[(("DaemonSet", NAMESPACE, "egpu-node-agent"), "agent")]
+    assert agent["args"] == ["--metrics-port=9400", "--dra"]
+
+
 def test_webhook_values(helm) -> None:
     default = helm()
     changed = helm(**{"webhook.replicas": "3", "webhook.tls.secretName": "my-webhook-tls",

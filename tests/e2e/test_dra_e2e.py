@@ -1,0 +1,402 @@
+"""egpu as a DRA driver on the dev cluster: the real kube-apiserver and kube-scheduler (v1.37.2,
+default feature gates: DynamicResourceAllocation, DRAConsumableCapacity, DRAExtendedResource)
+place ResourceClaims on the ResourceSlices that the simulated fleet publishes through the same
+core function as the node agent (``egpu.dra.slices``, ``devcluster.dra``).
+
+The module applies the DeviceClasses of ``manifests/dra/deviceclasses.yaml`` and works in its
+own namespace and, where it needs exact capacities, on its own kwok nodes; it removes them
+at the end. Pods use the default scheduler and no webhook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster import cluster as devcluster
+from devcluster import nodes as devnodes
+from devcluster.dra import SLICES_PATH, DevSliceStore, publish_node_slices
+from egpu.contract import (
+    ANN_INVENTORY,
+    DEVICE_CLASS_SHARE,
+    DEVICE_CLASS_WHOLE,
+    DRA_DRIVER,
+    RES_GPU,
+)
+from egpu.dra.slices import MIB, node_slices, parse_quantity
+from egpu.records import Card, Inventory
+from tests.e2e.conftest import E2ECluster
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+DEVICE_CLASSES = REPO / "manifests" / "dra" / "deviceclasses.yaml"
+FAKE_NVML = REPO / "fakegpu" / "build" / "libnvidia-ml.so.1"
+NAMESPACE = "egpu-dra-e2e"
+NODE_PREFIX = "egpu-dra-e2e-"
+CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
+A10 = ("NVIDIA A10", 23028)  # model, MiB
+GI = 1 << 30
+SCHEDULE_S = 90.0  # a loaded 2-core machine can take a while to schedule a burst of pods
+
+
+class Dra:
+    """The API as plain JSON, and the objects this module made (removed at the end)."""
+
+    def __init__(self, cluster: E2ECluster) -> None:
+        self.cluster = cluster
+        self.client = cluster.api_client()
+        self.nodes: list[str] = []
+
+    def api(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
+        return devnodes.api_request(self.client, method, path, body, query=query or None)
+
+    # nodes and their slices
+    def slices(self, node: str) -> list[dict[str, Any]]:
+        return DevSliceStore(self.client).list_slices(node)
+
+    def add_node(self, suffix: str, count: int, advertise_gpu: bool = True) -> list[Card]:
+        """A kwok node of ``count`` A10 cards with its slices; without ``advertise_gpu`` the
+        node has no allocatable egpu.io/gpu (no device plugin: DRA serves that name)."""
+        name = NODE_PREFIX + suffix
+        spec = {"name": name, "labels": {"egpu-e2e": "dra"},
+                "cards": {"count": count, "model": A10[0], "memoryMiB": A10[1]}}
+        body = devnodes.node_manifest(spec)
+        if not advertise_gpu:
+            for key in ("capacity", "allocatable"):
+                body["status"][key].pop(RES_GPU)
+        self.delete_node(name)
+        devnodes.put_node(self.client, body)
+        self.nodes.append(name)
+        devnodes.wait_nodes_ready(self.client, [name], timeout_s=60)
+        cards = devnodes.inventory(spec).cards
+        publish_node_slices(self.client, name, cards)
+        return list(cards)
+
+    def delete_node(self, name: str) -> None:
+        with contextlib.suppress(devnodes.ApiError):
+            self.api("DELETE", f"/api/v1/nodes/{name}")
+        for body in self.slices(name):  # the garbage collector would, in its own time
+            DevSliceStore(self.client).delete_slice(body["metadata"]["name"])
+        devcluster.wait_until(f"node {name} gone", lambda: self._gone(f"/api/v1/nodes/{name}"))
+
+    def _gone(self, path: str) -> bool:
+        try:
+            self.api("GET", path)
+        except devnodes.ApiError as exc:
+            return exc.status == 404
+        return False
+
+    # pods and claims
+    def share_pod(self, name: str, node: str | None, memory: str, cores: str) -> dict[str, Any]:
+        """A pod with one container and a claim (from its own template) for one share."""
+        template = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DEVICE_CLASS_SHARE,
+                "capacity": {"requests": {"memory": memory, "cores": cores}}}}]}}},
+        }
+        self.api("POST", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/"
+                         "resourceclaimtemplates", template)
+        pod = _pod(name, node)
+        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": name}]
+        return self.api("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+
+    def gpu_pod(self, name: str, node: str, cards: int) -> dict[str, Any]:
+        """A pod that asks only for ``egpu.io/gpu: cards`` (no claim)."""
+        pod = _pod(name, node)
+        pod["spec"]["containers"][0]["resources"] = {"limits": {RES_GPU: str(cards)}}
+        return self.api("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+
+    def pod(self, name: str) -> dict[str, Any]:
+        return self.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+
+    def claim_of(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """The allocated claim of a pod: its template's claim, or the extended-resource one."""
+        status = pod.get("status") or {}
+        name = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+        if not name:
+            [entry] = status.get("resourceClaimStatuses") or [{}]
+            name = entry.get("resourceClaimName")
+        assert name, f"pod {pod['metadata']['name']} names no claim: {status}"
+        return self.api("GET", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/"
+                               f"resourceclaims/{name}")
+
+    def consumed(self, pool: str) -> dict[str, dict[str, Decimal]]:
+        """Device -> capacity -> what every allocated claim of the cluster books of it."""
+        booked: dict[str, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+        for claim in self.api("GET", CLAIMS_PATH)["items"]:
+            for result in _results(claim):
+                if result["driver"] == DRA_DRIVER and result["pool"] == pool:
+                    for capacity, text in (result.get("consumedCapacity") or {}).items():
+                        booked[result["device"]][capacity] += _quantity(text)
+        return booked
+
+
+def _pod(name: str, node: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "image": "egpu.local/pause:3.10"}],
+        "terminationGracePeriodSeconds": 0,
+        "nodeSelector": {"type": "kwok"},
+    }
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
+
+
+def _results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return list((allocation.get("devices") or {}).get("results") or [])
+
+
+def _quantity(text: str) -> Decimal:
+    value = parse_quantity(text)
+    assert value is not None, f"not a quantity: {text!r}"
+    return value
+
+
+def _scheduled(pod: dict[str, Any]) -> bool:
+    return bool(pod["spec"].get("nodeName"))
+
+
+def _unschedulable(pod: dict[str, Any]) -> bool:
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False"
+               and c.get("reason") == "Unschedulable"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _capacity(device: dict[str, Any], name: str) -> Decimal:
+    return _quantity(device["capacity"][name]["value"])
+
+
+@pytest.fixture(scope="module")
+def dra(cluster: E2ECluster) -> Iterator[Dra]:
+    env = Dra(cluster)
+    cluster.kubectl("apply", "-f", str(DEVICE_CLASSES))
+    cluster.ensure_namespace(NAMESPACE)
+    try:
+        yield env
+    finally:
+        cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=90s",
+                        check=False, timeout=120)
+        for name in env.nodes:
+            env.delete_node(name)
+        cluster.kubectl("delete", "-f", str(DEVICE_CLASSES), "--ignore-not-found", check=False)
+
+
+# --- (a) the published devices ---------------------------------------------------------------
+
+def test_every_simulated_node_publishes_one_shareable_device_per_card(dra: Dra) -> None:
+    for name in dra.cluster.node_names:
+        node = dra.api("GET", f"/api/v1/nodes/{name}")
+        cards = Inventory.decode(node["metadata"]["annotations"][ANN_INVENTORY]).cards
+        [body] = dra.slices(name)
+        spec = body["spec"]
+        assert spec["driver"] == DRA_DRIVER and spec["nodeName"] == name
+        assert spec["pool"]["name"] == name and spec["pool"]["resourceSliceCount"] == 1
+        assert body["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
+        by_uuid = {d["attributes"]["uuid"]["string"]: d for d in spec["devices"]}
+        assert set(by_uuid) == {c.uuid for c in cards}, name
+        for card in cards:
+            device = by_uuid[card.uuid]
+            assert device["allowMultipleAllocations"] is True
+            assert _capacity(device, "memory") == card.memory_mib * MIB
+            assert _capacity(device, "cores") == 100
+            memory_range = device["capacity"]["memory"]["requestPolicy"]["validRange"]
+            assert _quantity(memory_range["step"]) == MIB
+            assert device["attributes"]["memoryMiB"] == {"int": card.memory_mib}
+            assert device["attributes"]["model"] == {"string": card.model}
+            assert device["attributes"]["index"] == {"int": card.index}
+            assert device["attributes"]["numaNode"] == {"int": card.numa_node}
+
+
+def test_publishing_the_same_cards_again_writes_nothing(dra: Dra) -> None:
+    name = dra.cluster.node_names[0]
+    node = dra.api("GET", f"/api/v1/nodes/{name}")
+    cards = Inventory.decode(node["metadata"]["annotations"][ANN_INVENTORY]).cards
+    before = dra.slices(name)
+    done = publish_node_slices(dra.client, name, cards)
+    assert not done.changed
+    assert [s["metadata"]["resourceVersion"] for s in dra.slices(name)] == [
+        s["metadata"]["resourceVersion"] for s in before]
+
+
+def test_an_unhealthy_card_leaves_the_pool_at_a_new_generation(dra: Dra) -> None:
+    cards = dra.add_node("health", 2)
+    name = NODE_PREFIX + "health"
+    [first] = dra.slices(name)
+    sick = [cards[0], replace(cards[1], healthy=False)]
+    done = publish_node_slices(dra.client, name, tuple(sick))
+    [after] = dra.slices(name)
+    assert done.generation == after["spec"]["pool"]["generation"] == (
+        first["spec"]["pool"]["generation"] + 1)
+    assert [d["attributes"]["uuid"]["string"] for d in after["spec"]["devices"]] == [
+        cards[0].uuid]
+    publish_node_slices(dra.client, name, (sick[1],))  # the last card unhealthy too
+    assert dra.slices(name) == []
+
+
+def test_edge_case_slices_pass_the_api_servers_validation(dra: Dra) -> None:
+    cards = [Card(uuid=f"GPU-{i:08x}-0000-0000-0000-{i:012x}", index=i, model="M" * 64,
+                  memory_mib=2 if i == 0 else 1 << 20, numa_node=-1)
+             for i in range(130)]
+    slices = node_slices(NODE_PREFIX + "edge", cards, generation=2**40, memory_ratio=1.5)
+    assert [len(s["spec"]["devices"]) for s in slices] == [128, 2]
+    for body in slices:
+        dra.api("POST", SLICES_PATH, copy.deepcopy(body), dryRun="All",
+                fieldValidation="Strict")
+
+
+def test_the_node_agent_publishes_its_cards_and_drops_one_that_turns_unhealthy(
+        dra: Dra, tmp_path: Path) -> None:
+    """The real ``egpu-node-agent --dra`` on the fake NVML (two cards): its node's slice
+    appears; a critical XID on one card takes that device out at a new generation at once
+    (the beat is 300 s: the health watcher's wake-up publishes)."""
+    if not FAKE_NVML.exists():
+        pytest.fail(f"{FAKE_NVML} is not built (make native)")
+    dra.add_node("agent", 0)  # the agent writes its own inventory and slices
+    node = NODE_PREFIX + "agent"
+    uuids = ["GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000"]
+    (tmp_path / "cards.ini").write_text("".join(
+        f"[card]\nuuid={u}\nname={A10[0]}\nmemory_mib={A10[1]}\nnuma_node={i}\n"
+        for i, u in enumerate(uuids)))
+    log = open(tmp_path / "agent.log", "w")  # noqa: SIM115 (closed in the finally below)
+    agent = subprocess.Popen(
+        [str(Path(sys.executable).parent / "egpu-node-agent"), "--node-name", node,
+         "--kubeconfig", dra.cluster.kubeconfig, "--nvml-library", str(FAKE_NVML),
+         "--plugin-dir", str(tmp_path / "plugins"), "--cdi-spec-dir", "",
+         "--metrics-port", "0", "--runtime-dir", str(tmp_path / "runtime"),
+         "--private-dir", str(tmp_path / "private"), "--heartbeat-seconds", "300", "--dra"],
+        env={"PATH": "/usr/bin:/bin", "FAKEGPU_CONFIG": str(tmp_path / "cards.ini"),
+             "FAKEGPU_STATE_DIR": str(tmp_path)},
+        stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        def devices() -> list[str]:
+            return [d["attributes"]["uuid"]["string"]
+                    for s in dra.slices(node) for d in s["spec"]["devices"]]
+
+        devcluster.wait_until(f"the agent's slice of {node}",
+                              lambda: devices() == uuids, timeout=30)
+        [first] = dra.slices(node)
+        assert first["spec"]["devices"][1]["attributes"]["numaNode"] == {"int": 1}
+        assert _capacity(first["spec"]["devices"][0], "memory") == A10[1] * MIB
+        with open(tmp_path / "xid", "a") as xid:
+            xid.write(f"{uuids[1]} 79\n")  # 79: the GPU has fallen off the bus
+        devcluster.wait_until(f"{uuids[1]} out of {node}'s slice",
+                              lambda: devices() == uuids[:1], timeout=30)
+        [after] = dra.slices(node)
+        assert after["spec"]["pool"]["generation"] == first["spec"]["pool"]["generation"] + 1
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
+        log.close()
+    assert agent.returncode == 0, (tmp_path / "agent.log").read_text()
+
+
+# --- (b) a share claim ---------------------------------------------------------------------
+
+def test_a_share_claim_is_placed_on_a_simulated_card_and_books_what_it_asks(dra: Dra) -> None:
+    dra.share_pod("share-8gi-30", None, "8Gi", "30")
+    pod = devcluster.wait_until("share-8gi-30 scheduled", lambda: (
+        p := dra.pod("share-8gi-30")) and _scheduled(p) and p, timeout=SCHEDULE_S)
+    node = pod["spec"]["nodeName"]
+    assert node in dra.cluster.node_names or node.startswith(NODE_PREFIX)
+    [result] = _results(dra.claim_of(pod))
+    assert (result["driver"], result["pool"], result["request"]) == (DRA_DRIVER, node, "gpu")
+    assert {k: _quantity(v) for k, v in result["consumedCapacity"].items()} == {
+        "memory": 8 * GI, "cores": 30}
+    assert result.get("shareID"), "a device allocated more than once has a share ID"
+    devices = {d["name"] for s in dra.slices(node) for d in s["spec"]["devices"]}
+    assert result["device"] in devices
+
+
+# --- (c) never past a card's capacity --------------------------------------------------------
+
+@pytest.mark.parametrize(("suffix", "memory", "cores", "per_card"), [
+    pytest.param("memory", "8Gi", "30", 2, id="memory-bound"),  # 3 x 8 GiB > 23028 MiB
+    pytest.param("cores", "1Gi", "40", 2, id="cores-bound"),  # 3 x 40 % > 100 %
+])
+def test_the_scheduler_never_books_a_card_past_its_capacity(
+        dra: Dra, suffix: str, memory: str, cores: str, per_card: int) -> None:
+    cards = dra.add_node(suffix, 2)
+    node = NODE_PREFIX + suffix
+    fit = per_card * len(cards)
+    names = [f"fill-{suffix}-{i}" for i in range(fit + 4)]
+    with ThreadPoolExecutor(len(names)) as pool:  # all at once, as a burst of users would
+        list(pool.map(lambda n: dra.share_pod(n, node, memory, cores), names))
+
+    def pods() -> list[dict[str, Any]]:
+        return [dra.pod(n) for n in names]
+
+    devcluster.wait_until(f"{fit} pods on {node}, the other {len(names) - fit} unschedulable",
+                          lambda: sum(map(_scheduled, p := pods())) == fit
+                          and sum(map(_unschedulable, p)) == len(names) - fit,
+                          timeout=SCHEDULE_S)
+    time.sleep(3)  # the scheduler retries unschedulable pods: none may fit later
+    now = pods()
+    assert sum(map(_scheduled, now)) == fit
+    assert all(p["spec"]["nodeName"] == node for p in now if _scheduled(p))
+    booked = dra.consumed(node)
+    [body] = dra.slices(node)
+    for device in body["spec"]["devices"]:
+        used = booked[device["name"]]
+        assert used["memory"] <= _capacity(device, "memory"), (device["name"], used)
+        assert used["cores"] <= _capacity(device, "cores"), (device["name"], used)
+        assert used["memory"] == per_card * _quantity(memory), (device["name"], used)
+        assert used["cores"] == per_card * _quantity(cores), (device["name"], used)
+
+
+# --- (d) whole cards through egpu.io/gpu --------------------------------------------------------
+
+def test_whole_cards_through_egpu_io_gpu_need_no_claim(dra: Dra) -> None:
+    whole = dra.api("GET", f"/apis/resource.k8s.io/v1/deviceclasses/{DEVICE_CLASS_WHOLE}")
+    assert whole["spec"]["extendedResourceName"] == RES_GPU
+    cards = dra.add_node("whole", 2, advertise_gpu=False)
+    node = NODE_PREFIX + "whole"
+    dra.gpu_pod("whole-2", node, 2)
+    pod = devcluster.wait_until("whole-2 scheduled", lambda: (
+        p := dra.pod("whole-2")) and _scheduled(p) and p, timeout=SCHEDULE_S)
+    assert pod["spec"]["nodeName"] == node
+    claim = dra.claim_of(pod)
+    assert claim["metadata"]["name"] == pod["status"]["extendedResourceClaimStatus"][
+        "resourceClaimName"]
+    results = _results(claim)
+    assert len({r["device"] for r in results}) == len(results) == 2, results
+    for result in results:  # a whole card books all of its memory
+        assert _quantity(result["consumedCapacity"]["memory"]) == A10[1] * MIB
+    # nothing fits beside whole cards: neither a share nor another card
+    dra.share_pod("beside-whole", node, "1Gi", "10")
+    dra.gpu_pod("whole-1-more", node, 1)
+    devcluster.wait_until("the pods beside the whole cards unschedulable", lambda: all(
+        _unschedulable(dra.pod(n)) for n in ("beside-whole", "whole-1-more")),
+        timeout=SCHEDULE_S)
+    assert len(cards) == 2
+
+
+def test_a_node_that_advertises_egpu_io_gpu_keeps_the_device_plugin_path(dra: Dra) -> None:
+    dra.add_node("plugin", 2)  # allocatable egpu.io/gpu: cards x shares per card
+    node = NODE_PREFIX + "plugin"
+    dra.gpu_pod("plugin-1", node, 1)
+    pod = devcluster.wait_until("plugin-1 scheduled", lambda: (
+        p := dra.pod("plugin-1")) and _scheduled(p) and p, timeout=SCHEDULE_S)
+    assert not (pod.get("status") or {}).get("extendedResourceClaimStatus")
+    assert dra.consumed(node) == {}
