@@ -12,7 +12,8 @@
  *   ctx_destroy (destroy the last context made by "ctx")
  *   array W H | array3d W H D [CH] | mipmap W H LEVELS | array_destroy | hostalloc MiB | hostfree
  *   sleep MS | hold (print "holding" and sleep until killed) | kill (SIGKILL itself)
- *   loop N <steps...> ;  (repeat steps up to ";" N times, printing only failures)
+ *   loop N <steps...> ;  (repeat steps up to ";" N times, printing only failures; then
+ *                         the longest iteration, max_iter_us)
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -291,9 +292,17 @@ static int step(int argc, char **argv, int i)
         int n = (int)ARG(1), end = i;
         while (end < argc && strcmp(argv[end], ";")) end++;
         quiet++;
-        for (int k = 0; k < n; k++) run(end, argv, i);
+        long long max_iter_us = 0; /* the longest iteration: a wait on a peer's lock shows here */
+        for (int k = 0; k < n; k++) {
+            struct timespec a, b;
+            clock_gettime(CLOCK_MONOTONIC, &a);
+            run(end, argv, i);
+            clock_gettime(CLOCK_MONOTONIC, &b);
+            long long us = (b.tv_sec - a.tv_sec) * 1000000LL + (b.tv_nsec - a.tv_nsec) / 1000;
+            if (us > max_iter_us) max_iter_us = us;
+        }
         quiet--;
-        out("loop", 0, "n=%d", n);
+        out("loop", 0, "n=%d max_iter_us=%lld", n, max_iter_us);
         return end < argc ? end + 1 : end;
     } else {
         fprintf(stderr, "unknown step %s\n", s);
