@@ -60,7 +60,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -550,8 +550,12 @@ def _judge_review(answer: Any, body: Body, tally: Tally) -> None:
 class Webhook:
     """The webhook as its own process on 127.0.0.1 (restarted by ``ensure_alive``)."""
 
-    def __init__(self, certs: Path, port: int, log_path: Path) -> None:
+    def __init__(self, certs: Path, port: int, log_path: Path, extra: Sequence[str] = (),
+                 cafile: Path | None = None) -> None:
+        """``extra``: more webhook.main arguments; ``cafile``: what the health probe trusts
+        (default ``certs/ca.crt``)."""
         self.certs, self.port, self.log_path = certs, port, log_path
+        self.extra, self.cafile = list(extra), cafile or certs / "ca.crt"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -560,8 +564,9 @@ class Webhook:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "webhook.main", "--cert", str(self.certs / "tls.crt"),
              "--key", str(self.certs / "tls.key"), "--host", "127.0.0.1", "--port",
-             str(self.port), "--log-level", "WARNING"], cwd=REPO, stdout=log, stderr=log)
-        context = ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
+             str(self.port), "--log-level", "WARNING", *self.extra], cwd=REPO, stdout=log,
+            stderr=log)
+        context = ssl.create_default_context(cafile=str(self.cafile))
         deadline = time.monotonic() + 30
         while True:
             try:
