@@ -1,0 +1,206 @@
+"""Placement chaos: bursts of share pods while the scheduler extender is SIGKILLed.
+
+Issue 15's reliability figure. On the dev cluster (reused when ``egpu dev-cluster`` reports one
+up, else started and stopped here), with the extender as its own process (``python -m
+scheduler.main``) behind the dev cluster's ``egpu-scheduler`` profile: ``--nodes`` kwok nodes of
+4 NVIDIA L4 cards (24576 MiB, ``sharesPerCard`` 4 slots each). Each of ``--rounds`` rounds
+creates ``--pods`` pods of one 4000 MiB share at once (from 16 threads; more than the nodes'
+slots, so the extender refuses some), SIGKILLs the extender at a random instant in the first
+``--kill-window`` seconds, starts it again ``--down`` seconds later, waits until every slot is
+taken (at most 120 s; pods the extender refused wait in the kube-scheduler's backoff), checks,
+and deletes the pods.
+
+Counted over all rounds:
+- ``overbooked``: cards whose bookings, summed as ``kubectl egpu`` sums them
+  (``egpu.cluster_view``), exceed their memory, 100 cores or their slots (must be 0);
+- ``lost``: pods missing after the round, and bound pods without an ``egpu.io/allocation``
+  (they would start with no share) or bound to another node than their allocation (must be 0);
+- ``unplaced``: rounds in which fewer pods were bound than there are slots 120 s after the
+  restart while pods still waited (capacity left idle; must be 0);
+- ``settle_s_max``: the longest a round took, from the restart, to fill every slot.
+
+The last line is exactly ``rounds=N pods=N kills=N overbooked=N lost=N unplaced=N
+bound_per_round=N settle_s_max=N``. Exit status 0 when overbooked, lost and unplaced are 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from devcluster import cluster as devcluster  # noqa: E402
+from devcluster import nodes as devnodes  # noqa: E402
+from devcluster.extender import ExtenderProcess  # noqa: E402
+from egpu.cluster_view import cluster_view  # noqa: E402
+from egpu.config import Config  # noqa: E402
+from egpu.contract import ANN_ALLOCATION, RES_GPU, RES_MEMORY  # noqa: E402
+from egpu.records import Allocation  # noqa: E402
+from scheduler.kube import ApiStatusError, RawApi  # noqa: E402
+
+NS = "egpu-chaos"
+SHARES = devnodes.DEFAULT_SHARES_PER_CARD
+CARDS = 4
+CARD_MIB = 24576
+SHARE_MIB = 4000
+SETTLE_TIMEOUT_S = 120.0  # every slot not taken by then: capacity left idle (unplaced)
+
+
+def add_nodes(api: RawApi, n: int) -> list[str]:
+    """N kwok nodes ``chaos-N`` of CARDS L4 cards each, Ready and untainted."""
+    names = []
+    for i in range(n):
+        name = f"chaos-{i}"
+        body = devnodes.node_manifest({"name": name, "labels": {"egpu-chaos": "true"},
+                                       "cards": {"count": CARDS, "model": "NVIDIA L4",
+                                                 "memoryMiB": CARD_MIB}}, SHARES)
+        with contextlib.suppress(ApiStatusError):
+            api.json("POST", "/api/v1/nodes", body=body)
+        status = {"status": {k: body["status"][k] for k in ("capacity", "allocatable")}}
+        api.json("PATCH", f"/api/v1/nodes/{name}/status", body=status,
+                 content_type="application/merge-patch+json")
+        names.append(name)
+    devnodes.wait_nodes_ready(api.client, names, timeout_s=120)
+    return names
+
+
+def share_pod(name: str, nodes: list[str]) -> dict[str, Any]:
+    """A pod of one SHARE_MIB share for egpu-scheduler, kept to the chaos nodes."""
+    only = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
+    required = {"nodeSelectorTerms": [{"matchExpressions": [only]}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+            "spec": {"schedulerName": devcluster.EGPU_SCHEDULER,
+                     "terminationGracePeriodSeconds": 0,
+                     "affinity": {"nodeAffinity": {
+                         "requiredDuringSchedulingIgnoredDuringExecution": required}},
+                     "containers": [{"name": "c", "image": "busybox", "resources": {"limits": {
+                         RES_GPU: "1", RES_MEMORY: str(SHARE_MIB)}}}]}}
+
+
+def pods(api: RawApi) -> list[dict[str, Any]]:
+    return list(api.json("GET", f"/api/v1/namespaces/{NS}/pods")["items"])
+
+
+def settle(api: RawApi, want: int) -> tuple[list[dict[str, Any]], float]:
+    """The pods once ``want`` of them are bound (every slot: the round holds more pods), and
+    the seconds that took; the pods as they are after SETTLE_TIMEOUT_S otherwise."""
+    start = time.monotonic()
+    while time.monotonic() - start < SETTLE_TIMEOUT_S:
+        now_pods = pods(api)
+        if sum(1 for p in now_pods if p["spec"].get("nodeName")) >= want:
+            return now_pods, time.monotonic() - start
+        time.sleep(0.3)
+    return pods(api), time.monotonic() - start
+
+
+def check(api: RawApi, names: list[str], expected: int, config: Config) -> tuple[int, int]:
+    """(overbooked cards, lost pods) of the round's pods."""
+    now_pods = pods(api)
+    lost = expected - len(now_pods)
+    for p in now_pods:
+        node = p["spec"].get("nodeName")
+        text = (p["metadata"].get("annotations") or {}).get(ANN_ALLOCATION)
+        if node and (not text or Allocation.decode(text).node != node):
+            lost += 1
+    nodes = [api.json("GET", f"/api/v1/nodes/{n}") for n in names]
+    overbooked = 0
+    for view in cluster_view(nodes, now_pods, config):
+        for card in view.cards:
+            if (card.booked_mib > card.card.memory_mib or card.booked_cores > 100
+                    or len(card.shares) > SHARES):
+                overbooked += 1
+                print(f"overbooked: {view.name} {card.card.uuid} {card.booked_mib} MiB "
+                      f"{card.booked_cores}% {len(card.shares)} shares", flush=True)
+    return overbooked, lost
+
+
+def delete_pods(api: RawApi) -> None:
+    api.json("DELETE", f"/api/v1/namespaces/{NS}/pods", query={"gracePeriodSeconds": 0})
+    devcluster.wait_until("chaos pods gone", lambda: not pods(api), timeout=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--pods", type=int, default=48, help="pods a round (slots: nodes x 16)")
+    ap.add_argument("--kill-window", type=float, default=3.0, help="seconds")
+    ap.add_argument("--down", type=float, default=1.0, help="seconds the extender stays dead")
+    ap.add_argument("--seed", type=int, default=15)
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    state_dir = devcluster.default_state_dir()
+    started = not devcluster.status(state_dir).up
+    info = (devcluster.up(devcluster.Config(state_dir=state_dir)) if started
+            else devcluster.ClusterInfo.load(state_dir))
+    api = RawApi(info.api_client())
+    work = Path(tempfile.mkdtemp(prefix="egpu-chaos-"))
+    config_path = work / "egpu-config.yaml"
+    config_path.write_text(yaml.safe_dump({"sharesPerCard": SHARES,
+                                           "heartbeatTimeoutSeconds": 3600}))
+    config = Config(shares_per_card=SHARES)
+    extender = ExtenderProcess(info.kubeconfig, config_path, work / "extender.log")
+    previous = (info.extender_url, info.extender_ca_file)
+    slots = args.nodes * CARDS * SHARES
+    kills = overbooked = lost = unplaced = bound_total = 0
+    settle_max = 0.0
+    names: list[str] = []
+    try:
+        with contextlib.suppress(ApiStatusError):
+            api.json("POST", "/api/v1/namespaces", body={"metadata": {"name": NS}})
+        names = add_nodes(api, args.nodes)
+        devnodes.refresh_heartbeats(api.client, names)
+        extender.start()
+        devcluster.set_extender(info, extender.url)
+        for r in range(args.rounds):
+            batch = [share_pod(f"r{r:02d}-p{i:03d}", names) for i in range(args.pods)]
+            kill_at = time.monotonic() + rng.uniform(0, args.kill_window)
+            with ThreadPoolExecutor(16) as pool:
+                creating = [pool.submit(api.json, "POST", f"/api/v1/namespaces/{NS}/pods",
+                                        body=p) for p in batch]
+                time.sleep(max(0.0, kill_at - time.monotonic()))
+                extender.kill()
+                kills += 1
+                for f in creating:
+                    f.result()
+            time.sleep(args.down)
+            extender.start()
+            final, took = settle(api, min(slots, args.pods))
+            settle_max = max(settle_max, took)
+            bound = sum(1 for p in final if p["spec"].get("nodeName"))
+            bound_total += bound
+            o, lo = check(api, names, args.pods, config)
+            overbooked, lost = overbooked + o, lost + lo
+            unplaced += bound < min(slots, args.pods)
+            print(f"round {r + 1}: bound {bound}/{args.pods} (slots {slots}) in {took:.1f} s "
+                  f"after the restart, overbooked {o}, lost {lo}", flush=True)
+            delete_pods(api)
+    finally:
+        extender.stop()
+        devcluster.set_extender(info, *previous)
+        for name in names:
+            with contextlib.suppress(ApiStatusError):
+                api.json("DELETE", f"/api/v1/nodes/{name}")
+        if started:
+            devcluster.down(state_dir)
+    print(f"extender log: {extender.log}")
+    print(f"rounds={args.rounds} pods={args.pods} kills={kills} overbooked={overbooked} "
+          f"lost={lost} unplaced={unplaced} bound_per_round={bound_total / args.rounds:.1f} "
+          f"settle_s_max={settle_max:.1f}")
+    return 0 if overbooked == lost == unplaced == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
