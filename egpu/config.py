@@ -23,6 +23,12 @@ Keys (YAML, camelCase as Kubernetes configs are)::
     heartbeatTimeoutSeconds: 120           # a node's inventory older than this takes no shares
     lowPriorityFloorPercent: 0             # 0..100: what a low-priority share keeps of a card
                                            # beside busy high-priority work (0: it yields fully)
+    allocationMode: extender               # extender | dra: what the webhook makes of a share
+                                           # (dra: ResourceClaims, docs/dra.md)
+    namespaceAllocationModes: {}           # namespace -> extender | dra (a migration, by team)
+
+A pod's annotation ``egpu.io/allocation-mode`` comes first, then its namespace's entry in
+``namespaceAllocationModes``, then ``allocationMode`` (``Config.allocation_mode_for``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 import yaml
 
 from egpu.contract import (
+    ALLOCATION_MODES,
     COMPUTE_POLICIES,
     DEFAULT_SCHEDULER_NAME,
     EGPU_RESOURCES,
@@ -72,6 +79,16 @@ class Config:
     allow_privileged: bool = False
     heartbeat_timeout_seconds: int = 120
     low_priority_floor_percent: int = 0
+    allocation_mode: str = ALLOCATION_MODES[0]  # extender
+    namespace_allocation_modes: dict[str, str] = field(default_factory=dict)
+
+    def allocation_mode_for(self, namespace: str, annotation: str = "") -> str:
+        """The allocation mode of a pod in ``namespace`` (``extender`` or ``dra``): the pod's
+        ``egpu.io/allocation-mode`` annotation (``annotation``, "" when absent), else the
+        namespace's entry in ``namespace_allocation_modes``, else ``allocation_mode``."""
+        if annotation:
+            return annotation
+        return self.namespace_allocation_modes.get(namespace, self.allocation_mode)
 
 
 def _choice(value: Any, key: str, allowed: tuple[str, ...]) -> str:
@@ -156,6 +173,9 @@ def parse_config(data: Any) -> Config:
         "allowPrivileged": ("allow_privileged", lambda v, k: _bool(v, k)),
         "heartbeatTimeoutSeconds": ("heartbeat_timeout_seconds", lambda v, k: _int(v, k, 1)),
         "lowPriorityFloorPercent": ("low_priority_floor_percent", lambda v, k: _int(v, k, 0, 100)),
+        "allocationMode": ("allocation_mode", lambda v, k: _choice(v, k, ALLOCATION_MODES)),
+        "namespaceAllocationModes": ("namespace_allocation_modes",
+                                     lambda v, k: _namespace_modes(v)),
     }
     _check_unknown(data, set(parsers), "")
     values = {attr: parse(data[key], key) for key, (attr, parse) in parsers.items() if key in data}
@@ -183,6 +203,18 @@ def _bool(value: Any, key: str) -> bool:
 def _priority_classes(value: Any) -> dict[str, str]:
     data = _mapping(value, "priorityClasses")
     return {str(k): _choice(v, f"priorityClasses.{k}", PRIORITIES) for k, v in data.items()}
+
+
+def _namespace_modes(value: Any) -> dict[str, str]:
+    data = _mapping(value, "namespaceAllocationModes")
+    modes: dict[str, str] = {}
+    for namespace, mode in data.items():
+        if not isinstance(namespace, str) or not namespace:
+            raise ConfigError(
+                f"namespaceAllocationModes: key {namespace!r} is not a namespace name")
+        modes[namespace] = _choice(mode, f"namespaceAllocationModes.{namespace}",
+                                   ALLOCATION_MODES)
+    return modes
 
 
 def load_config(text: str | None) -> Config:

@@ -138,6 +138,15 @@ DRA_ATTR_NUMA_NODE: Final = "numaNode"  # int, -1 when unknown
 DRA_ATTR_HEALTHY: Final = "healthy"  # bool
 DRA_CONFIG_API_VERSION: Final = "gpu.egpu.io/v1alpha1"  # opaque config
 DRA_CONFIG_KIND: Final = "ShareConfig"  # priority, computePolicy, memoryOversubscription
+# Claims from pod specs (the webhook in DRA mode; docs/dra.md "Claims from pod specs"):
+ANN_ALLOCATION_MODE: Final = "egpu.io/allocation-mode"  # pod: extender | dra (migrations)
+ALLOCATION_MODE_EXTENDER: Final = "extender"  # sections 1-2: extender, device plugin
+ALLOCATION_MODE_DRA: Final = "dra"  # ResourceClaims placed by the kube-scheduler
+ALLOCATION_MODES: Final = (ALLOCATION_MODE_EXTENDER, ALLOCATION_MODE_DRA)
+DRA_POD_CLAIM: Final = "egpu"  # pod.spec.resourceClaims[].name of the webhook's claim
+DRA_TEMPLATE_PREFIX: Final = "egpu-"  # ResourceClaimTemplate egpu-<hash of its spec>
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"  # on the webhook's templates
+DRA_TEMPLATE_MANAGER: Final = "egpu-webhook"  # its value there
 
 # --- Configuration -----------------------------------------------------------------------
 CONFIG_MAP_NAME: Final = "egpu-config"

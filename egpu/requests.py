@@ -35,6 +35,8 @@ from typing import Any
 
 from egpu.config import Config
 from egpu.contract import (
+    ALLOCATION_MODES,
+    ANN_ALLOCATION_MODE,
     ANN_COMPUTE_POLICY,
     ANN_GPU_POLICY,
     ANN_MEMORY_OVERSUBSCRIPTION,
@@ -157,6 +159,7 @@ class PodRequest:
     nouse_gpu_types: tuple[str, ...] = ()
     use_gpu_uuids: tuple[str, ...] = ()
     nouse_gpu_uuids: tuple[str, ...] = ()
+    allocation_mode: str = ""  # egpu.io/allocation-mode: extender | dra; "": the config's
 
     def container(self, name: str) -> ContainerRequest | None:
         """The request of container ``name``, or None when it has no share."""
@@ -429,6 +432,8 @@ def read_checked(checked: CheckedPod, config: Config | None = None) -> PodReadin
                                     config.defaults.gpu_policy, errors)
     node_policy = _annotation_choice(annotations, ANN_NODE_POLICY, PLACEMENT_POLICIES,
                                      config.defaults.node_policy, errors)
+    allocation_mode = _annotation_choice(annotations, ANN_ALLOCATION_MODE, ALLOCATION_MODES,
+                                         "", errors)
     filters = {key: _annotation_list(annotations, key, errors) for key in (
         ANN_USE_GPU_TYPE, ANN_NOUSE_GPU_TYPE, ANN_USE_GPU_UUID, ANN_NOUSE_GPU_UUID)}
     if errors or not containers:
@@ -444,6 +449,7 @@ def read_checked(checked: CheckedPod, config: Config | None = None) -> PodReadin
         nouse_gpu_types=filters[ANN_NOUSE_GPU_TYPE],
         use_gpu_uuids=filters[ANN_USE_GPU_UUID],
         nouse_gpu_uuids=filters[ANN_NOUSE_GPU_UUID],
+        allocation_mode=allocation_mode,
     ))
 
 

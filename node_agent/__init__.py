@@ -8,5 +8,6 @@
   Allocate returns (also used by ``egpu cdi generate``);
 - ``metrics``: the Prometheus exporter over the accounting regions and NVML;
 - ``dra``: with ``--dra``, the node's ResourceSlices of the DRA driver ``gpu.egpu.io``;
+- ``draplugin``: with ``--dra``, its kubelet plugin (registration, NodePrepareResources);
 - ``main``: wiring and the command line.
 """

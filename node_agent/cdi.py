@@ -20,7 +20,10 @@ I/O edge (node agent):
 - ``SpecFolders``: the CDI spec folders as the runtime reads them (``*.json``, ``*.yaml``),
   parsed once per file version: the device names of a kind (``nvidia.com/gpu``).
 - ``CdiPublisher``: the agent's CDI: ``publish(cards)`` writes egpu's spec when its content
-  changed; ``names(uuids, cards)`` answers Allocate (no names until the spec is written).
+  changed; ``names(uuids, cards)`` answers Allocate (no names until the spec is written);
+  ``publish_claim(uid, devices)`` / ``remove_claim(uid)``: a prepared DRA claim's own spec
+  ``egpu-claim-<uid>.json`` (``claim_spec``: a device ``claim-<uid>-<request>`` per request,
+  with its environment), written by the kubelet plugin (node_agent.draplugin).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ SPEC_EXTENSIONS = (".json", ".yaml", ".yml")  # the files a CDI registry reads
 # the hook refuses the container at creation with EGPU_ALLOCATION_ERROR's message (FC-05,
 # FC-12) instead of the container starting without a card.
 UNALLOCATED_DEVICE = "unallocated"
+CLAIM_SPEC_PREFIX = "egpu-claim-"  # its spec file: <spec-dir>/egpu-claim-<claim-uid>.json
 
 
 def _always(_path: str) -> bool:
@@ -83,6 +87,17 @@ def cdi_spec(cards: Sequence[Card], hook_path: str,
         common["deviceNodes"] = nodes
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices,
             "containerEdits": common}
+
+
+def claim_spec(devices: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    """The CDI spec of one prepared DRA claim: kind ``egpu.io/gpu``, a device per request of
+    the claim (``devices``: name ``claim-<uid>-<request>`` -> the env its edits set: the
+    request's cards and egpu's mark). The cards' own devices (``egpu.io/gpu=<uuid>``, in
+    egpu.json) bring the device nodes and the hook."""
+    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
+            "devices": [{"name": name,
+                         "containerEdits": {"env": [f"{k}={v}" for k, v in env.items()]}}
+                        for name, env in devices.items()]}
 
 
 def spec_text(spec: Mapping[str, Any]) -> str:
@@ -121,26 +136,27 @@ def device_names(uuids: Sequence[str], indexes: Mapping[str, int],
 
 
 # --- I/O edge ---------------------------------------------------------------------------------
-def write_spec(path: str, text: str) -> bool:
-    """Make the file ``path`` hold ``text`` (mode 0644), atomically: a temporary file in the
-    same folder (a dot name ending in ``.tmp``, which no CDI registry reads) renamed over it.
-    The folder is created when missing. Returns False when the file already held ``text``
-    (nothing written). Raises OSError."""
+def write_spec(path: str, text: str, mode: int = SPEC_FILE_MODE,
+               folder_mode: int = 0o755) -> bool:
+    """Make the file ``path`` hold ``text`` (``mode``, default 0644), atomically: a temporary
+    file in the same folder (a dot name ending in ``.tmp``, which no CDI registry reads)
+    renamed over it. The folder is created (``folder_mode``) when missing. Returns False when
+    the file already held ``text`` (nothing written). Raises OSError."""
     with contextlib.suppress(FileNotFoundError, UnicodeDecodeError), \
             open(path, encoding="utf-8") as handle:
         if handle.read() == text:
             return False
     folder, name = os.path.split(os.path.abspath(path))
-    os.makedirs(folder, mode=0o755, exist_ok=True)
+    os.makedirs(folder, mode=folder_mode, exist_ok=True)
     tmp = os.path.join(folder, f".{name}.tmp")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, SPEC_FILE_MODE)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
-            os.fchmod(handle.fileno(), SPEC_FILE_MODE)  # whatever the umask
+            os.fchmod(handle.fileno(), mode)  # whatever the umask
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -226,6 +242,7 @@ class CdiPublisher:
     def __init__(self, spec_dir: str, search_dirs: Sequence[str], hook_path: str,
                  hook_args: Sequence[str] = (),
                  present: Callable[[str], bool] = os.path.exists) -> None:
+        self.spec_dir = spec_dir
         self.path = os.path.join(spec_dir, SPEC_FILE_NAME)
         self.hook_path = hook_path
         self.hook_args = tuple(hook_args)
@@ -274,3 +291,20 @@ class CdiPublisher:
             return []
         indexes = {c.uuid: c.index for c in cards}
         return device_names(uuids, indexes, self.vendor.device_names(NVIDIA_CDI_KIND))
+
+    def claim_path(self, claim_uid: str) -> str:
+        """The spec file of a prepared DRA claim: ``<spec_dir>/egpu-claim-<uid>.json``."""
+        return os.path.join(self.spec_dir, f"{CLAIM_SPEC_PREFIX}{claim_uid}.json")
+
+    def publish_claim(self, claim_uid: str, devices: Mapping[str, Mapping[str, str]]
+                      ) -> dict[str, str]:
+        """Write the claim's spec (``claim_spec``; atomic, only when it changed). Returns each
+        device's fully qualified name (``egpu.io/gpu=claim-<uid>-<request>``) by its name.
+        Raises OSError."""
+        write_spec(self.claim_path(claim_uid), spec_text(claim_spec(devices)))
+        return {name: f"{CDI_KIND}={name}" for name in devices}
+
+    def remove_claim(self, claim_uid: str) -> None:
+        """Remove the claim's spec (absent: nothing to do). Raises OSError."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.claim_path(claim_uid))

@@ -1,7 +1,8 @@
 """``egpu-node-agent``: wiring of discovery, inventory, pods, device plugin and metrics.
 
 Threads: the pod watch (``pods.watch_pods``), the XID health watcher, the device plugin's
-keep-registered loop, the inventory heartbeat (main thread; it also rewrites the CDI spec
+keep-registered loop, with ``--dra`` the DRA kubelet plugin's (``draplugin``), the inventory
+heartbeat (main thread; it also rewrites the CDI spec
 ``<--cdi-spec-dir>/egpu.json`` when the cards or their device nodes changed, and with ``--dra``
 brings the node's ResourceSlices of the DRA driver gpu.egpu.io to the healthy cards) and the
 metrics HTTP server.
@@ -34,6 +35,7 @@ from egpu.records import Card, NodeUsage
 from node_agent import discovery, inventory
 from node_agent.cdi import DEFAULT_SEARCH_DIRS, DEFAULT_SPEC_DIR, CdiPublisher
 from node_agent.deviceplugin.service import DEFAULT_PLUGIN_DIR, EgpuDevicePlugin, PluginServer
+from node_agent.draplugin.service import DEFAULT_KUBELET_DIR
 from node_agent.health import HealthWatcher
 from node_agent.metrics.card_region import scan_cards
 from node_agent.metrics.collector import EgpuCollector, Sources, regions_under
@@ -92,8 +94,13 @@ def parser() -> argparse.ArgumentParser:
                    help="host path of egpu-hook, named in the CDI spec (default: %(default)s)")
     p.add_argument("--dra", action="store_true",
                    help="publish the node's ResourceSlices of the DRA driver gpu.egpu.io (one "
-                        "device per healthy card, consumable memory and cores) at each beat; "
-                        "needs Kubernetes >= 1.34 with DRAConsumableCapacity")
+                        "device per healthy card, consumable memory and cores) at each beat, "
+                        "and serve its kubelet plugin (prepares the claims' shares; needs the "
+                        "CDI spec); needs Kubernetes >= 1.34 with DRAConsumableCapacity")
+    p.add_argument("--dra-kubelet-dir", default=DEFAULT_KUBELET_DIR,
+                   help="with --dra: the kubelet's root folder, whose plugins_registry/ the "
+                        "DRA kubelet plugin registers in and plugins/gpu.egpu.io/ it serves "
+                        "in (default: %(default)s)")
     p.add_argument("--dra-memory-oversubscription", action="store_true",
                    help="with --dra: offer each card's memory x the config's "
                         "memoryOversubscriptionRatio, for every claim on this node "
@@ -149,7 +156,6 @@ def run(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
 
-    registry = PodRegistry(args.node_name, config, args.private_dir, args.runtime_dir)
     core_v1 = None if args.no_kubernetes else _core_v1(args.kubeconfig)
     cdi = None
     if args.cdi_spec_dir:
@@ -157,6 +163,24 @@ def run(argv: Sequence[str] | None = None) -> int:
                            [d.strip() for d in args.cdi_search_dirs.split(",") if d.strip()],
                            args.hook, hook_args(args.runtime_dir, args.private_dir))
         cdi.publish(cards.get())  # before the plugin registers: Allocate names its devices
+    dra_driver = None
+    if args.dra and core_v1 is not None and cdi is not None:
+        from node_agent.draplugin.driver import DraDriver
+        from node_agent.draplugin.kube import KubeReader
+        from node_agent.draplugin.service import KubeletPlugin
+        from node_agent.draplugin.state import ClaimStore
+
+        dra_driver = DraDriver(args.node_name, cards.get, KubeReader(core_v1),
+                               ClaimStore(args.private_dir), cdi, args.runtime_dir,
+                               config.low_priority_floor_percent)
+        kubelet_plugin = KubeletPlugin(dra_driver, args.dra_kubelet_dir)
+        threading.Thread(target=kubelet_plugin.run, args=(stop,), daemon=True,
+                         name="egpu-dra").start()
+    elif args.dra and cdi is None:
+        log.warning("--dra without CDI (--cdi-spec-dir ''): no DRA kubelet plugin, only the "
+                    "ResourceSlices")
+    registry = PodRegistry(args.node_name, config, args.private_dir, args.runtime_dir,
+                           owned_elsewhere=dra_driver.owns_pod if dra_driver else None)
     catch_up = (PodCatchUp(registry, list_node_pods(core_v1, args.node_name))
                 if core_v1 is not None else None)
     dra = None
@@ -190,7 +214,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         from prometheus_client import REGISTRY, start_http_server
 
         REGISTRY.register(EgpuCollector(Sources(
-            args.node_name, cards.get, registry.shares, regions_under(args.runtime_dir),
+            args.node_name, cards.get,
+            (lambda: {**registry.shares(), **dra_driver.shares()}) if dra_driver
+            else registry.shares, regions_under(args.runtime_dir),
             discovery.memory_used_bytes, discovery.utilization_percent,
             card_regions=card_regions, heartbeat=lambda: last_beat[-1] if last_beat else None)))
         start_http_server(args.metrics_port)

@@ -102,11 +102,26 @@ def _pod_changed(kept: PodShares, seen: PodShares) -> bool:
     return kept != replace(seen, low_priority_floor=kept.low_priority_floor)
 
 
+def remove_pod_files(private_dir: str, runtime_dir: str, uid: str) -> None:
+    """Remove a pod's allocation file, hook folders and accounting region folders (absent
+    ones are fine; errors inside the folders are ignored)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(private_dir, ALLOCATIONS_SUBDIR, allocation_file_name(uid)))
+    for folder in (os.path.join(private_dir, HOOK_SUBDIR),
+                   os.path.join(runtime_dir, CONTAINERS_SUBDIR)):
+        for path in glob.glob(os.path.join(glob.escape(folder), f"{glob.escape(uid)}_*")):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 class PodRegistry:
     """This node's egpu pods (module docstring). ``private_dir``: NODE_PRIVATE_DIR;
-    ``runtime_dir``: RUNTIME_DIR (both host paths)."""
+    ``runtime_dir``: RUNTIME_DIR (both host paths); ``owned_elsewhere(uid)``: whether another
+    writer (the DRA kubelet plugin) owns that pod's allocation file, which ``resync`` then
+    leaves in place (default: none)."""
 
-    def __init__(self, node: str, config: Config, private_dir: str, runtime_dir: str) -> None:
+    def __init__(self, node: str, config: Config, private_dir: str, runtime_dir: str,
+                 owned_elsewhere: Callable[[str], bool] | None = None) -> None:
+        self.owned_elsewhere = owned_elsewhere
         self.node = node
         self.config = config
         self.private_dir = private_dir
@@ -212,12 +227,7 @@ class PodRegistry:
             while len(self._deleted) > DELETED_UIDS_KEPT:
                 del self._deleted[next(iter(self._deleted))]
             self._consumed = {c for c in self._consumed if c[0] != uid}
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path(uid))
-        for folder in (os.path.join(self.private_dir, HOOK_SUBDIR),
-                       os.path.join(self.runtime_dir, CONTAINERS_SUBDIR)):
-            for path in glob.glob(os.path.join(glob.escape(folder), f"{glob.escape(uid)}_*")):
-                shutil.rmtree(path, ignore_errors=True)
+        remove_pod_files(self.private_dir, self.runtime_dir, uid)
 
     def resync(self, pods: list[Mapping[str, Any]]) -> None:
         """Replace the registry's content by a full list of the node's pods (at start and
@@ -229,7 +239,8 @@ class PodRegistry:
                 uids.add(str(pod["metadata"]["uid"]))
         with self._lock:
             gone = {u for u in self._pods if u not in uids}
-        gone.update(u for u in self._files_on_disk() if u not in uids)
+        gone.update(u for u in self._files_on_disk() if u not in uids
+                    and not (self.owned_elsewhere is not None and self.owned_elsewhere(u)))
         for uid in sorted(gone):
             self.delete(uid)
 

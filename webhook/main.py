@@ -1,10 +1,12 @@
 """``egpu-webhook``: serve the admission webhook over HTTPS.
 
 Usage: ``egpu-webhook --cert tls.crt --key tls.key [--port 8443] [--host 0.0.0.0]
-[--config config.yaml] [--reload-interval 10]``. The config defaults to the file named by
-``$EGPU_CLUSTER_CONFIG``, else built-in defaults. The certificate, key and config are
-re-read when they change on disk. Exit status: 0 after SIGTERM/SIGINT, 2 for a bad config,
-certificate or key.
+[--config config.yaml] [--reload-interval 10] [--kubeconfig FILE]``. The config defaults to
+the file named by ``$EGPU_CLUSTER_CONFIG``, else built-in defaults. The certificate, key and
+config are re-read when they change on disk. In DRA mode (``allocationMode: dra``) the
+webhook creates claim templates through the Kubernetes API: with ``--kubeconfig``, else its
+service account (connecting on the first DRA pod only). Exit status: 0 after SIGTERM/SIGINT,
+2 for a bad config, certificate or key.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from aiohttp import web
 
 from egpu.config import ConfigError
 from egpu.contract import CONFIG_FILE_ENV
+from webhook.claimstore import ApiClaimStore
 from webhook.server import DEFAULT_RELOAD_INTERVAL_S, ConfigSource, Settings, create_app
 from webhook.tls import CertReloader
 
@@ -36,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"egpu config YAML (default ${CONFIG_FILE_ENV} or built-ins)")
     parser.add_argument("--reload-interval", type=float, default=DEFAULT_RELOAD_INTERVAL_S,
                         help="seconds between checks of the cert, key and config files")
+    parser.add_argument("--kubeconfig", default=None,
+                        help="kubeconfig for DRA mode's API calls (default: in-cluster)")
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -55,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ssl.SSLError, OSError) as exc:
         print(f"egpu-webhook: TLS {args.cert}, {args.key}: {exc}", file=sys.stderr)
         return 2
-    settings = Settings(config=config, tls=tls, reload_interval_s=args.reload_interval)
+    settings = Settings(config=config, tls=tls, reload_interval_s=args.reload_interval,
+                        claims=ApiClaimStore(args.kubeconfig))
     web.run_app(create_app(settings), host=args.host, port=args.port,
                 ssl_context=tls.context, access_log=None, shutdown_timeout=5,
                 print=lambda *_: logging.getLogger("webhook").info(

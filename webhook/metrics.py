@@ -4,7 +4,8 @@
   change), ``patched``, ``denied``, ``invalid`` (not an AdmissionReview: HTTP 400),
   ``too_large`` (HTTP 413), ``error`` (a bug: answered as a denial, see server.py).
 - ``egpu_webhook_denials_total{reason}``: denials by kind (``invalid-request``, ``node-name``,
-  ``privileged``); one denial may count under several kinds.
+  ``privileged``, ``host-path``, ``allocation``, ``claim``: DRA mode); one denial may count
+  under several kinds.
 - ``egpu_webhook_review_seconds``: time from the body being read to the answer being ready,
   seconds (histogram).
 - ``egpu_webhook_certificate_reloads_total{result}``: ``ok`` / ``error``.

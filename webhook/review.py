@@ -25,8 +25,19 @@ What it decides, for ``CREATE`` of a ``Pod`` outside ``config.ignored_namespaces
   (``mutate_pod``). A second pass over the patched pod yields no patch (idempotent), which is
   what ``reinvocationPolicy: IfNeeded`` relies on.
 
+The pod's allocation mode (``Config.allocation_mode_for``: its ``egpu.io/allocation-mode``
+annotation, its namespace's entry in ``namespaceAllocationModes``, else ``allocationMode``)
+picks the patch. ``extender``: as above. ``dra`` (docs/dra.md "Claims from pod specs"): the
+same reading and denials, then ``mutate_pod_dra``: the pod's claim from the
+ResourceClaimTemplate that ``egpu.dra.claims.plan_claims`` makes of its shares, each share
+container pointed at its requests, the egpu resources taken out of its limits (DRA nodes do
+not offer them), no schedulerName (the kube-scheduler places claims). The decision carries
+the template (``Decision.claim_templates``); the HTTP edge creates it before answering
+(except for a dry run) and denies the pod when it cannot. A share the claim cannot express
+(``ClaimPlanError``), or a pod claim already named ``egpu``, is denied, code 400.
+
 Every other operation or resource is allowed untouched. ``dryRun`` requests are answered the
-same way (the review has no side effects).
+same way (this module has no side effects; the edge creates no template for them).
 
 The pod is read once through ``egpu.podshape.check_pod``: the policy checks read its typed
 view, and ``mutate_pod`` runs only on a pod whose read fields all have their types. Nothing
@@ -39,7 +50,7 @@ from __future__ import annotations
 import base64
 import json
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -47,7 +58,11 @@ import jsonpatch
 
 from egpu.config import Config
 from egpu.contract import (
+    ALLOCATION_MODE_DRA,
     ANN_ALLOCATION,
+    ANN_GPU_POLICY,
+    ANN_NODE_POLICY,
+    DRA_POD_CLAIM,
     EGPU_RESOURCES,
     ENV_COMPUTE_POLICY,
     ENV_MEMORY_OVERSUBSCRIPTION,
@@ -61,6 +76,7 @@ from egpu.contract import (
     RES_MEMORY_PERCENTAGE,
     RUNTIME_DIR,
 )
+from egpu.dra.claims import ClaimPlan, ClaimPlanError, needs_card_sizes, plan_claims
 from egpu.podshape import ContainerView, PodView, SpecView, check_pod, clip
 from egpu.requests import PodRequest, read_checked
 from webhook.reviews import (
@@ -90,6 +106,16 @@ DENY_NODE_NAME: Final = "node-name"
 DENY_PRIVILEGED: Final = "privileged"
 DENY_HOST_PATH: Final = "host-path"
 DENY_ALLOCATION: Final = "allocation"
+DENY_CLAIM: Final = "claim"  # DRA mode: the share cannot become a claim
+
+# DRA mode: the fleet's card sizes (MiB), read only for a memory percentage; raises
+# ClaimPlanError when they cannot be read. The default knows none.
+CardSizes = Callable[[], Sequence[int]]
+
+
+def no_card_sizes() -> Sequence[int]:
+    """A CardSizes that knows no card (a percentage in DRA mode is then denied)."""
+    return ()
 
 # Capabilities a container with a share may not add: SYS_ADMIN unmounts the interposer, the
 # read-only config or ld.so.preload; SYS_PTRACE reads and writes other processes (their
@@ -109,7 +135,9 @@ class Decision:
 
     allowed: admit or not. patch: JSON Patch operations (RFC 6902), empty for none.
     warnings: shown to the client. code/reason/message: the denial's ``Status`` (allowed
-    false only). denials: the kinds of denial (``DENY_*``), for metrics.
+    false only). denials: the kinds of denial (``DENY_*``), for metrics. claim_templates:
+    DRA mode, the ResourceClaimTemplates (with namespace) the patched pod refers to, for the
+    HTTP edge to create before it answers.
     """
 
     allowed: bool
@@ -119,6 +147,7 @@ class Decision:
     reason: str = ""
     message: str = ""
     denials: tuple[str, ...] = ()
+    claim_templates: tuple[dict[str, Any], ...] = ()
 
     @property
     def result(self) -> str:
@@ -368,6 +397,66 @@ def _mutated_container(container: dict[str, Any], env: Mapping[str, str],
     return new
 
 
+def mutate_pod_dra(
+    pod: Mapping[str, Any], request: PodRequest, plan: ClaimPlan, config: Config
+) -> tuple[dict[str, Any], list[str]]:
+    """The pod as egpu wants it in DRA mode, and warnings; copy on write as ``mutate_pod``.
+
+    ``plan`` is ``plan_claims(request, ...)``. Changes: ``spec.resourceClaims`` gets
+    ``{name: egpu, resourceClaimTemplateName: <plan's template>}``; each container with a
+    share gets ``resources.claims`` entries ``{name: egpu, request: <r>}`` for its requests,
+    loses its egpu.io and alias resources from limits and requests (an empty map goes), and
+    gets egpu's env; label ``egpu.io/priority``. ``spec.schedulerName`` stays (the
+    kube-scheduler allocates claims). Warnings: ``egpu.io/gpu-policy`` and
+    ``egpu.io/node-policy`` are not applied (the kube-scheduler scores nodes itself).
+    """
+    new = dict(pod)
+    spec = _copied(new, "spec", dict)
+    metadata = _copied(new, "metadata", dict)
+    labels = _copied(metadata, "labels", dict)
+    labels[LABEL_PRIORITY] = request.priority
+    claims = _copied(spec, "resourceClaims", list)
+    claims.append({"name": DRA_POD_CLAIM, "resourceClaimTemplateName": plan.template_name})
+    env = {
+        ENV_PRIORITY: request.priority,
+        ENV_COMPUTE_POLICY: request.compute_policy,
+        ENV_MEMORY_OVERSUBSCRIPTION: "true" if request.memory_oversubscription else "false",
+    }
+    for key in ("initContainers", "containers"):
+        items = spec.get(key)
+        if isinstance(items, list):
+            spec[key] = [_claiming_container(c, env, config, plan)
+                         if isinstance(c, dict) and has_share(c, config) else c for c in items]
+    annotations = metadata.get("annotations") or {}
+    warnings = [f"pod annotation {key} is not applied in DRA mode (the kube-scheduler chooses "
+                "the node and the card)" for key in (ANN_GPU_POLICY, ANN_NODE_POLICY)
+                if key in annotations]
+    return new, warnings
+
+
+def _claiming_container(container: dict[str, Any], env: Mapping[str, str], config: Config,
+                        plan: ClaimPlan) -> dict[str, Any]:
+    """A copy of a container with a share, pointed at its requests of the pod's claim."""
+    new = dict(container)
+    resources = _copied(new, "resources", dict)
+    ours = {*EGPU_RESOURCES, *config.resource_aliases}
+    for key in ("limits", "requests"):
+        values = resources.get(key)
+        if isinstance(values, dict) and any(k in ours for k in values):
+            kept = {k: v for k, v in values.items() if k not in ours}
+            if kept:
+                resources[key] = kept
+            else:
+                del resources[key]
+    claims = _copied(resources, "claims", list)
+    for name in plan.requests_of(str(container.get("name", ""))):
+        entry = {"name": DRA_POD_CLAIM, "request": name}
+        if entry not in claims:
+            claims.append(entry)
+    _set_env(new, env)
+    return new
+
+
 def make_patch(old: Any, new: Any) -> list[dict[str, Any]]:
     """JSON Patch operations (RFC 6902) that turn ``old`` into ``new`` (``jsonpatch``), with
     keys escaped as JSON Pointers (``egpu.io/priority`` -> ``egpu.io~1priority``)."""
@@ -376,7 +465,8 @@ def make_patch(old: Any, new: Any) -> list[dict[str, Any]]:
 
 
 # What mutate_pod may change, relative to a parent object: (parent path, member names).
-_POD_SCOPES: Final = ((("metadata",), ("labels",)), (("spec",), ("schedulerName",)))
+_POD_SCOPES: Final = ((("metadata",), ("labels",)),
+                      (("spec",), ("schedulerName", "resourceClaims")))
 _CONTAINER_MEMBERS: Final = ("env", "resources")
 
 
@@ -428,7 +518,8 @@ def pod_patch(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     """The JSON Patch from ``old`` to ``new = mutate_pod(old, ...)[0]``.
 
     The same as ``make_patch(old, new)`` in effect, but diffs only what ``mutate_pod`` may
-    change (``metadata.labels``; ``spec.schedulerName``; each container's ``env``,
+    change (``metadata.labels``; ``spec.schedulerName``, ``spec.resourceClaims``; each
+    container's ``env``,
     ``resources``), each member on its own: a whole-pod diff costs
     ~10x more time, and never replaces a container wholesale this way either.
     """
@@ -451,8 +542,10 @@ def pod_patch(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
 # --- Decisions -----------------------------------------------------------------------------
 
 
-def decide_pod(pod: Mapping[str, Any], config: Config) -> Decision:
-    """The decision for creating ``pod`` (a Pod as JSON); see the module docstring."""
+def decide_pod(pod: Mapping[str, Any], config: Config, namespace: str = "",
+               card_sizes: CardSizes = no_card_sizes) -> Decision:
+    """The decision for creating ``pod`` (a Pod as JSON) in ``namespace``; see the module
+    docstring. ``card_sizes`` is read only in DRA mode, for a memory percentage."""
     checked = check_pod(pod)
     reading = read_checked(checked, config)
     preset = ANN_ALLOCATION in checked.metadata.get("annotations", {})
@@ -469,18 +562,44 @@ def decide_pod(pod: Mapping[str, Any], config: Config) -> Decision:
         denials.append(kind)
         messages.append(message)
     if messages:
-        invalid = bool(reading.errors)
-        return Decision(
-            allowed=False,
-            code=400 if invalid else 403,
-            reason="BadRequest" if invalid else "Forbidden",
-            message=_joined(messages),
-            denials=tuple(dict.fromkeys(denials)),
-        )
+        return _denied(messages, denials, invalid=bool(reading.errors))
     assert reading.request is not None
-    new, warnings = mutate_pod(pod, reading.request, config)
+    request = reading.request
+    if config.allocation_mode_for(namespace, request.allocation_mode) == ALLOCATION_MODE_DRA:
+        return _decide_dra(pod, request, config, namespace, card_sizes)
+    new, warnings = mutate_pod(pod, request, config)
     return Decision(allowed=True, patch=pod_patch(dict(pod), new),
                     warnings=tuple(warnings))
+
+
+def _denied(messages: list[str], denials: list[str], invalid: bool) -> Decision:
+    return Decision(
+        allowed=False,
+        code=400 if invalid else 403,
+        reason="BadRequest" if invalid else "Forbidden",
+        message=_joined(messages),
+        denials=tuple(dict.fromkeys(denials)),
+    )
+
+
+def _decide_dra(pod: Mapping[str, Any], request: PodRequest, config: Config, namespace: str,
+                card_sizes: CardSizes) -> Decision:
+    """DRA mode: the claim plan, the patch and the template to create (or a denial)."""
+    taken = [entry for entry in (pod.get("spec") or {}).get("resourceClaims") or []
+             if isinstance(entry, dict) and entry.get("name") == DRA_POD_CLAIM]
+    if taken:
+        return _denied([
+            f"spec.resourceClaims[].name={DRA_POD_CLAIM!r} is not allowed in a pod with an egpu "
+            f"share in DRA mode (egpu names the share's claim {DRA_POD_CLAIM!r}); allowed: "
+            "another name for your own claim"], [DENY_CLAIM], invalid=True)
+    try:
+        sizes = card_sizes() if needs_card_sizes(request) else ()
+        plan = plan_claims(request, sizes)
+    except ClaimPlanError as exc:
+        return _denied([str(exc)], [DENY_CLAIM], invalid=True)
+    new, warnings = mutate_pod_dra(pod, request, plan, config)
+    return Decision(allowed=True, patch=pod_patch(dict(pod), new), warnings=tuple(warnings),
+                    claim_templates=(plan.template_in(namespace),))
 
 
 def _joined(messages: list[str]) -> str:
@@ -504,8 +623,10 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def decide(admission_review: Any, config: Config) -> tuple[str, str, Decision]:
+def decide(admission_review: Any, config: Config,
+           card_sizes: CardSizes = no_card_sizes) -> tuple[str, str, Decision]:
     """Check the AdmissionReview's shape and decide: ``(apiVersion, uid, Decision)``.
+    ``card_sizes``: the fleet's card sizes, for DRA mode (see ``decide_pod``).
 
     Raises InvalidReview naming the first field that is wrong (or an object nested deeper
     than Python's recursion limit).
@@ -531,10 +652,11 @@ def decide(admission_review: Any, config: Config) -> tuple[str, str, Decision]:
     if operation != "CREATE":
         return api_version, uid, ALLOW
     pod = _field(request, "object", dict, "request.")
-    if _namespace(request, pod) in config.ignored_namespaces:
+    namespace = _namespace(request, pod)
+    if namespace in config.ignored_namespaces:
         return api_version, uid, ALLOW
     try:
-        return api_version, uid, decide_pod(pod, config)
+        return api_version, uid, decide_pod(pod, config, namespace, card_sizes)
     except RecursionError:  # no Pod nests this deep; Python's stack cannot walk it
         raise InvalidReview("request.object: nested too deeply") from None
 
@@ -567,7 +689,10 @@ def response_for(api_version: str, uid: str, decision: Decision) -> AdmissionRev
     return {"apiVersion": api_version or API_VERSION_V1, "kind": KIND, "response": response}
 
 
-def review(admission_review: Any, config: Config) -> AdmissionReview:
-    """Answer one AdmissionReview (parsed JSON). Raises InvalidReview for malformed input."""
-    api_version, uid, decision = decide(admission_review, config)
+def review(admission_review: Any, config: Config,
+           card_sizes: CardSizes = no_card_sizes) -> AdmissionReview:
+    """Answer one AdmissionReview (parsed JSON). Raises InvalidReview for malformed input.
+    Creates nothing: in DRA mode the answer refers to a template the caller creates
+    (``decide`` returns it)."""
+    api_version, uid, decision = decide(admission_review, config, card_sizes)
     return response_for(api_version, uid, decision)

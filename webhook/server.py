@@ -5,9 +5,13 @@ Routes:
   (HTTP 200). Not an AdmissionReview (bad JSON, wrong shape): HTTP 400, JSON
   ``{"reason": ...}`` naming the field. Integer literals too long to convert are kept as
   their digits (``egpu.podshape.decode_int``), so the review names them like any bad value.
-  Body over ``max_body_bytes``: HTTP 413. A bug while reviewing a valid AdmissionReview is
-  logged and answered as a denial (code 500 in the Status, HTTP 200), so that no body ever
-  gets a 5xx and the pod is refused rather than admitted unchanged.
+  Body over ``max_body_bytes``: HTTP 413. In DRA mode an allowed GPU pod's claim template
+  is created (``Settings.claims``, ``webhook.claimstore``) before the answer, except for a
+  dry run (``sideEffects: NoneOnDryRun``); when it cannot be, the pod is denied (code 500,
+  the reason in the message): a GPU pod fails closed, other pods never get here. A bug
+  while reviewing a valid AdmissionReview is logged and answered as a denial (code 500 in
+  the Status, HTTP 200), so that no body ever gets a 5xx and the pod is refused rather than
+  admitted unchanged.
 - ``GET /healthz``: 200 while the process serves. ``GET /readyz``: 200 when a certificate
   and a config are loaded and the app is not shutting down, else 503.
 - ``GET /metrics``: Prometheus text format (``webhook.metrics``).
@@ -32,8 +36,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from egpu.config import Config, ConfigError, load_config_file
 from egpu.podshape import decode_int
+from webhook.claimstore import ClaimStore, ClaimStoreError
 from webhook.metrics import Metrics, new_metrics
-from webhook.review import InvalidReview, decide, response_for
+from webhook.review import (
+    DENY_CLAIM,
+    Decision,
+    InvalidReview,
+    decide,
+    no_card_sizes,
+    response_for,
+)
 from webhook.reviews import API_VERSION_V1
 from webhook.tls import CertReloader, file_signature
 
@@ -79,7 +91,8 @@ class ConfigSource:
 @dataclass
 class Settings:
     """What ``create_app`` needs: the config source, the TLS reloader (None when TLS is
-    terminated elsewhere, as in tests), limits and the watch interval (seconds)."""
+    terminated elsewhere, as in tests), limits, the watch interval (seconds) and, for DRA
+    mode, the claim store."""
 
     config: ConfigSource = field(default_factory=ConfigSource)
     tls: CertReloader | None = None
@@ -87,6 +100,7 @@ class Settings:
     reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S
     metrics: Metrics = field(default_factory=new_metrics)
     ready: bool = True
+    claims: ClaimStore | None = None  # DRA mode's API access; None: DRA pods are denied
 
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -120,7 +134,10 @@ async def mutate(request: web.Request) -> web.Response:
         metrics.requests.labels("invalid").inc()
         return _problem(400, f"body: not valid JSON ({str(exc)[:200]})")
     try:
-        api_version, uid, decision = decide(data, settings.config.config)
+        card_sizes = settings.claims.card_sizes_mib if settings.claims else no_card_sizes
+        api_version, uid, decision = decide(data, settings.config.config, card_sizes)
+        if decision.claim_templates and decision.allowed and not _dry_run(data):
+            decision = await _with_templates(settings.claims, decision)
         answer = response_for(api_version, uid, decision)
         text = json.dumps(answer, separators=(",", ":"))
     except InvalidReview as exc:
@@ -148,6 +165,30 @@ async def mutate(request: web.Request) -> web.Response:
     if not decision.allowed:
         log.info("denied %s: %s", uid, decision.message)
     return web.Response(body=text.encode(), content_type="application/json")
+
+
+def _dry_run(data: Any) -> bool:
+    """Whether the AdmissionReview is for a dry run (nothing may be created for it)."""
+    return bool(isinstance(data, dict) and isinstance(data.get("request"), dict)
+                and data["request"].get("dryRun") is True)
+
+
+async def _with_templates(store: ClaimStore | None, decision: Decision) -> Decision:
+    """``decision`` once its claim templates exist; a denial (code 500) naming the template
+    and the reason when one cannot be created (or no store is configured)."""
+    try:
+        if store is None:
+            raise ClaimStoreError("the webhook has no Kubernetes API access for DRA mode "
+                                  "(egpu-webhook --kubeconfig, or its service account)")
+        loop = asyncio.get_running_loop()
+        for template in decision.claim_templates:
+            await loop.run_in_executor(None, store.ensure_template, template)
+    except ClaimStoreError as exc:
+        log.warning("claim template: %s", exc)
+        return Decision(allowed=False, code=500, reason="InternalError", denials=(DENY_CLAIM,),
+                        message=f"egpu webhook (DRA mode): {exc}; the pod is refused so that "
+                                "its share is never placed without its claim")
+    return decision
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -44,11 +44,13 @@ def _free_port() -> int:
 
 
 class WebhookProcess:
-    """``python -m webhook.main`` on 127.0.0.1:port with certificates in ``certs``."""
+    """``python -m webhook.main`` on 127.0.0.1:port with certificates in ``certs`` (and
+    ``extra_args``, e.g. ``--config`` and ``--kubeconfig`` for DRA mode)."""
 
-    def __init__(self, certs: Path, port: int) -> None:
+    def __init__(self, certs: Path, port: int, extra_args: tuple[str, ...] = ()) -> None:
         self.certs = certs
         self.port = port
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
 
@@ -60,7 +62,7 @@ class WebhookProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "webhook.main", "--cert", str(self.certs / "tls.crt"),
              "--key", str(self.certs / "tls.key"), "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "INFO"], cwd=REPO)
+             "--port", str(self.port), "--log-level", "INFO", *self.extra_args], cwd=REPO)
         deadline = time.monotonic() + 30
         while True:
             try:

@@ -291,9 +291,18 @@ def test_dra_enabled_renders_manifests_with_the_dra_component(
     _assert_same(kustomize(overlay), on, ("kustomize + manifests/dra", "helm dra.enabled"))
     added = on.keys() - helm().keys()
     assert added == {("DeviceClass", "", "share.gpu.egpu.io"),
-                     ("DeviceClass", "", "whole.gpu.egpu.io")}
+                     ("DeviceClass", "", "whole.gpu.egpu.io"),
+                     ("ClusterRole", "", "egpu-webhook-claims"),
+                     ("ClusterRoleBinding", "", "egpu-webhook-claims")}
     agent = dict(_containers(on))[(("DaemonSet", NAMESPACE, "egpu-node-agent"), "agent")]
     assert agent["args"] == ["--metrics-port=9400", "--dra"]
+    # DRA mode's webhook creates claim templates: its token is mounted only with DRA
+    webhook = ("Deployment", NAMESPACE, "egpu-webhook")
+    assert on[webhook]["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    assert helm()[webhook]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    rules = on[("ClusterRole", "", "egpu-webhook-claims")]["rules"]
+    assert {(r["resources"][0], tuple(r["verbs"])) for r in rules} == {
+        ("resourceclaimtemplates", ("get", "create")), ("resourceslices", ("list",))}
 
 
 def test_webhook_values(helm) -> None:

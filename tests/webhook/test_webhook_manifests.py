@@ -47,7 +47,7 @@ def test_pod_fields_policy_covers_pod_create_and_update_not_the_binding() -> Non
 
 def test_webhook_configuration() -> None:
     (webhook,) = _objects()["MutatingWebhookConfiguration"]["webhooks"]
-    assert webhook["failurePolicy"] == "Fail" and webhook["sideEffects"] == "None"
+    assert webhook["failurePolicy"] == "Fail" and webhook["sideEffects"] == "NoneOnDryRun"
     assert webhook["timeoutSeconds"] == 5 and webhook["reinvocationPolicy"] == "IfNeeded"
     assert webhook["admissionReviewVersions"] == ["v1"]
     assert webhook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"],

@@ -1,0 +1,178 @@
+"""Prepare and unprepare claims of the DRA driver ``gpu.egpu.io`` on this node.
+
+``DraDriver.prepare(namespace, uid, name)`` (NodePrepareResources, one claim):
+
+1. a claim prepared before (its state file, ``state.ClaimStore``) answers the same again
+   (the kubelet retries; restarts keep it) after rewriting any of its files that is missing;
+2. otherwise the ResourceClaim and the pods of its ``status.reservedFor`` are read from the
+   API server (``ApiReader``) and ``claims.prepare`` makes the ``PreparedClaim``; a claim whose
+   UID differs (deleted and created again under the same name) is refused;
+3. each of its pods' allocation file is composed from all of the pod's prepared claims
+   (``claims.pod_shares``; conflicts refuse the claim before anything is written), then the
+   state, the pods' allocation files and the claim's CDI spec are written
+   (``CdiPublisher.publish_claim``);
+4. the answer: per device (allocation result) its request, pool, device, share ID and CDI
+   device IDs: the card's (``egpu.io/gpu=<uuid>``, and ``nvidia.com/gpu=...`` where the
+   toolkit's spec names it: ``CdiPublisher.names``, as the device plugin's Allocate) and the
+   device of the result's request, ``egpu.io/gpu=claim-<uid>-<request>``.
+
+The runtime hook, which the cards' CDI devices run, then reads the pod's allocation file and
+writes the container's ``ContainerConfig``, region folder and card region files, as for a
+share of the extender path (docs/node.md).
+
+``unprepare(uid)`` removes the claim's CDI spec, rewrites or removes its pods' allocation
+files (with their hook and region folders), then its state. An unknown claim is fine.
+Errors: ``ClaimError`` / ``ShareConfigError`` (what the kubelet shows), ``OSError``, and the
+API client's exceptions from ``ApiReader``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from egpu.records import Card, PodShares
+from node_agent.cdi import CdiPublisher
+from node_agent.draplugin import claims
+from node_agent.draplugin.claims import ClaimError, PreparedClaim
+from node_agent.draplugin.state import ClaimStore
+from node_agent.pods import remove_pod_files
+
+log = logging.getLogger(__name__)
+
+
+class ApiReader(Protocol):
+    """Reads from the API server (Kubernetes JSON objects)."""
+
+    def claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        """The ResourceClaim; raises ClaimError when it does not exist."""
+        ...
+
+    def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod; None when it does not exist."""
+        ...
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a NodePrepareResources answer."""
+
+    request: str
+    pool: str
+    device: str
+    share_id: str | None
+    cdi_device_ids: tuple[str, ...]
+
+
+class DraDriver:
+    """The claims of this node (module docstring); thread-safe (one call at a time).
+    ``cards()``: the node's cards with health; ``low_priority_floor``: % (node config);
+    ``runtime_dir``: where the region folders of the pods' containers are."""
+
+    def __init__(self, node: str, cards: Callable[[], tuple[Card, ...]], reader: ApiReader,
+                 store: ClaimStore, cdi: CdiPublisher, runtime_dir: str,
+                 low_priority_floor: int = 0) -> None:
+        self.node = node
+        self.cards = cards
+        self.reader = reader
+        self.store = store
+        self.cdi = cdi
+        self.runtime_dir = runtime_dir
+        self.low_priority_floor = low_priority_floor
+        self._lock = threading.Lock()
+        self._pods = store.pod_uids()
+
+    def owns_pod(self, pod_uid: str) -> bool:
+        """Whether a prepared claim names the pod (its allocation file is this driver's)."""
+        with self._lock:
+            return pod_uid in self._pods
+
+    def shares(self) -> dict[str, PodShares]:
+        """pod uid -> PodShares of every pod of a prepared claim (metrics)."""
+        with self._lock:
+            prepared = self.store.all()
+        out = {}
+        for uid in {p.uid for c in prepared for p in c.pods}:
+            try:
+                shares = claims.pod_shares(uid, prepared, self.low_priority_floor)
+            except ClaimError:
+                continue
+            if shares is not None:
+                out[uid] = shares
+        return out
+
+    def _read(self, namespace: str, uid: str, name: str) -> PreparedClaim:
+        claim = self.reader.claim(namespace, name)
+        found = str((claim.get("metadata") or {}).get("uid", ""))
+        if found != uid:
+            raise ClaimError(f"ResourceClaim {namespace}/{name} has UID {found}, not {uid} "
+                             "(deleted and created again?)")
+        pods = []
+        for ref in (claim.get("status") or {}).get("reservedFor") or []:
+            if ref.get("resource") != "pods" or ref.get("apiGroup"):
+                continue
+            pod = self.reader.pod(namespace, str(ref.get("name")))
+            if pod is not None and (pod.get("metadata") or {}).get("uid") == ref.get("uid"):
+                pods.append(pod)
+        return claims.prepare(claim, pods, self.node, self.cards())
+
+    def prepare(self, namespace: str, uid: str, name: str) -> list[PreparedDevice]:
+        """Prepare one claim (module docstring). Raises ClaimError, ShareConfigError,
+        OSError or the API client's exceptions."""
+        with self._lock:
+            prepared = self.store.load(uid)
+            fresh = prepared is None
+            if prepared is None:
+                prepared = self._read(namespace, uid, name)
+            others = [c for c in self.store.all() if c.uid != uid]
+            pod_files = []
+            for use in prepared.pods:
+                shares = claims.pod_shares(use.uid, [*others, prepared], self.low_priority_floor)
+                if shares is not None:
+                    pod_files.append(shares)
+            cards = self.cards()
+            per_card = {d.uuid: self.cdi.names([d.uuid], cards) for d in prepared.devices}
+            if not all(per_card.values()):
+                raise ClaimError(f"ResourceClaim {namespace}/{name}: egpu's CDI spec is not in "
+                                 f"place ({self.cdi.path}; see the node agent's log)")
+            self.store.save(prepared)
+            self._pods.update(p.uid for p in prepared.pods)
+            for shares in pod_files:
+                self.store.write_pod_file(shares)
+            envs = claims.request_envs(prepared)
+            names = {r: claims.claim_request_device(uid, r) for r in envs}
+            ids = self.cdi.publish_claim(uid, {names[r]: env for r, env in envs.items()})
+        if fresh:
+            log.info("prepared ResourceClaim %s/%s (%s): cards %s, pods %s, %s", namespace,
+                     name, uid, ", ".join(f"{d.uuid} {d.memory_mib} MiB {d.cores}%"
+                                          for d in prepared.devices),
+                     ", ".join(f"{p.namespace}/{p.name}" for p in prepared.pods) or "none",
+                     prepared.config)
+        return [PreparedDevice(d.request, d.pool, d.device, d.share_id,
+                               (*per_card[d.uuid], ids[names[claims.base_request(d.request)]]))
+                for d in prepared.devices]
+
+    def unprepare(self, uid: str) -> None:
+        """Unprepare one claim (module docstring). Raises OSError."""
+        with self._lock:
+            prepared = self.store.load(uid)
+            self.cdi.remove_claim(uid)
+            if prepared is None:
+                self.store.remove(uid)
+                return
+            others = [c for c in self.store.all() if c.uid != uid]
+            for use in prepared.pods:
+                try:
+                    shares = claims.pod_shares(use.uid, others, self.low_priority_floor)
+                except ClaimError:
+                    shares = None
+                if shares is not None:
+                    self.store.write_pod_file(shares)
+                else:
+                    remove_pod_files(self.store.private_dir, self.runtime_dir, use.uid)
+            self.store.remove(uid)
+            self._pods = {p.uid for c in others for p in c.pods}
+        log.info("unprepared ResourceClaim %s/%s (%s)", prepared.namespace, prepared.name, uid)

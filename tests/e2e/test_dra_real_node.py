@@ -1,0 +1,265 @@
+"""egpu's DRA kubelet plugin on the real node (kubelet v1.37.2 + containerd 2.x + runc, the
+fake GPU as the cards): egpu installed with ``kubectl apply -k`` plus the ``manifests/dra``
+component (DeviceClasses, ``--dra`` on the node agent, the kubelet's plugin folders mounted).
+
+A pod with a ResourceClaimTemplate of DeviceClass share.gpu.egpu.io is placed by the default
+kube-scheduler from the agent's ResourceSlices, prepared by the agent's kubelet plugin
+(NodePrepareResources: the pod's allocation file, the claim's CDI spec) and started by the
+real kubelet through CDI; inside it the probe (demo/real_node.py) sees exactly the share.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e import realnode_install as inst
+from tests.e2e.conftest import RealCluster
+
+pytestmark = pytest.mark.e2e
+
+NS = inst.SHARE_NS
+CUDA_ERROR_OUT_OF_MEMORY = 2
+# The agent's log line when the kubelet's NotifyRegistrationStatus says it registered the plugin
+# (the kubelet's own "Registered DRA plugin" line is at -v=3; the node runs -v=2).
+REGISTERED = "the kubelet registered the DRA plugin gpu.egpu.io"
+SHARE_MIB = 4096
+
+
+def _kustomization(work: Path) -> Path:
+    folder = inst.kustomization(work / "kustomize-dra")
+    doc = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    doc["components"] = [doc["resources"][0] + "/dra"]
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+    return folder
+
+
+def _agent(cluster: RealCluster) -> dict[str, Any]:
+    pods = inst.get_json(cluster, "pods", "-n", inst.NAMESPACE, "-l",
+                         "app.kubernetes.io/name=egpu-node-agent")["items"]
+    running = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    assert len(running) == 1, [p["metadata"]["name"] for p in pods]
+    return dict(running[0])
+
+
+def _slices(cluster: RealCluster) -> list[dict[str, Any]]:
+    items = inst.get_json(cluster, "resourceslices")["items"]
+    return [s for s in items if s["spec"]["driver"] == "gpu.egpu.io"
+            and s["spec"].get("nodeName") == cluster.node.name]
+
+
+def _wait_dra_ready(cluster: RealCluster) -> None:
+    out = cluster.kubectl("-n", inst.NAMESPACE, "rollout", "status",
+                          "daemonset/egpu-node-agent", "--timeout=180s", check=False,
+                          timeout=200)
+    assert "successfully rolled out" in out, out + inst.describe_namespace(cluster)
+    agent = _agent(cluster)
+    assert "--dra" in agent["spec"]["containers"][0]["args"], agent["spec"]["containers"][0]
+    cluster.wait_for("the node's ResourceSlices of gpu.egpu.io", lambda: _slices(cluster),
+                     timeout=90, interval=1.0)
+    registry = cluster.node.host_path("/var/lib/kubelet/plugins_registry/gpu.egpu.io-reg.sock")
+    cluster.wait_for("the DRA plugin's registration socket", registry.exists, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def dra(installed: RealCluster, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[RealCluster]:
+    """The install with the manifests/dra component; the plain install again afterwards."""
+    work = tmp_path_factory.mktemp("dra-install")
+    folder = _kustomization(work)
+    installed.kubectl("apply", "-k", str(folder), timeout=120)
+    _wait_dra_ready(installed)
+    yield installed
+    installed.kubectl("-n", NS, "delete", "pods,resourceclaims,resourceclaimtemplates", "-l",
+                      "egpu-e2e=dra", "--wait=true", "--ignore-not-found", check=False,
+                      timeout=150)
+    plain = inst.kustomization(work / "kustomize")
+    installed.kubectl("apply", "-k", str(plain), timeout=120)
+    installed.kubectl("delete", "deviceclass", "share.gpu.egpu.io", "whole.gpu.egpu.io",
+                      "--ignore-not-found", check=False)
+    installed.kubectl("-n", inst.NAMESPACE, "rollout", "status", "daemonset/egpu-node-agent",
+                      "--timeout=180s", check=False, timeout=200)
+
+
+def _template(name: str, memory: str = "4Gi", cores: str = "30",
+              config: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": "share.gpu.egpu.io",
+        "capacity": {"requests": {"memory": memory, "cores": cores}}}}]}}
+    if config is not None:
+        spec["devices"]["config"] = [{"opaque": {"driver": "gpu.egpu.io",
+                                                 "parameters": config}}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": NS, "labels": {"egpu-e2e": "dra"}},
+            "spec": {"spec": spec}}
+
+
+def _pod(name: str, template: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": {"egpu-e2e": "dra"}},
+        "spec": {
+            "nodeSelector": {inst.REAL_LABEL: "true"},
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [{
+                "name": "probe", "image": inst.devimages.IMAGE_EGPU,
+                "command": ["python3", "-c", inst.PROBE],
+                "resources": {"limits": {"cpu": inst.PROBE_CPU, "memory": inst.PROBE_MEMORY},
+                              "claims": [{"name": "gpu"}]},
+            }],
+        },
+    }
+
+
+def _claim_of(cluster: RealCluster, pod: str) -> dict[str, Any]:
+    live = inst.get_json(cluster, "pod", "-n", NS, pod)
+    name = live["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    return dict(inst.get_json(cluster, "resourceclaim", "-n", NS, name))
+
+
+def _claim_files(cluster: RealCluster, claim_uid: str, pod_uid: str) -> dict[str, Path]:
+    node = cluster.node
+    return {"state": node.host_path(f"/var/run/egpu-node/dra/claims/{claim_uid}.json"),
+            "cdi": node.host_path(f"/var/run/cdi/egpu-claim-{claim_uid}.json"),
+            "allocation": node.host_path(f"/var/run/egpu-node/allocations/{pod_uid}.json")}
+
+
+def _run_share(cluster: RealCluster, name: str) -> dict[str, Any]:
+    inst.apply_json(cluster, _template(name))
+    inst.apply_json(cluster, _pod(name, name))
+    return inst.probe_result(cluster, NS, name)
+
+
+def _assert_share(result: dict[str, Any]) -> None:
+    assert result["preload"].endswith("libegpu_interpose.so"), result
+    assert result["config"] is True, result
+    assert result["total_mib"] == SHARE_MIB, result
+    assert result["nvml_total_mib"] == SHARE_MIB, result
+    assert result["alloc_one_more_mib"] == CUDA_ERROR_OUT_OF_MEMORY, result
+
+
+def test_a_share_claim_runs_and_its_container_sees_exactly_the_share(dra: RealCluster) -> None:
+    result = _run_share(dra, "dra-share")
+    _assert_share(result)
+    claim = _claim_of(dra, "dra-share")
+    (device,) = claim["status"]["allocation"]["devices"]["results"]
+    assert device["consumedCapacity"] == {"memory": "4Gi", "cores": "30"}
+    assert device["pool"] == dra.node.name
+    # The interposer's config, as the hook wrote it from the claim's allocation file.
+    live = inst.get_json(dra, "pod", "-n", NS, "dra-share")
+    config_path = dra.node.host_path(
+        f"/var/run/egpu-node/hook/{live['metadata']['uid']}_probe/config.json")
+    config = json.loads(config_path.read_text())
+    assert [(c["memory_mib"], c["cores"]) for c in config["cards"]] == [(SHARE_MIB, 30)]
+    assert config["priority"] == "high" and config["compute_policy"] == "strict"
+
+
+def test_the_claims_files_live_while_the_pod_runs_and_go_with_it(dra: RealCluster) -> None:
+    live = inst.get_json(dra, "pod", "-n", NS, "dra-share")
+    claim = _claim_of(dra, "dra-share")
+    files = _claim_files(dra, claim["metadata"]["uid"], live["metadata"]["uid"])
+    missing = [k for k, p in files.items() if not p.exists()]
+    assert missing == [], files
+    spec = json.loads(files["cdi"].read_text())
+    assert spec["devices"][0]["name"] == f"claim-{claim['metadata']['uid']}-gpu"
+    dra.kubectl("-n", NS, "delete", "pod", "dra-share", "--wait=true", timeout=90)
+    dra.wait_for("the claim of the deleted pod gone",
+                 lambda: claim["metadata"]["name"] not in dra.kubectl(
+                     "-n", NS, "get", "resourceclaims", "-o", "name"), timeout=60)
+    dra.wait_for("the claim's files removed from the node",
+                 lambda: not any(p.exists() for p in files.values()), timeout=60)
+    region = dra.node.host_path(f"/var/run/egpu/containers/{live['metadata']['uid']}_probe")
+    assert not region.exists()
+
+
+def test_a_bad_share_config_never_starts_and_says_why(dra: RealCluster) -> None:
+    bad = {"apiVersion": "gpu.egpu.io/v1alpha1", "kind": "ShareConfig", "priority": "urgent"}
+    inst.apply_json(dra, _template("dra-bad", config=bad))
+    inst.apply_json(dra, _pod("dra-bad", "dra-bad"))
+    want = "ShareConfig.priority: 'urgent'"
+
+    def said() -> str | None:
+        events = dra.kubectl("-n", NS, "get", "events", "--field-selector",
+                             "involvedObject.name=dra-bad", "-o", "json")
+        found = [(e.get("reason", ""), e.get("message", ""))
+                 for e in json.loads(events)["items"] if want in e.get("message", "")]
+        return found[0] if found else None
+
+    reason, message = dra.wait_for("the pod's event with the ShareConfig message", said,
+                                   timeout=90, interval=1.0)
+    assert reason == "FailedPrepareDynamicResources", (reason, message)
+    assert "egpu: ShareConfig.priority: 'urgent'; allowed: high, low" in message, message
+    live = inst.get_json(dra, "pod", "-n", NS, "dra-bad")
+    assert live["status"]["phase"] != "Running", live["status"]
+    assert not live["status"].get("containerStatuses", [{}])[0].get("state", {}).get("running")
+    dra.kubectl("-n", NS, "delete", "pod", "dra-bad", "--wait=true", timeout=90)
+
+
+def test_the_plugin_registers_again_after_an_agent_restart(dra: RealCluster) -> None:
+    def registered(agent: str) -> bool:
+        return REGISTERED in dra.kubectl("-n", inst.NAMESPACE, "logs", agent, "-c", "agent",
+                                         check=False)
+
+    old = _agent(dra)["metadata"]["name"]
+    dra.wait_for("the kubelet's registration of the plugin", lambda: registered(old),
+                 timeout=60)
+    dra.kubectl("-n", inst.NAMESPACE, "delete", "pod", old, "--wait=true", timeout=120)
+    _wait_dra_ready(dra)
+    new = _agent(dra)["metadata"]["name"]
+    assert new != old
+    dra.wait_for("the kubelet's registration of the restarted plugin", lambda: registered(new),
+                 timeout=90)
+    _assert_share(_run_share(dra, "dra-after-restart"))
+    dra.kubectl("-n", NS, "delete", "pod", "dra-after-restart", "--wait=true", timeout=90)
+
+
+def _container_probe(cluster: RealCluster, pod: str, container: str) -> dict[str, Any]:
+    def result() -> dict[str, Any] | None:
+        logs = cluster.kubectl("-n", NS, "logs", pod, "-c", container, check=False)
+        for line in logs.splitlines():
+            if line.startswith("PROBE "):
+                return dict(json.loads(line[len("PROBE "):]))
+        return None
+
+    try:
+        return dict(cluster.wait_for(f"probe output of {pod}/{container}", result,
+                                     timeout=inst.POD_START_S, interval=1.0))
+    except Exception as exc:
+        raise AssertionError(f"{exc}\n{inst.describe_namespace(cluster, NS)}") from exc
+
+
+def test_the_webhook_in_dra_mode_gives_each_container_its_own_share(dra: RealCluster) -> None:
+    """FC-11 through the whole DRA path: an ordinary pod spec (egpu.io/gpu-memory per
+    container, `egpu.io/allocation-mode: dra`) -> the webhook's ResourceClaimTemplate (a
+    request per container) -> the kube-scheduler's allocation -> the plugin's per-request CDI
+    devices and allocation file -> each container sees its own share, not the claim's."""
+    shares = {"embed": 3000, "rerank": 1000}
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "dra-webhook", "namespace": NS, "labels": {"egpu-e2e": "dra"},
+                     "annotations": {"egpu.io/allocation-mode": "dra"}},
+        "spec": {
+            "nodeSelector": {inst.REAL_LABEL: "true"},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": name, "image": inst.devimages.IMAGE_EGPU,
+                "command": ["python3", "-c", inst.PROBE],
+                "resources": {"limits": {"cpu": inst.PROBE_CPU, "memory": inst.PROBE_MEMORY,
+                                         "egpu.io/gpu-memory": str(mib)}},
+            } for name, mib in shares.items()],
+        },
+    }
+    inst.apply_json(dra, pod)
+    live = inst.get_json(dra, "pod", "-n", NS, "dra-webhook")
+    assert [c["name"] for c in live["spec"]["resourceClaims"]] == ["egpu"], live["spec"]
+    for name, mib in shares.items():
+        result = _container_probe(dra, "dra-webhook", name)
+        assert (result["total_mib"], result["nvml_total_mib"]) == (mib, mib), (name, result)
+        assert result["alloc_one_more_mib"] == CUDA_ERROR_OUT_OF_MEMORY, (name, result)
+    dra.kubectl("-n", NS, "delete", "pod", "dra-webhook", "--wait=true", timeout=90)
