@@ -82,8 +82,12 @@ def dra(installed: RealCluster, tmp_path_factory: pytest.TempPathFactory
     installed.kubectl("apply", "-k", str(plain), timeout=120)
     installed.kubectl("delete", "deviceclass", "share.gpu.egpu.io", "whole.gpu.egpu.io",
                       "--ignore-not-found", check=False)
-    installed.kubectl("-n", inst.NAMESPACE, "rollout", "status", "daemonset/egpu-node-agent",
-                      "--timeout=180s", check=False, timeout=200)
+    # the plain install changes the webhook's and the agent's pods back: every part rolled out
+    # (one ReplicaSet's pods each) before the next module's tests count them
+    inst.wait_installed(installed)
+    installed.wait_for("the replaced egpu pods gone", lambda: not any(
+        p["metadata"].get("deletionTimestamp") for p in inst.get_json(
+            installed, "pods", "-n", inst.NAMESPACE)["items"]), timeout=120, interval=1.0)
 
 
 def _template(name: str, memory: str = "4Gi", cores: str = "30",
