@@ -1,22 +1,29 @@
-"""Scheduling throughput: pods bound per second, egpu-scheduler vs default-scheduler.
+"""Scheduling throughput: pods bound per second for DRA shares, extender shares and whole cards.
 
     python bench/scheduling.py [--nodes 1000] [--pods 1000] [--cards 8]
 
 On the dev cluster (reused when ``egpu dev-cluster`` reports one up, else started and stopped
-here): adds N kwok nodes of C cards each with both ``nvidia.com/gpu: C`` and ``egpu.io/gpu:
-C x sharesPerCard`` and the node agent's inventory annotations, and waits until they are
-Ready and untainted (``devcluster.nodes.wait_nodes_ready``); starts the extender (``python -m
-scheduler.main``) and points the dev cluster's kube-scheduler at it
-(``devcluster.set_extender``, restored at the end). Then, in
-one run, for each scheduler: P whole-card pods (``nvidia.com/gpu: 1`` for default-scheduler,
-``egpu.io/gpu: 1`` = a whole card's memory for egpu-scheduler) are created with a scheduling
-gate, the gates are lifted from 16 threads, and the rate is P / (last bind - first ungate).
-Pods are deleted between the two runs.
+here): adds N kwok nodes of C H100-sized cards each with both ``nvidia.com/gpu: C`` and
+``egpu.io/gpu: C x sharesPerCard``, the node agent's inventory annotations and its
+ResourceSlices of driver gpu.egpu.io (``devcluster.dra.publish_node_slices``, as the agent with
+``--dra`` publishes them), and waits until they are Ready and untainted; applies the
+DeviceClasses of manifests/dra and a ResourceClaimTemplate of one share; starts the extender
+(``python -m scheduler.main``) and points the dev cluster's ``egpu-scheduler`` profile at it
+(``devcluster.set_extender``, restored at the end). Then, in one run, P pods of each kind are
+created with a scheduling gate, the gates are lifted from 16 threads, and the rate is P / (last
+bind - first ungate); pods (and claims) are deleted between the kinds:
+
+- ``default``: a whole card, ``nvidia.com/gpu: 1``, default-scheduler (device-plugin counting);
+- ``extender``: a share (20000 MiB, 25%) through egpu-scheduler and the extender;
+- ``dra``: the same share as a ResourceClaim of class share.gpu.egpu.io (consumable capacity),
+  one per pod, created with the pods (before the gates are lifted), default-scheduler's own
+  DRA allocator.
 
 Everything (etcd, API server, schedulers, kwok, extender, this client) shares the machine's
 cores; the ungating rate is printed so that a client-bound run can be told apart.
 
-Last line: ``nodes=N egpu_pods_per_s=N default_pods_per_s=N ratio=N`` (ratio = egpu/default).
+Last line: ``nodes=N dra_pods_per_s=N extender_pods_per_s=N default_pods_per_s=N dra_ratio=N``
+(dra_ratio = dra / default; issue 14's target: >= 0.9).
 """
 
 from __future__ import annotations
@@ -33,9 +40,11 @@ from typing import Any
 import yaml
 
 from devcluster import cluster as devcluster
+from devcluster import dra as devdra
 from devcluster import nodes as devnodes
 from devcluster.cluster import wait_until
 from devcluster.extender import ExtenderProcess
+from egpu.contract import DEVICE_CLASS_SHARE
 from scheduler.kube import ApiStatusError, RawApi
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,13 +55,25 @@ SHARES = devnodes.DEFAULT_SHARES_PER_CARD
 
 
 
+def node_spec(name: str, cards: int) -> dict[str, Any]:
+    """A bench node of the cluster-file format (devcluster.nodes): C H100-sized cards."""
+    return {"name": name, "labels": {"egpu-bench": "true"},
+            "cards": {"count": cards, "model": "NVIDIA H100", "memoryMiB": 81559}}
+
+
+def install_device_classes(api: RawApi) -> None:
+    """The DeviceClasses of manifests/dra (present ones are kept)."""
+    for doc in yaml.safe_load_all((REPO / "manifests" / "dra" / "deviceclasses.yaml").read_text()):
+        if doc and doc.get("kind") == "DeviceClass":
+            with contextlib.suppress(ApiStatusError):
+                api.json("POST", "/apis/resource.k8s.io/v1/deviceclasses", body=doc)
+
+
 def add_nodes(api: RawApi, n: int, cards: int) -> list[str]:
     """N kwok nodes ``bench-NNNN`` with C H100-sized cards and both GPU resources."""
     def one(i: int) -> str:
         name = f"bench-{i:04d}"
-        body = devnodes.node_manifest({"name": name, "labels": {"egpu-bench": "true"},
-                                       "cards": {"count": cards, "model": "NVIDIA H100",
-                                                 "memoryMiB": 81559}}, SHARES)
+        body = devnodes.node_manifest(node_spec(name, cards), SHARES)
         for key in ("capacity", "allocatable"):
             body["status"][key]["nvidia.com/gpu"] = str(cards)
         with contextlib.suppress(ApiStatusError):
@@ -87,23 +108,63 @@ def heartbeat(api: RawApi, names: list[str]) -> None:
                                          content_type="application/merge-patch+json"), names))
 
 
-def pod(name: str, scheduler: str) -> dict[str, Any]:
-    resource = "nvidia.com/gpu" if scheduler == "default-scheduler" else "egpu.io/gpu"
-    return {"apiVersion": "v1", "kind": "Pod",
+# The three kinds of pod measured: a whole card through the default scheduler's device-plugin
+# counting; a share through the egpu extender; a share as a DRA claim (consumable capacity)
+# through the default scheduler's own allocator.
+WHOLE, EXTENDER_SHARE, DRA_SHARE = "default", "extender", "dra"
+SHARE_MIB = 20000  # four shares fit an H100's 81559 MiB
+SHARE_CORES = 25
+TEMPLATE = "bench-share"
+
+
+def share_template() -> dict[str, Any]:
+    """The ResourceClaimTemplate of a DRA share (class share.gpu.egpu.io)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": TEMPLATE, "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "share", "exactly": {
+                "deviceClassName": DEVICE_CLASS_SHARE,
+                "capacity": {"requests": {"memory": f"{SHARE_MIB}Mi",
+                                          "cores": str(SHARE_CORES)}}}}]}}}}
+
+
+def share_claim(name: str) -> dict[str, Any]:
+    """The ResourceClaim of DRA pod ``name``, as the template's (created before the gates are
+    lifted: from a template, kube-controller-manager creates each claim first, at its default
+    20 requests a second, which would measure that client limit, not placement)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": NS},
-            "spec": {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
-                     "schedulingGates": [{"name": GATE}],
-                     "nodeSelector": {"egpu-bench": "true"},
-                     "containers": [{"name": "c", "image": "busybox",
-                                     "resources": {"limits": {resource: "1"}}}]}}
+            "spec": share_template()["spec"]["spec"]}
 
 
-def run(api: RawApi, scheduler: str, count: int) -> tuple[float, float]:
+def pod(name: str, kind: str) -> dict[str, Any]:
+    limits: dict[str, str] = {"nvidia.com/gpu": "1"} if kind == WHOLE else {}
+    if kind == EXTENDER_SHARE:
+        limits = {"egpu.io/gpu": "1", "egpu.io/gpu-memory": str(SHARE_MIB),
+                  "egpu.io/gpu-cores": str(SHARE_CORES)}
+    container: dict[str, Any] = {"name": "c", "image": "busybox",
+                                 "resources": {"limits": limits}}
+    spec: dict[str, Any] = {
+        "schedulerName": (devcluster.EGPU_SCHEDULER if kind == EXTENDER_SHARE
+                          else "default-scheduler"),
+        "terminationGracePeriodSeconds": 0, "schedulingGates": [{"name": GATE}],
+        "nodeSelector": {"egpu-bench": "true"}, "containers": [container]}
+    if kind == DRA_SHARE:  # its own claim, created with it (see share_claim)
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+        container["resources"]["claims"] = [{"name": "gpu"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+            "spec": spec}
+
+
+def run(api: RawApi, kind: str, count: int) -> tuple[float, float]:
     """Pods/s bound, and gates lifted per second."""
-    names = [f"{scheduler[:4]}-{i:05d}" for i in range(count)]
+    names = [f"{kind[:4]}-{i:05d}" for i in range(count)]
     with ThreadPoolExecutor(16) as pool:
+        if kind == DRA_SHARE:
+            list(pool.map(lambda n: api.json(
+                "POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
+                body=share_claim(n)), names))
         list(pool.map(lambda n: api.json("POST", f"/api/v1/namespaces/{NS}/pods",
-                                         body=pod(n, scheduler)), names))
+                                         body=pod(n, kind)), names))
     ungate = [{"op": "remove", "path": "/spec/schedulingGates"}]
     t0 = time.monotonic()
     with ThreadPoolExecutor(16) as pool:
@@ -116,11 +177,16 @@ def run(api: RawApi, scheduler: str, count: int) -> tuple[float, float]:
         items = api.json("GET", f"/api/v1/namespaces/{NS}/pods")["items"]
         return sum(1 for p in items if p["spec"].get("nodeName")) >= count
 
-    wait_until(f"{count} pods bound by {scheduler}", all_bound, timeout=900, interval=0.2)
+    wait_until(f"{count} {kind} pods bound", all_bound, timeout=900, interval=0.2)
     elapsed = time.monotonic() - t0
     api.json("DELETE", f"/api/v1/namespaces/{NS}/pods", query={"gracePeriodSeconds": 0})
     wait_until("pods deleted",
                lambda: not api.json("GET", f"/api/v1/namespaces/{NS}/pods")["items"], timeout=300)
+    if kind == DRA_SHARE:
+        api.json("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")
+        wait_until("claims deleted", lambda: not api.json(
+            "GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")["items"],
+            timeout=300)
     return count / elapsed, count / ungated
 
 
@@ -152,16 +218,24 @@ def main(argv: list[str] | None = None) -> int:
         config.write_text(yaml.safe_dump({"sharesPerCard": SHARES,
                                           "heartbeatTimeoutSeconds": 3600}))
         heartbeat(api, names)
+        t = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:  # as the node agent with --dra publishes them
+            list(pool.map(lambda n: devdra.publish_node_slices(
+                info.api_client(), n, devnodes.inventory(node_spec(n, args.cards)).cards),
+                names))
+        install_device_classes(api)
+        with contextlib.suppress(ApiStatusError):
+            api.json("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates",
+                     body=share_template())
+        print(f"ResourceSlices published in {time.monotonic() - t:.0f}s", flush=True)
         extender = ExtenderProcess(info.kubeconfig, config, work / "extender.log")
         extender.start()
         devcluster.set_extender(info, extender.url)
-        default_rate, default_ungate = run(api, "default-scheduler", args.pods)
-        print(f"default-scheduler: {default_rate:.1f} pods/s "
-              f"(gates lifted at {default_ungate:.0f}/s)", flush=True)
-        egpu_rate, egpu_ungate = run(api, devcluster.EGPU_SCHEDULER, args.pods)
-        print(f"egpu-scheduler: {egpu_rate:.1f} pods/s "
-              f"(gates lifted at {egpu_ungate:.0f}/s; extender log {extender.log})",
-              flush=True)
+        rates = {}
+        for kind in (WHOLE, EXTENDER_SHARE, DRA_SHARE):
+            rate, ungate = run(api, kind, args.pods)
+            rates[kind] = rate
+            print(f"{kind}: {rate:.1f} pods/s (gates lifted at {ungate:.0f}/s)", flush=True)
     finally:
         if extender is not None:
             extender.stop()
@@ -169,8 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         delete_nodes(api, args.nodes)
         if started:
             devcluster.down(state_dir)
-    print(f"nodes={args.nodes} egpu_pods_per_s={egpu_rate:.1f} "
-          f"default_pods_per_s={default_rate:.1f} ratio={egpu_rate / default_rate:.2f}")
+    print(f"nodes={args.nodes} dra_pods_per_s={rates[DRA_SHARE]:.1f} "
+          f"extender_pods_per_s={rates[EXTENDER_SHARE]:.1f} "
+          f"default_pods_per_s={rates[WHOLE]:.1f} "
+          f"dra_ratio={rates[DRA_SHARE] / rates[WHOLE]:.2f}")
     return 0
 
 

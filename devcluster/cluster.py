@@ -74,6 +74,9 @@ EXTENDER_MANAGED_RESOURCES = (
     ("egpu.io/gpu-cores", True),
 )
 
+SCHEDULER_CLIENT_QPS = 200  # requests/s the kube-scheduler may send the API server
+CONTROLLER_MANAGER_QPS = 100  # requests/s of kube-controller-manager (claims from templates)
+
 # Popen objects of processes this Python process started, so they are reaped (no zombies).
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -305,6 +308,11 @@ def scheduler_config(
         "kind: KubeSchedulerConfiguration",
         "clientConnection:",
         f"  kubeconfig: {kubeconfig}",
+        # above the defaults (50/100): a DRA pod costs the scheduler two writes (the claim's
+        # allocation, the binding), a device-plugin pod one; the throughput benchmark
+        # (bench/scheduling.py) measures placement, not this client limit
+        f"  qps: {SCHEDULER_CLIENT_QPS}",
+        f"  burst: {2 * SCHEDULER_CLIENT_QPS}",
         "leaderElection:",
         "  leaderElect: false",
         "profiles:",
@@ -596,6 +604,10 @@ def up(config: Config | None = None) -> ClusterInfo:
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}",
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
                 "--use-service-account-credentials=false",
+                # default 20/30: the resourceclaim controller creates a claim per pod of a
+                # ResourceClaimTemplate through this client
+                f"--kube-api-qps={CONTROLLER_MANAGER_QPS}",
+                f"--kube-api-burst={2 * CONTROLLER_MANAGER_QPS}",
             ],
         )
         # kube-scheduler

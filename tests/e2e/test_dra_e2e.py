@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import subprocess
 import sys
 import time
@@ -367,6 +368,29 @@ def test_the_scheduler_never_books_a_card_past_its_capacity(
 
 # --- (d) whole cards through egpu.io/gpu --------------------------------------------------------
 
+@pytest.fixture
+def whole_cards_as_extended_resource(dra: Dra, cluster: E2ECluster) -> Iterator[None]:
+    """The component manifests/dra/extended-resource: whole.gpu.egpu.io maps egpu.io/gpu."""
+    patch = json.dumps([{"op": "add", "path": "/spec/extendedResourceName", "value": RES_GPU}])
+    cluster.kubectl("patch", "deviceclass", DEVICE_CLASS_WHOLE, "--type=json", "-p", patch)
+    try:
+        yield
+    finally:
+        cluster.kubectl("apply", "-f", str(DEVICE_CLASSES))  # the class without the mapping
+        undo = json.dumps([{"op": "remove", "path": "/spec/extendedResourceName"}])
+        cluster.kubectl("patch", "deviceclass", DEVICE_CLASS_WHOLE, "--type=json", "-p", undo,
+                        check=False)
+
+
+def test_the_default_classes_map_no_extended_resource(dra: Dra) -> None:
+    """While a DeviceClass maps egpu.io/gpu, the kube-scheduler refuses every share pod of
+    the extender path ("cannot fit resource" for egpu.io/gpu-memory): the mapping is opt-in."""
+    for name in (DEVICE_CLASS_WHOLE, "share.gpu.egpu.io"):
+        cls = dra.api("GET", f"/apis/resource.k8s.io/v1/deviceclasses/{name}")
+        assert "extendedResourceName" not in cls["spec"], cls["spec"]
+
+
+@pytest.mark.usefixtures("whole_cards_as_extended_resource")
 def test_whole_cards_through_egpu_io_gpu_need_no_claim(dra: Dra) -> None:
     whole = dra.api("GET", f"/apis/resource.k8s.io/v1/deviceclasses/{DEVICE_CLASS_WHOLE}")
     assert whole["spec"]["extendedResourceName"] == RES_GPU
@@ -392,6 +416,7 @@ def test_whole_cards_through_egpu_io_gpu_need_no_claim(dra: Dra) -> None:
     assert len(cards) == 2
 
 
+@pytest.mark.usefixtures("whole_cards_as_extended_resource")
 def test_a_node_that_advertises_egpu_io_gpu_keeps_the_device_plugin_path(dra: Dra) -> None:
     dra.add_node("plugin", 2)  # allocatable egpu.io/gpu: cards x shares per card
     node = NODE_PREFIX + "plugin"

@@ -572,3 +572,24 @@ def test_the_metrics_listener_never_binds_a_real_pod(env: Env) -> None:
     assert not still["spec"].get("nodeName") and ANN_ALLOCATION not in (
         still["metadata"].get("annotations") or {})
     env.delete_pods(ns)
+
+
+# --- both modes in one cluster (a migration to DRA) -------------------------------------------
+
+def test_extender_shares_still_schedule_beside_the_dra_device_classes(env: Env) -> None:
+    """manifests/dra's DeviceClasses installed: a share pod of the extender path (egpu.io/gpu
+    + egpu.io/gpu-memory) still binds. A DeviceClass that maps egpu.io/gpu (the opt-in
+    component manifests/dra/extended-resource) would make the kube-scheduler refuse it:
+    egpu.io/gpu-memory is in no node's allocatable and backed by no DeviceClass."""
+    classes = REPO / "manifests" / "dra" / "deviceclasses.yaml"
+    env.cluster.kubectl("apply", "-f", str(classes))
+    try:
+        node = "e2e-migration"
+        env.add_node(node, 1, "NVIDIA L4", 24576)
+        ns = env.namespace("e2e-migration")
+        env.create(egpu_pod("share", ns, 4000, node=node))
+        _wait("the extender share bound beside the DRA classes",
+              lambda: bound(env.pods(ns)), timeout=60)
+        env.delete_pods(ns)
+    finally:
+        env.cluster.kubectl("delete", "-f", str(classes), "--ignore-not-found", check=False)
