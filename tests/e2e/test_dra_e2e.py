@@ -425,3 +425,38 @@ def test_a_node_that_advertises_egpu_io_gpu_keeps_the_device_plugin_path(dra: Dr
         p := dra.pod("plugin-1")) and _scheduled(p) and p, timeout=SCHEDULE_S)
     assert not (pod.get("status") or {}).get("extendedResourceClaimStatus")
     assert dra.consumed(node) == {}
+
+
+# --- quotas (docs/operating.md, "Quotas in DRA mode") -------------------------------------------
+
+def _claim(name: str, namespace: str, memory: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DEVICE_CLASS_SHARE,
+                "capacity": {"requests": {"memory": memory}}}}]}}}
+
+
+def test_a_namespace_quota_counts_share_claims_per_device_class(dra: Dra,
+                                                                 cluster: E2ECluster) -> None:
+    """ResourceQuota `<class>.deviceclass.resource.k8s.io/devices` limits how many devices a
+    namespace's claims of a class request: a third share claim is refused at creation. It
+    counts devices, not consumed capacity: two claims of 20Gi count as two, as of 1Mi."""
+    ns = "egpu-dra-quota"
+    cluster.ensure_namespace(ns)
+    try:
+        quota = {"apiVersion": "v1", "kind": "ResourceQuota",
+                 "metadata": {"name": "shares", "namespace": ns},
+                 "spec": {"hard": {f"{DEVICE_CLASS_SHARE}.deviceclass.resource.k8s.io/devices":
+                                   "2"}}}
+        dra.api("POST", f"/api/v1/namespaces/{ns}/resourcequotas", quota)
+        devcluster.wait_until("the quota's status", lambda: dra.api(
+            "GET", f"/api/v1/namespaces/{ns}/resourcequotas/shares").get("status", {}).get("hard"))
+        claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+        dra.api("POST", claims, _claim("a", ns, "20Gi"))
+        dra.api("POST", claims, _claim("b", ns, "1Mi"))
+        with pytest.raises(devnodes.ApiError) as denied:
+            dra.api("POST", claims, _claim("c", ns, "1Mi"))
+        assert denied.value.status == 403 and "exceeded quota" in str(denied.value), denied.value
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
