@@ -193,7 +193,6 @@ def _unshare_ok() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _unshare_ok(), reason="needs a private mount namespace (root)")
 @pytest.mark.parametrize(("node_floor", "want"), [(7, 7), (None, 0)], ids=["7", "absent"])
 def test_the_node_file_floor_wins_over_the_pods_env_and_config_path(
         tmp_path: Path, node_floor: int | None, want: int) -> None:
@@ -203,6 +202,7 @@ def test_the_node_file_floor_wins_over_the_pods_env_and_config_path(
     from tests.compute import cardregion
     from tests.compute.conftest import LIB, Node
 
+    assert _unshare_ok(), "needs a private mount namespace: run `make test` as root (README)"
     for d in ("fakegpu", "libinterpose"):
         subprocess.run(["make", "-s", "-C", str(ROOT / d)], check=True, capture_output=True)
     node = Node(tmp_path)
