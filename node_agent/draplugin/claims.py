@@ -238,7 +238,7 @@ def _runs_beside_others(container: Mapping[str, Any], init: bool) -> bool:
     return not init or container.get("restartPolicy") == "Always"
 
 
-def _base_request(request: str) -> str:
+def base_request(request: str) -> str:
     """A result's request without its subrequest (``firstAvailable``: ``share/mib-24576``)."""
     return request.split("/", 1)[0]
 
@@ -251,7 +251,7 @@ def container_cards(devices: Sequence[ClaimDevice], requests: set[str] | None
     same card: the webhook's FC-07 plan, egpu.dra.claims), in allocation order."""
     per_card: dict[str, CardShare] = {}
     for d in devices:
-        if requests is not None and _base_request(d.request) not in requests:
+        if requests is not None and base_request(d.request) not in requests:
             continue
         held = per_card.get(d.uuid)
         per_card[d.uuid] = (CardShare(d.uuid, d.index, d.memory_mib, d.cores) if held is None
@@ -277,7 +277,7 @@ def pod_use(pod: Mapping[str, Any], claim_name: str,
     extended = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
     extended_containers = ({m.get("containerName") for m in extended.get("requestMappings") or []}
                            if extended.get("resourceClaimName") == claim_name else set())
-    allocated = {_base_request(d.request) for d in devices}
+    allocated = {base_request(d.request) for d in devices}
     containers: list[ContainerAllocation] = []
     running: dict[str, str] = {}  # request -> the concurrently running container naming it
     for init, key in ((True, "initContainers"), (False, "containers")):
@@ -368,7 +368,7 @@ def request_envs(claim: PreparedClaim) -> dict[str, dict[str, str]]:
     only their cards."""
     uuids: dict[str, list[str]] = {}
     for d in claim.devices:
-        cards = uuids.setdefault(_base_request(d.request), [])
+        cards = uuids.setdefault(base_request(d.request), [])
         if d.uuid not in cards:
             cards.append(d.uuid)
     return {request: allocate_envs(Ambiguous(tuple(cards), ()),
@@ -380,7 +380,3 @@ def claim_request_device(claim_uid: str, request: str) -> str:
     """The CDI device name of one request of a prepared claim: ``claim-<uid>-<request>``."""
     return f"claim-{claim_uid}-{request}"
 
-
-def base_request(request: str) -> str:
-    """A result's request without its subrequest (``share/mib-24576`` -> ``share``)."""
-    return _base_request(request)
