@@ -129,6 +129,20 @@ SPLIT_SETTLE_WINDOWS = 2
 SPLIT_RUN_S = 5  # three settled 1 s windows
 
 
+# Launch-bound shares (kernels of 10-50 us, tens of thousands of gated launches a second) on a
+# shared 2-core test machine: the launching thread, not the gate, often decides how close to
+# its cap a share gets (26.8% seen for a 40% cap, 10 us kernels, 1 CI run in ~5; 59% for 80%,
+# 50 us). Host load only lowers use, so these tests hold the cap from above exactly and from
+# below only as "not starved"; the 3-point bound from below is held on the simulated clock
+# (compute_sim caps10us, split10us) and measured in real time by bench/compute_caps.py.
+LAUNCH_BOUND_FLOOR = 0.6
+
+
+def not_starved(cap: float) -> float:
+    """The least use (%) a launch-bound test accepts for a share capped at cap %."""
+    return LAUNCH_BOUND_FLOOR * cap - 3
+
+
 def settled_mean(r: dict) -> float:
     """Mean use (%) of a split run's 1 s windows after SPLIT_SETTLE_WINDOWS."""
     w = r["win_use_pct"][SPLIT_SETTLE_WINDOWS:]
