@@ -48,9 +48,11 @@ native:
 	$(MAKE) -C libinterpose
 	$(MAKE) -C fakegpu
 
+# ruff, the import contracts and the strict type check (pyproject.toml, [tool.mypy])
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 unit: venv native system-deps k8s
 	$(BIN)/pytest -m "not e2e" tests

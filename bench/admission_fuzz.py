@@ -55,12 +55,10 @@ import os
 import random
 import re
 import ssl
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +72,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"
 sys.path.insert(0, str(REPO))
 
 from certs.issue import create_ca, create_serving, write_bundle  # noqa: E402
+from devcluster.errors import DevClusterError  # noqa: E402
+from devcluster.webhook_process import WebhookProcess  # noqa: E402
 from egpu.podshape import path_pattern  # noqa: E402
 from egpu.workloads import pod_templates  # noqa: E402
 
@@ -547,52 +547,12 @@ def _judge_review(answer: Any, body: Body, tally: Tally) -> None:
 # --- the webhook process ---------------------------------------------------------------------
 
 
-class Webhook:
-    """The webhook as its own process on 127.0.0.1 (restarted by ``ensure_alive``)."""
-
-    def __init__(self, certs: Path, port: int, log_path: Path, extra: Sequence[str] = (),
-                 cafile: Path | None = None) -> None:
-        """``extra``: more webhook.main arguments; ``cafile``: what the health probe trusts
-        (default ``certs/ca.crt``)."""
-        self.certs, self.port, self.log_path = certs, port, log_path
-        self.extra, self.cafile = list(extra), cafile or certs / "ca.crt"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        """Start it and wait (30 s at most) until /healthz answers. Raises SystemExit."""
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "webhook.main", "--cert", str(self.certs / "tls.crt"),
-             "--key", str(self.certs / "tls.key"), "--host", "127.0.0.1", "--port",
-             str(self.port), "--log-level", "WARNING", *self.extra], cwd=REPO, stdout=log,
-            stderr=log)
-        context = ssl.create_default_context(cafile=str(self.cafile))
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"https://127.0.0.1:{self.port}/healthz",
-                                            context=context, timeout=1):
-                    return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise SystemExit("admission_fuzz: the webhook did not start; log: "
-                                     f"{self.log_path}") from None
-                time.sleep(0.1)
-
-    def alive(self) -> bool:
-        """Whether the process still runs."""
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        """Terminate it (kill after 10 s)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def start_webhook(webhook: WebhookProcess) -> None:
+    """Start it (again) and wait (30 s at most) until /healthz answers. Raises SystemExit."""
+    try:
+        webhook.start()
+    except DevClusterError as exc:
+        raise SystemExit(f"admission_fuzz: the webhook did not start: {exc}") from None
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -610,7 +570,7 @@ class Options:
 
 
 async def _send(session: aiohttp.ClientSession, url: str, body: Body, hang_s: float,
-                tally: Tally, webhook: Webhook, restart: Callable[[], Any]) -> None:
+                tally: Tally, webhook: WebhookProcess, restart: Callable[[], Any]) -> None:
     headers = {"Content-Type": "application/json"}
     started = time.perf_counter()
     try:
@@ -636,7 +596,7 @@ async def _send(session: aiohttp.ClientSession, url: str, body: Body, hang_s: fl
     judge(status, payload, body, tally)
 
 
-async def run(options: Options, webhook: Webhook, pods: list[str]) -> tuple[Tally, float]:
+async def run(options: Options, webhook: WebhookProcess, pods: list[str]) -> tuple[Tally, float]:
     """Send the bodies; returns the tally and the seconds the sending took."""
     tally = Tally()
     rng = random.Random(options.seed)
@@ -652,9 +612,8 @@ async def run(options: Options, webhook: Webhook, pods: list[str]) -> tuple[Tall
         async with lock:
             if not webhook.alive():
                 tally.crashes += 1
-                print(f"the webhook died (exit {webhook.proc and webhook.proc.returncode});"
-                      " restarting", flush=True)
-                await asyncio.to_thread(webhook.start)
+                print(f"the webhook died (exit {webhook.returncode}); restarting", flush=True)
+                await asyncio.to_thread(start_webhook, webhook)
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal next_report
@@ -727,8 +686,8 @@ def main(argv: list[str] | None = None) -> int:
         ca = create_ca()
         write_bundle(certs, ca, create_serving(ca, ["127.0.0.1", "localhost"]))
         log_path = Path(tempfile.gettempdir()) / f"egpu-admission-fuzz-{os.getpid()}.log"
-        webhook = Webhook(certs, _free_port(), log_path)
-        webhook.start()
+        webhook = WebhookProcess(certs, log=log_path)
+        start_webhook(webhook)
         try:
             tally, elapsed = asyncio.run(run(options, webhook, [json.dumps(p) for p in pods]))
         finally:
@@ -737,14 +696,6 @@ def main(argv: list[str] | None = None) -> int:
     if not (tally.internal_errors or tally.crashes):
         log_path.unlink(missing_ok=True)
     return status
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

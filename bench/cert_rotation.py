@@ -43,10 +43,11 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"
 sys.path.insert(0, str(REPO))
 
 from certs.issue import Pair, create_ca, create_serving  # noqa: E402
+from devcluster.webhook_process import WebhookProcess  # noqa: E402
 
 
 def _admission_fuzz() -> Any:
-    """bench/admission_fuzz.py as a module (its Webhook process wrapper and review builder)."""
+    """bench/admission_fuzz.py as a module (its review builder and webhook start)."""
     spec = importlib.util.spec_from_file_location("admission_fuzz",
                                                   REPO / "bench" / "admission_fuzz.py")
     assert spec is not None and spec.loader is not None
@@ -186,11 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         cafile.write_bytes(b"".join(ca.cert_pem for ca in cas))
         volume = SecretVolume(root)
         volume.write(create_serving(cas[0], NAMES))
-        port = FUZZ._free_port()
         log_path = root / "webhook.log"
-        webhook = FUZZ.Webhook(root, port, log_path, cafile=cafile,
-                               extra=["--reload-interval", str(RELOAD_INTERVAL_S)])
-        webhook.start()
+        webhook = WebhookProcess(root, extra_args=["--reload-interval", str(RELOAD_INTERVAL_S)],
+                                 log=log_path, cafile=cafile)
+        FUZZ.start_webhook(webhook)
+        port = webhook.port
         try:
             count, rotations, served, elapsed = asyncio.run(
                 run(port, cafile, volume, cas, args.seconds, args.every, args.concurrency))

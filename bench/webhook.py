@@ -25,14 +25,11 @@ import json
 import math
 import multiprocessing
 import os
-import socket
 import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +41,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"
 sys.path.insert(0, str(REPO))
 
 from certs.issue import create_ca, create_serving, write_bundle  # noqa: E402
+from devcluster.errors import DevClusterError  # noqa: E402
+from devcluster.webhook_process import WebhookProcess  # noqa: E402
 from webhook.registration import configuration_for_url  # noqa: E402
 
 
@@ -82,30 +81,15 @@ def admission_review(pod: dict[str, Any], uid: str = "bench") -> dict[str, Any]:
         "userInfo": {"username": "bench"}, "dryRun": False}}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_webhook(certs: Path, port: int) -> subprocess.Popen[bytes]:
-    """Run the webhook as its own process; wait until /healthz answers."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "webhook.main", "--cert", str(certs / "tls.crt"),
-         "--key", str(certs / "tls.key"), "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "WARNING"], cwd=REPO)
-    context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=context,
-                                        timeout=1):
-                return proc
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit("bench: the webhook did not start") from None
-            time.sleep(0.1)
+def start_webhook(certs: Path) -> WebhookProcess:
+    """Run the webhook as its own process (log ``certs/webhook.log``); wait until /healthz
+    answers."""
+    webhook = WebhookProcess(certs)
+    try:
+        webhook.start()
+    except DevClusterError as exc:
+        raise SystemExit(f"bench: the webhook did not start: {exc}") from None
+    return webhook
 
 
 def cpu_seconds(pid: int) -> float:
@@ -298,9 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         certs = Path(tmp)
         ca = create_ca()
         write_bundle(certs, ca, create_serving(ca, ["127.0.0.1", "localhost"]))
-        port = free_port()
-        proc = start_webhook(certs, port)
-        url = f"https://127.0.0.1:{port}/mutate"
+        proc = start_webhook(certs)
+        url = f"{proc.url}/mutate"
         results = {}
         try:
             for containers in (10, 1):
@@ -330,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             if why:
                 print(f"create_latency_ratio=nan: {why}")
         finally:
-            proc.terminate()
-            proc.wait(10)
+            proc.stop()
     rate, p50, p99 = results[1]
     print(f"reviews_per_s={rate:.0f} p50_ms={p50:.2f} p99_ms={p99:.2f} "
           f"create_latency_ratio={ratio:.3f}" if not math.isnan(ratio) else

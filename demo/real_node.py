@@ -96,7 +96,8 @@ def prerequisite_missing() -> str:
 
 
 def start(state_dir: Path, info: devcluster.ClusterInfo, config_file: Path,
-          start_process: Callable[..., dict[str, Any]]) -> realnode.RealNode:
+          start_process: Callable[[str, list[str], dict[str, str]], object]
+          ) -> realnode.RealNode:
     """Add the real node (tainted), install the hook and the interposer on it, and start its
     node agent (``start_process(name, argv, env)`` records it with the demo's processes).
     Returns once the agent has registered the device plugin (the node offers egpu.io/gpu)."""

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,11 @@ import yaml
 
 from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
+from devcluster import supervisor
+from devcluster.errors import DevClusterError
+from devcluster.net import free_port, http_ok, ssl_context
+from devcluster.supervisor import STOP_GRACE_S, ProcessInfo
+from devcluster.waiting import wait_until
 from egpu.cluster_view import cluster_view
 from egpu.config import Config, load_config_file
 
@@ -85,77 +89,30 @@ class DemoError(RuntimeError):
 # --- processes ---------------------------------------------------------------------------
 
 
-_CHILDREN: dict[str, subprocess.Popen[bytes]] = {}
-
-
 def _start(state_dir: Path, name: str, argv: list[str], env: dict[str, str] | None = None
-           ) -> dict[str, Any]:
-    """Start a detached process (its own session, so it outlives ``egpu demo``)."""
-    logs = state_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log = logs / f"{name}.log"
-    with open(log, "ab") as out:
-        proc = _CHILDREN[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
-                                start_new_session=True, cwd=REPO)
-    entry = {"name": name, "pid": proc.pid, "argv": argv, "log": str(log)}
+           ) -> ProcessInfo:
+    """Start a detached process (devcluster.supervisor: its own session, so it outlives
+    ``egpu demo``; its log in ``logs/<name>.log``) and record it in processes.json."""
+    proc = supervisor.start(name, argv, state_dir / "logs" / f"{name}.log", cwd=REPO,
+                            env={**os.environ, **(env or {})})
     # Recorded at once, so that `down` stops it even when a later step fails.
     recorded = state_dir / "processes.json"
     known = json.loads(recorded.read_text()) if recorded.exists() else []
-    recorded.write_text(json.dumps([*known, entry], indent=1))
-    return entry
+    recorded.write_text(json.dumps([*known, asdict(proc)], indent=1))
+    return proc
 
 
-def _alive(entry: dict[str, Any]) -> bool:
-    """Whether the recorded process still runs (our child: poll it; else: its cmdline)."""
-    child = _CHILDREN.get(entry["name"])
-    if child is not None and child.pid == entry["pid"]:
-        return child.poll() is None
-    try:
-        cmdline = Path(f"/proc/{entry['pid']}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    # A console script runs as "python <script> ...": the program is one of the first words.
-    # nsenter (the real node's agent) replaces itself with the program after its "--".
-    argv = entry["argv"]
-    program = argv[argv.index("--") + 1] if argv[0] == "nsenter" and "--" in argv else argv[0]
-    return program.encode() in cmdline[:3]
-
-
-def _tail(path: str, lines: int = 15) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _wait(what: str, probe: Callable[[], bool], timeout_s: float, entry: dict[str, Any] | None
+def _wait(what: str, probe: Callable[[], bool], timeout_s: float, proc: ProcessInfo | None
           ) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if probe():
-            return
-        if entry is not None and not _alive(entry):
-            child = _CHILDREN.get(entry["name"])
-            status = child.poll() if child else None
-            raise DemoError(f"{what}: the process exited (status {status}); last lines of "
-                            f"{entry['log']}:\n"
-                            f"{_tail(entry['log'])}")
-        time.sleep(0.3)
-    log = f"; see {entry['log']}" if entry else ""
-    raise DemoError(f"{what}: not ready after {timeout_s:.0f}s{log}")
-
-
-def _http_ok(url: str, ca: Path | None = None) -> bool:
-    import ssl
-    import urllib.request
-
-    context = ssl.create_default_context(cafile=str(ca)) if ca else None
+    """Until ``probe()``; DemoError after ``timeout_s``, or (``proc``) naming the process and
+    quoting its log when it exits first."""
     try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
+        if proc is None:
+            wait_until(what, probe, timeout_s, interval=0.3)
+        else:
+            supervisor.wait_ready(proc, probe, what, timeout_s, interval_s=0.3, lines=15)
+    except DevClusterError as exc:
+        raise DemoError(str(exc)) from None
 
 
 def _stop_command(state: Path) -> str:
@@ -172,10 +129,11 @@ def down(state_dir: Path | None = None, say: Callable[[str], None] = print) -> N
     recorded = state_dir / "processes.json"
     recorded_any = recorded.exists()
     if recorded_any:
-        for entry in json.loads(recorded.read_text()):
-            if _alive(entry):
-                os.killpg(entry["pid"], signal.SIGTERM)
-                say(f"stopped {entry['name']} (pid {entry['pid']})")
+        for proc in (ProcessInfo(**entry) for entry in json.loads(recorded.read_text())):
+            # only while the pid still runs the recorded program; its session with it
+            if supervisor.stop(proc.pid, STOP_GRACE_S, supervisor.program_of(proc.argv),
+                               group=True):
+                say(f"stopped {proc.name} (pid {proc.pid})")
         recorded.unlink()
     from devcluster import realnode
 
@@ -205,7 +163,7 @@ def _fake_gpu_config(path: Path, spec: dict[str, Any]) -> None:
 
 
 def _start_node_agents(options: Options, info: devcluster.ClusterInfo, config_file: Path,
-                       specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                       specs: list[dict[str, Any]]) -> list[ProcessInfo]:
     started = []
     for spec in specs:
         name = spec["name"]
@@ -217,7 +175,7 @@ def _start_node_agents(options: Options, info: devcluster.ClusterInfo, config_fi
                 "--config", str(config_file), "--nvml-library", str(FAKEGPU / "libnvidia-ml.so.1"),
                 "--plugin-dir", str(home / "device-plugins"), "--runtime-dir", str(home / "run"),
                 "--private-dir", str(home / "private"),
-                "--metrics-port", str(devcluster.free_port()), "--heartbeat-seconds", "10",
+                "--metrics-port", str(free_port()), "--heartbeat-seconds", "10",
                 "--cdi-spec-dir", ""]  # kwok nodes run no containers: no spec in the host's CDI
         env = {"FAKEGPU_CONFIG": str(home / "fakegpu.ini"),
                "FAKEGPU_STATE_DIR": str(home / "fakegpu")}
@@ -226,20 +184,21 @@ def _start_node_agents(options: Options, info: devcluster.ClusterInfo, config_fi
 
 
 def _start_webhook(options: Options, info: devcluster.ClusterInfo, config_file: Path
-                   ) -> dict[str, Any]:
+                   ) -> ProcessInfo:
     from certs import issue
     from webhook.registration import configuration_for_url
 
     ca = issue.create_ca()
     paths = issue.write_bundle(options.state_dir / "certs", ca,
                                issue.create_serving(ca, ["127.0.0.1", "localhost"]))
-    port = devcluster.free_port()
-    entry = _start(options.state_dir, "webhook", [
+    port = free_port()
+    proc = _start(options.state_dir, "webhook", [
         str(BIN / "egpu-webhook"), "--cert", str(paths[issue.CERT_FILE]),
         "--key", str(paths[issue.KEY_FILE]), "--host", "127.0.0.1", "--port", str(port),
         "--config", str(config_file)])
     base = f"https://127.0.0.1:{port}"
-    _wait("webhook", lambda: _http_ok(f"{base}/healthz", paths[issue.CA_FILE]), 30, entry)
+    context = ssl_context(paths[issue.CA_FILE])
+    _wait(f"GET {base}/healthz", lambda: http_ok(f"{base}/healthz", context), 30, proc)
     registration = configuration_for_url(f"{base}/mutate", ca.cert_pem, name="egpu-webhook")
     result = _kubectl(info, "apply", "-f", "-", stdin=json.dumps(registration))
     if result.returncode != 0:
@@ -248,7 +207,7 @@ def _start_webhook(options: Options, info: devcluster.ClusterInfo, config_file: 
     result = _kubectl(info, "apply", "-f", str(ALLOCATION_POLICY))
     if result.returncode != 0:
         raise DemoError(f"installing {ALLOCATION_POLICY.name}: {result.stderr.strip()}")
-    return entry
+    return proc
 
 
 def _apply_workloads(options: Options, info: devcluster.ClusterInfo) -> list[tuple[str, str]]:
@@ -336,13 +295,14 @@ def _report(options: Options, info: devcluster.ClusterInfo, config: Config,
     others = [p for p in pods if not p["metadata"].get("annotations", {}).get("egpu.io/allocation")]
     if others:
         options.say("\nOther pods (no egpu share):")
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for pod in sorted(others, key=lambda p: p["metadata"]["name"]):
             reason = next((c.get("message", "") for c in pod["status"].get("conditions") or []
                            if c.get("type") == "PodScheduled" and c.get("status") == "False"), "")
             rows.append((f"{pod['metadata']['namespace']}/{pod['metadata']['name']}",
-                         pod["spec"].get("schedulerName", ""), pod["spec"].get("nodeName") or "-",
-                         pod["status"].get("phase", ""), reason.split(" preemption:")[0]))
+                         str(pod["spec"].get("schedulerName", "")),
+                         str(pod["spec"].get("nodeName") or "-"),
+                         str(pod["status"].get("phase", "")), reason.split(" preemption:")[0]))
         options.say(format_table(("POD", "SCHEDULER", "NODE", "PHASE", "WHY"), rows))
     options.say("\nDenied at admission:")
     for what, message in denials:
@@ -437,7 +397,7 @@ def up(options: Options | None = None) -> int:
     config = load_config_file(str(config_file))
     cluster_file = options.inputs / "cluster.yaml"
     specs = devnodes.load_cluster(cluster_file)
-    extender_port = devcluster.free_port()
+    extender_port = free_port()
     extender_url = f"http://127.0.0.1:{extender_port}"
 
     say("==> starting the control plane (etcd, kube-apiserver, kube-controller-manager, "
@@ -450,7 +410,8 @@ def up(options: Options | None = None) -> int:
         extender = _start(state, "extender", [
             str(BIN / "egpu-extender"), "--kubeconfig", info.kubeconfig, "--host", "127.0.0.1",
             "--port", str(extender_port), "--config", str(config_file)])
-        _wait("extender", lambda: _http_ok(f"{extender_url}/healthz"), 60, extender)
+        _wait(f"GET {extender_url}/healthz", lambda: http_ok(f"{extender_url}/healthz"), 60,
+              extender)
         say("==> starting the admission webhook (TLS) and registering it")
         _start_webhook(options, info, config_file)
         say(f"==> starting {len(specs)} node agents on the fake GPU")

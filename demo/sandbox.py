@@ -18,6 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 FAKEGPU = REPO / "fakegpu" / "build"
@@ -121,7 +122,7 @@ class RuncWorld:
         shutil.copytree(self.rootfs, bundle / "rootfs", symlinks=True)
         return bundle
 
-    def hook_entry(self) -> dict:
+    def hook_entry(self) -> dict[str, Any]:
         return {"path": str(HOOK), "args": [
             "egpu-hook", "createRuntime", "--runtime-dir", str(self.runtime_dir),
             "--private-dir", str(self.private_dir), "--interposer", str(self.interposer),

@@ -39,6 +39,8 @@ def __getattr__(name: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Lazy too: `python -m devcluster` runs devcluster.__main__ as __main__ (runpy warns when
+    # the package imported it first), and `import devcluster` stays cheap.
     from devcluster.__main__ import main as _main
 
     return _main(argv)

@@ -26,28 +26,33 @@ import fcntl
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
-import subprocess
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from devcluster import build as buildmod
+from devcluster import supervisor
+from devcluster.errors import DevClusterError as DevClusterError
+from devcluster.kwok import KWOK_NODE_ANNOTATION as KWOK_NODE_ANNOTATION
+from devcluster.kwok import KWOK_NODE_ANNOTATION_VALUE as KWOK_NODE_ANNOTATION_VALUE
+from devcluster.kwok import POD_CIDR as POD_CIDR
+from devcluster.kwok import STAGES as KWOK_STAGES
+from devcluster.kwok import kwok_argv
+from devcluster.net import HOST as HOST
+from devcluster.net import free_port as free_port
+from devcluster.net import http_get, insecure_context, ssl_context
+from devcluster.nodes import create_nodes
 from devcluster.pki import ensure_pki
+from devcluster.supervisor import ProcessInfo as ProcessInfo
+from devcluster.waiting import wait_until as wait_until
 
-HOST = "127.0.0.1"
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-KWOK_NODE_ANNOTATION_VALUE = "fake"
 # Addresses come from 198.18.0.0/15 (RFC 2544, reserved for benchmark networks), never from
-# the private ranges: services 198.19.0.0/16, simulated pods 198.18.128.0/17; real nodes and
-# their pods take 198.18.0.0/24 and 198.18.16.0/20 (devcluster.realnode).
+# the private ranges: services 198.19.0.0/16, simulated pods 198.18.128.0/17 (devcluster.kwok);
+# real nodes and their pods take 198.18.0.0/24 and 198.18.16.0/20 (devcluster.realnode).
 SERVICE_CIDR = "198.19.0.0/16"
-POD_CIDR = "198.18.128.1/17"
 EGPU_SCHEDULER = "egpu-scheduler"  # mirrors egpu.contract.DEFAULT_SCHEDULER_NAME
 
 # Start order; teardown is the reverse.
@@ -76,13 +81,6 @@ EXTENDER_MANAGED_RESOURCES = (
 
 SCHEDULER_CLIENT_QPS = 200  # requests/s the kube-scheduler may send the API server
 CONTROLLER_MANAGER_QPS = 100  # requests/s of kube-controller-manager (claims from templates)
-
-# Popen objects of processes this Python process started, so they are reaped (no zombies).
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-
-
-class DevClusterError(RuntimeError):
-    """The dev cluster could not be started, found or stopped; the message says why."""
 
 
 class AlreadyRunning(DevClusterError):
@@ -116,14 +114,6 @@ class Config:
 
 
 @dataclass
-class ProcessInfo:
-    name: str
-    pid: int
-    argv: list[str]
-    log: str
-
-
-@dataclass
 class ClusterInfo:
     """A running dev cluster, as recorded in ``<state_dir>/cluster.json``."""
 
@@ -152,6 +142,7 @@ class ClusterInfo:
 
     def api_client(self) -> Any:
         """A fresh ``kubernetes.client.ApiClient`` for this cluster (admin credentials)."""
+        # imported here: the kubernetes client is slow to import and only some callers need it
         from kubernetes import client as k8s_client
         from kubernetes import config as k8s_config
 
@@ -208,73 +199,7 @@ class ClusterStatus:
         return "\n".join(lines)
 
 
-# --- helpers ------------------------------------------------------------------------------
-
-
-def wait_until(what: str, check: Any, timeout: float = 60, interval: float = 0.3) -> Any:
-    """Poll ``check()`` every ``interval`` s until it returns something truthy, and return it.
-
-    Raises DevClusterError naming ``what`` (and the last value) after ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise DevClusterError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def _proc_alive(pid: int, argv0: str | None = None) -> bool:
-    """Alive, not a zombie, and (when argv0 is given) still running that binary."""
-    child = _CHILDREN.get(pid)
-    if child is not None and child.poll() is not None:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
-        return False
-    return argv0 is None or (bool(cmdline) and cmdline[0].decode(errors="replace") == argv0)
-
-
-def _tail(path: Path | str, n: int = 25) -> str:
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except FileNotFoundError:
-        return "(no log)"
-    return "\n".join("    " + line for line in lines[-n:])
-
-
-def _ssl_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(ca))
-    if cert and key:
-        ctx.load_cert_chain(str(cert), str(key))
-    return ctx
-
-
-def _insecure_context() -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx
-
-
-def _get(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 3.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, context=ctx, timeout=timeout) as resp:
-            return resp.status, resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
+# --- configuration files ------------------------------------------------------------------
 
 
 def kubeconfig_text(server: str, ca: Path, crt: Path, key: Path,
@@ -347,7 +272,9 @@ def scheduler_config(
 
 
 class _Starter:
-    """Starts the processes one by one; on failure stops the ones it started."""
+    """Starts the processes one by one (devcluster.supervisor); when one exits or is not
+    ready in time, stops every one it started and raises DevClusterError naming that process
+    and quoting its log."""
 
     def __init__(self, state_dir: Path, timeout_s: float) -> None:
         self.state_dir = state_dir
@@ -356,81 +283,37 @@ class _Starter:
         self.started: dict[str, ProcessInfo] = {}
 
     def start(self, name: str, argv: list[str]) -> ProcessInfo:
-        log = self.logs / f"{name}.log"
-        with open(log, "ab") as out:
-            out.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
-            out.flush()
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.state_dir,
-                start_new_session=True,  # outlives the CLI / pytest process that started it
-            )
-        _CHILDREN[proc.pid] = proc
-        info = ProcessInfo(name=name, pid=proc.pid, argv=argv, log=str(log))
+        # its own session: it outlives the CLI / pytest process that started it
+        info = supervisor.start(name, argv, self.logs / f"{name}.log", cwd=self.state_dir)
         self.started[name] = info
         return info
 
-    def wait(self, info: ProcessInfo, probe: Any, what: str) -> None:
+    def wait(self, info: ProcessInfo, probe: Callable[[], Any], what: str) -> None:
         """Poll ``probe()`` (True when ready) until the timeout; fail clearly."""
-        deadline = time.monotonic() + self.timeout_s
-        last_err = ""
-        while time.monotonic() < deadline:
-            if not _proc_alive(info.pid):
-                child = _CHILDREN.get(info.pid)
-                code = child.poll() if child else None
-                self.fail(f"{info.name} exited (code {code}) before it was ready")
-            try:
-                if probe():
-                    return
-            except Exception as exc:  # not up yet: connection refused, TLS, 5xx...
-                last_err = f"{type(exc).__name__}: {exc}"
-            time.sleep(0.25)
-        self.fail(f"{info.name} not ready after {self.timeout_s:.0f}s ({what}; last: {last_err})")
-
-    def fail(self, message: str) -> None:
-        details = []
-        for name, info in self.started.items():
-            details.append(f"--- last lines of {info.log} ({name}):\n{_tail(info.log)}")
-        last = next(reversed(self.started.values()), None)
-        if last is not None:
-            details = [d for d in details if f"({last.name})" in d] + [
-                f"(logs of the other processes: {self.logs})"
-            ]
-        self.stop_all()
-        raise DevClusterError(message + "\n" + "\n".join(details))
+        try:
+            supervisor.wait_ready(info, probe, what, self.timeout_s)
+        except supervisor.ProcessFailed as exc:
+            self.stop_all()
+            raise DevClusterError(f"{exc}\n(logs of the other processes: {self.logs})"
+                                  ) from None
 
     def stop_all(self) -> None:
         for name in reversed(list(self.started)):
             _stop(self.started[name])
 
 
-def _stop(info: ProcessInfo, grace_s: float = 10.0) -> bool:
+def _answers_200(url: str, context: ssl.SSLContext | None = None) -> Callable[[], bool]:
+    """A readiness probe: GET ``url`` answers 200 (raises OSError while nothing listens)."""
+    return lambda: http_get(url, context)[0] == 200
+
+
+def _stop(info: ProcessInfo, grace_s: float = supervisor.STOP_GRACE_S) -> bool:
     """Stop one recorded process if it is still ours (pid alive and same binary)."""
-    argv0 = info.argv[0]
-    if not _proc_alive(info.pid, argv0):
-        _CHILDREN.pop(info.pid, None)
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(info.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _proc_alive(info.pid, argv0):
-        time.sleep(0.1)
-    if _proc_alive(info.pid, argv0):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(info.pid, signal.SIGKILL)
-        time.sleep(0.2)
-    child = _CHILDREN.pop(info.pid, None)
-    if child is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=5)
-    return True
+    return supervisor.stop(info.pid, grace_s, program=supervisor.program_of(info.argv))
 
 
 @contextlib.contextmanager
-def _locked(state_dir: Path):
+def _locked(state_dir: Path) -> Iterator[None]:
     state_dir.mkdir(parents=True, exist_ok=True)
     with open(state_dir / "lock", "w") as fh:
         try:
@@ -511,10 +394,10 @@ def up(config: Config | None = None) -> ClusterInfo:
                              config.egpu_profile)
         )
         kwok_cfg = state_dir / "kwok.yaml"
-        kwok_cfg.write_text((Path(__file__).parent / "kwok_stages.yaml").read_text())
+        kwok_cfg.write_text(KWOK_STAGES.read_text())
         v = f"--v={config.verbosity}"
         starter = _Starter(state_dir, config.timeout_s)
-        admin_ctx = _ssl_context(pki / "ca.crt", pki / "admin.crt", pki / "admin.key")
+        admin_ctx = ssl_context(pki / "ca.crt", pki / "admin.crt", pki / "admin.key")
 
         # etcd
         peer = f"http://{HOST}:{ports['etcd-peer']}"
@@ -537,7 +420,7 @@ def up(config: Config | None = None) -> ClusterInfo:
         )
         starter.wait(
             etcd,
-            lambda: '"health":"true"' in _get(f"{etcd_url}/health")[1],
+            lambda: '"health":"true"' in http_get(f"{etcd_url}/health")[1],
             f"GET {etcd_url}/health",
         )
 
@@ -579,9 +462,8 @@ def up(config: Config | None = None) -> ClusterInfo:
                 v,
             ],
         )
-        starter.wait(
-            apiserver, lambda: _get(f"{server}/readyz", admin_ctx)[0] == 200, f"GET {server}/readyz"
-        )
+        readyz = f"{server}/readyz"
+        starter.wait(apiserver, _answers_200(readyz, admin_ctx), f"GET {readyz}")
 
         common = [
             f"--kubeconfig={kubeconfig}",
@@ -621,35 +503,20 @@ def up(config: Config | None = None) -> ClusterInfo:
             ],
         )
         # kwok: fakes the kubelet of nodes annotated kwok.x-k8s.io/node=fake
-        kwok = starter.start(
-            "kwok",
-            [
-                str(bins / "kwok"),
-                f"--kubeconfig={kubeconfig}",
-                f"--config={kwok_cfg}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector="
-                f"{KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}",
-                f"--cidr={POD_CIDR}",
-                f"--node-ip={HOST}",
-                f"--server-address={HOST}:{ports['kwok']}",
-                "--node-lease-duration-seconds=40",
-            ],
-        )
-        insecure = _insecure_context()
-        for info, port in (
+        kwok = starter.start("kwok", kwok_argv(bins / "kwok", kubeconfig, kwok_cfg, HOST,
+                                               ports["kwok"]))
+        insecure = insecure_context()
+        for proc, port in (
             (kcm, ports["kube-controller-manager"]),
             (sched, ports["kube-scheduler"]),
         ):
             url = f"https://{HOST}:{port}/healthz"
-            starter.wait(info, lambda u=url: _get(u, insecure)[0] == 200, f"GET {url}")
+            starter.wait(proc, _answers_200(url, insecure), f"GET {url}")
         kwok_url = f"http://{HOST}:{ports['kwok']}/healthz"
-        starter.wait(kwok, lambda: _get(kwok_url)[0] == 200, f"GET {kwok_url}")
+        starter.wait(kwok, _answers_200(kwok_url), f"GET {kwok_url}")
         # The controller manager is useful once it made the default service account.
         sa_url = f"{server}/api/v1/namespaces/default/serviceaccounts/default"
-        starter.wait(
-            kcm, lambda: _get(sa_url, admin_ctx)[0] == 200, "the default service account to appear"
-        )
+        starter.wait(kcm, _answers_200(sa_url, admin_ctx), "the default service account to appear")
 
         info = ClusterInfo(
             state_dir=str(state_dir),
@@ -671,10 +538,8 @@ def up(config: Config | None = None) -> ClusterInfo:
         info.save()
 
     if config.nodes_file:
-        from devcluster import nodes
-
         try:
-            nodes.create_nodes(
+            create_nodes(
                 info.api_client(), config.nodes_file, shares_per_card=config.shares_per_card
             )
         except Exception as exc:
@@ -716,8 +581,8 @@ def set_extender(
         starter = _Starter(state_dir, timeout_s)
         new = starter.start("kube-scheduler", argv)
         url = f"https://{HOST}:{port}/healthz"
-        insecure = _insecure_context()
-        starter.wait(new, lambda: _get(url, insecure)[0] == 200, f"GET {url}")
+        insecure = insecure_context()
+        starter.wait(new, _answers_200(url, insecure), f"GET {url}")
         info.processes["kube-scheduler"] = new
         info.extender_url = extender_url
         info.extender_ca_file = ca_file
@@ -732,12 +597,13 @@ def status(state_dir: Path | str | None = None) -> ClusterStatus:
         info = ClusterInfo.load(state_dir)
     except (DevClusterError, ValueError, TypeError, KeyError):
         return ClusterStatus(str(state_dir), recorded=False, processes={}, ready=False)
-    procs = {n: _proc_alive(p.pid, p.argv[0]) for n, p in info.processes.items()}
+    procs = {n: supervisor.alive(p.pid, supervisor.program_of(p.argv))
+             for n, p in info.processes.items()}
     ready = False
     if procs.get("kube-apiserver"):
         try:
-            ctx = _ssl_context(Path(info.ca_file), Path(info.client_cert), Path(info.client_key))
-            ready = _get(f"{info.server}/readyz", ctx)[0] == 200
+            ctx = ssl_context(info.ca_file, info.client_cert, info.client_key)
+            ready = http_get(f"{info.server}/readyz", ctx)[0] == 200
         except (OSError, ssl.SSLError):
             ready = False
     return ClusterStatus(str(state_dir), True, procs, ready, info.server, info.kubeconfig)

@@ -2,7 +2,7 @@
 
 The slices are built by the same core function (``egpu.dra.slices.sync``) from the same
 inventory as the node annotation (``devcluster.nodes.inventory``), owned by the Node (deleted
-with it), through the ``kubernetes`` ApiClient as plain JSON (``devcluster.nodes.api_request``).
+with it), through the ``kubernetes`` ApiClient as plain JSON (``devcluster.kubeapi.api_request``).
 
     publish_node_slices(api_client, name, cards, memory_ratio=1.0) -> SlicePlan
     DevSliceStore(api_client)      # egpu.dra.slices.SliceStore
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from devcluster.nodes import ApiError, api_request
+from devcluster.kubeapi import ApiError, api_request
 from egpu.contract import DRA_DRIVER
 from egpu.dra.slices import ResourceSlice, SlicePlan, sync
 from egpu.records import Card

@@ -3,20 +3,17 @@
 ``ExtenderProcess(kubeconfig, config, log)`` picks a free port on 127.0.0.1; ``start()`` runs
 ``python -m scheduler.main`` there and waits for ``/healthz``; ``kill()`` sends SIGKILL (a
 crash: nothing of its memory survives); ``stop()`` terminates it. Point the dev cluster's
-kube-scheduler at ``url`` with ``devcluster.set_extender``. (A subprocess: devcluster imports
-no egpu part.)
+kube-scheduler at ``url`` with ``devcluster.set_extender``. (A subprocess, supervised by
+devcluster.supervisor: devcluster imports no egpu part.)
 """
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
-from devcluster.cluster import DevClusterError, free_port
+from devcluster.net import HOST, free_port, http_ok
+from devcluster.supervisor import Child
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,52 +26,27 @@ class ExtenderProcess:
         self.port = free_port()
         self.metrics_port = free_port()
         self.kubeconfig, self.config, self.log = kubeconfig, config, log
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process = Child("extender", [
+            sys.executable, "-m", "scheduler.main", "--kubeconfig", kubeconfig,
+            "--host", HOST, "--port", str(self.port),
+            "--metrics-host", HOST, "--metrics-port", str(self.metrics_port),
+            "--config", str(config)], log, cwd=REPO)
 
     @property
     def url(self) -> str:
         """``http://127.0.0.1:<port>``, the extender's urlPrefix."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def _healthy(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise DevClusterError(f"extender exited ({self.proc.returncode}):\n"
-                                  + self.log.read_text()[-3000:])
-        try:
-            healthz = f"http://127.0.0.1:{self.metrics_port}/healthz"  # the readiness probe's
-            with urllib.request.urlopen(healthz, timeout=2) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
+        return f"http://{HOST}:{self.port}"
 
     def start(self, timeout_s: float = 120) -> None:
-        """Start it and wait for /healthz. Raises DevClusterError when it exits or times out."""
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "scheduler.main", "--kubeconfig", self.kubeconfig,
-                 "--host", "127.0.0.1", "--port", str(self.port),
-                 "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port),
-                 "--config", str(self.config)],
-                stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-        deadline = time.monotonic() + timeout_s
-        while not self._healthy():
-            if time.monotonic() > deadline:
-                raise DevClusterError(
-                    f"extender not healthy after {timeout_s:.0f}s; see {self.log}")
-            time.sleep(0.25)
+        """Start it and wait for /healthz (the readiness probe's, on the metrics port).
+        Raises DevClusterError (quoting its log) when it exits or times out."""
+        healthz = f"http://{HOST}:{self.metrics_port}/healthz"
+        self.process.start(lambda: http_ok(healthz), f"GET {healthz}", timeout_s, 0.25)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+        self.process.kill()
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 10 s."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        self.process.stop()

@@ -18,15 +18,13 @@ A new Node is born with the ``node.kubernetes.io/not-ready:NoSchedule`` taint (a
 plugin TaintNodesByCondition); the node lifecycle controller removes it once kwok reports the
 node Ready. ``create_nodes`` waits for that (``wait_nodes_ready``), so callers never race it.
 
-Requests go through the ``kubernetes`` ApiClient as plain JSON (``api_request``): its
-connection, TLS and credentials, none of its model classes (whose validation of request and
-answer bodies varies between client releases).
+Requests go through the ``kubernetes`` ApiClient as plain JSON (``api_request`` of
+devcluster.kubeapi, also importable from here with ``ApiError`` and ``MERGE_PATCH``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import threading
 import time
 import uuid
@@ -35,7 +33,12 @@ from typing import Any
 
 import yaml
 
-from devcluster.cluster import KWOK_NODE_ANNOTATION, KWOK_NODE_ANNOTATION_VALUE, DevClusterError
+from devcluster.dra import publish_node_slices
+from devcluster.errors import DevClusterError
+from devcluster.kubeapi import MERGE_PATCH as MERGE_PATCH
+from devcluster.kubeapi import ApiError as ApiError
+from devcluster.kubeapi import api_request as api_request
+from devcluster.kwok import KWOK_NODE_ANNOTATION, KWOK_NODE_ANNOTATION_VALUE
 from egpu.contract import ANN_INVENTORY, ANN_INVENTORY_HEARTBEAT, RES_GPU
 from egpu.records import Card, Inventory
 
@@ -46,50 +49,6 @@ DEFAULT_SHARES_PER_CARD = 4
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "devcluster.egpu.io")
 # Taints of the node lifecycle controller (not-ready, unreachable, pressure conditions...).
 LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
-MERGE_PATCH = "application/merge-patch+json"
-
-
-class ApiError(DevClusterError):
-    """A non-2xx answer of the API server: ``status`` (HTTP code) and its message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-
-
-def api_request(
-    api_client: Any,
-    method: str,
-    path: str,
-    body: Any = None,
-    content_type: str | None = None,
-    query: dict[str, Any] | None = None,
-    timeout: float = 30.0,
-) -> Any:
-    """Send one request through a kubernetes ``ApiClient``; the decoded JSON answer.
-
-    Raises ``ApiError`` for a non-2xx answer."""
-    headers = {"Accept": "application/json"}
-    if body is not None:
-        headers["Content-Type"] = content_type or "application/json"
-    method, url, headers, body, _ = api_client.param_serialize(
-        method=method,
-        resource_path=path,
-        query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
-        header_params=headers,
-        body=body,
-        auth_settings=["BearerToken"],
-    )
-    response = api_client.call_api(method, url, header_params=headers, body=body,
-                                   _request_timeout=timeout)
-    text = response.read().decode("utf-8", "replace")
-    if not 200 <= response.status < 300:
-        try:
-            message = json.loads(text).get("message", text)
-        except ValueError:
-            message = text
-        raise ApiError(response.status, message)
-    return json.loads(text) if text else None
 
 
 def card_uuid(node: str, index: int) -> str:
@@ -187,8 +146,6 @@ def create_nodes(
     for spec in load_cluster(cluster_file):
         names.append(put_node(api_client, node_manifest(spec, shares_per_card)))
         if dra_slices:
-            from devcluster.dra import publish_node_slices  # it imports this module
-
             publish_node_slices(api_client, names[-1], inventory(spec).cards)
     if ready_timeout_s:
         wait_nodes_ready(api_client, names, ready_timeout_s)
@@ -210,7 +167,7 @@ def put_node(api_client: Any, body: dict[str, Any]) -> str:
     # there whatever the apiserver does with status on create (and on an update).
     status = {"status": {k: body["status"][k] for k in ("capacity", "allocatable")}}
     api_request(api_client, "PATCH", f"/api/v1/nodes/{name}/status", status, MERGE_PATCH)
-    return name
+    return str(name)
 
 
 def _not_ready(node: dict[str, Any]) -> str:

@@ -23,6 +23,10 @@ The apiserver stays on 127.0.0.1; a relay (``devcluster.relay``) forwards the ho
 address at the apiserver's port to it, and the ``kubernetes`` Service's EndpointSlice names
 that address, so pods reach the apiserver through kube-proxy as on any cluster.
 
+The addresses and the configuration files' text are pure functions of devcluster.realnode_config
+(importable from here too); every process is started, waited for and stopped through
+devcluster.supervisor, each recorded with its start time (pid reuse safe).
+
 Needs root (namespaces, cgroups, mounts), runc, iptables/nft and the CNI plugins (Debian
 packages; ``make system-deps``), and the binaries of ``devcluster.build``. Settings that only
 this machine needs (cgroup v1, no swap check, no registry...) are listed in docs/devcluster.md.
@@ -41,24 +45,35 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
+from devcluster import images as imagesmod
 from devcluster import pki as pkimod
-from devcluster.cluster import (
-    ClusterInfo,
-    DevClusterError,
-    ProcessInfo,
-    kubeconfig_text,
-    wait_until,
-)
+from devcluster import supervisor
+from devcluster.cluster import ClusterInfo, kubeconfig_text
+from devcluster.errors import DevClusterError
+from devcluster.kubeapi import ApiError, api_request
+from devcluster.nodes import wait_nodes_ready
+from devcluster.realnode_config import CLUSTER_POD_CIDR as CLUSTER_POD_CIDR
+from devcluster.realnode_config import CNI_BIN_DIR as CNI_BIN_DIR
+from devcluster.realnode_config import CONTAINERD_SOCKET as CONTAINERD_SOCKET
+from devcluster.realnode_config import DEFAULT_CARDS as DEFAULT_CARDS
+from devcluster.realnode_config import cards_ini as cards_ini
+from devcluster.realnode_config import cgroup_name as cgroup_name
+from devcluster.realnode_config import cni_conflist as cni_conflist
+from devcluster.realnode_config import containerd_config as containerd_config
+from devcluster.realnode_config import guard_ruleset as guard_ruleset
+from devcluster.realnode_config import hook_base_spec as hook_base_spec
+from devcluster.realnode_config import kube_proxy_config as kube_proxy_config
+from devcluster.realnode_config import kubelet_config as kubelet_config
+from devcluster.realnode_config import node_ip as node_ip
+from devcluster.realnode_config import pod_cidr as pod_cidr
+from devcluster.realnode_config import toolkit_wrapper as toolkit_wrapper
+from devcluster.supervisor import ProcessInfo
 
 REPO = Path(__file__).resolve().parents[1]
 HOST_BRIDGE = "egpu-br0"
 HOST_LINK_IP = pkimod.HOST_LINK_IP  # 198.18.0.1: the host's address on the node link
 LINK_PREFIX_LEN = 24
-CLUSTER_POD_CIDR = "198.18.16.0/20"  # every real node's pod range together (kube-proxy)
-CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
-RUNC = "/usr/sbin/runc"  # Debian's runc
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # The kubelet sets these machine-wide (they are not per namespace): kept and put back.
 KUBELET_SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory",
@@ -75,213 +90,10 @@ NODE_FOLDERS = {
     "etc-cdi": "/etc/cdi",
     "usr-local-egpu": "/usr/local/egpu",
 }
-CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 MAX_NODES = 16  # node IPs 198.18.0.10..25, pod ranges 198.18.16..31.0/24 (CLUSTER_POD_CIDR)
 NODE_READY_S = 90.0
 SOCKET_WAIT_S = 30.0
 STOP_GRACE_S = 10.0
-# The fake GPU's cards on a real node: two H100s (shared input 01 asks for H100 or A100).
-DEFAULT_CARDS = (
-    ("GPU-7e1e0000-0000-4000-8000-000000000000", "NVIDIA H100 80GB HBM3", 81559, 0),
-    ("GPU-7e1e0000-0000-4000-8000-000000000001", "NVIDIA H100 80GB HBM3", 81559, 0),
-)
-
-
-def cgroup_name(index: int, name: str) -> str:
-    """The node's cgroup folder in every hierarchy (the index keeps two clusters' nodes of the
-    same name apart)."""
-    return f"egpu-node-{index}-{name}"
-
-
-def node_ip(index: int) -> str:
-    return f"198.18.0.{10 + index}"
-
-
-def pod_cidr(index: int) -> str:
-    return f"198.18.{16 + index}.0/24"
-
-
-def cards_ini(cards: tuple[tuple[str, str, int, int], ...]) -> str:
-    """The fake GPU's card list (``FAKEGPU_CONFIG`` ini): (uuid, model, MiB, NUMA node)."""
-    return "".join(
-        f"[card]\nuuid={u}\nname={name}\nmemory_mib={mib}\nnuma_node={numa}\n\n"
-        for u, name, mib, numa in cards
-    )
-
-
-# --- configuration files (pure) -------------------------------------------------------------
-
-
-def containerd_config(node_dir: Path, sandbox_image: str) -> str:
-    """containerd 2.x config (version 3). CDI is always on in 2.x (``enable_cdi`` is an
-    unknown key there). The default runtime ``nvidia`` is the fake GPU's toolkit wrapper, as
-    the NVIDIA Container Toolkit is on a GPU node; ``egpu-hook`` is the OCI-hook route
-    (docs/containerd.md): the same wrapper with a base spec that runs egpu-hook (containerd
-    applies a base_runtime_spec to containers, not to pod sandboxes)."""
-    wrapper = node_dir / "driver" / "nvidia-container-runtime"
-    base_spec = node_dir / "config" / "egpu-base-spec.json"
-    runtime = 'plugins."io.containerd.cri.v1.runtime"'
-    runtimes = f"{runtime}.containerd.runtimes"
-    return f"""version = 3
-root = "/var/lib/containerd"
-state = "/run/containerd"
-
-[grpc]
-  address = "{CONTAINERD_SOCKET}"
-
-[plugins."io.containerd.cri.v1.images"]
-  snapshotter = "overlayfs"
-
-# No registry here: the sandbox image is imported (ctr images import) and pinned.
-[plugins."io.containerd.cri.v1.images".pinned_images]
-  sandbox = "{sandbox_image}"
-
-[{runtime}]
-  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
-  # The machine's bounding set lacks CAP_SYS_RESOURCE: runc may only raise oom_score_adj.
-  restrict_oom_score_adj = true
-
-[{runtime}.cni]
-  bin_dirs = ["{CNI_BIN_DIR}"]
-  conf_dir = "{node_dir / 'cni'}"
-
-[{runtime}.containerd]
-  default_runtime_name = "nvidia"
-
-[{runtimes}.nvidia]
-  runtime_type = "io.containerd.runc.v2"
-
-[{runtimes}.nvidia.options]
-  BinaryName = "{wrapper}"
-  SystemdCgroup = false
-
-[{runtimes}.egpu-hook]
-  runtime_type = "io.containerd.runc.v2"
-  base_runtime_spec = "{base_spec}"
-
-[{runtimes}.egpu-hook.options]
-  BinaryName = "{wrapper}"
-  SystemdCgroup = false
-"""
-
-
-def toolkit_wrapper(node_dir: Path) -> str:
-    """The shell wrapper containerd runs as the ``nvidia`` runtime: runc for every call but
-    ``create``, which goes through the fake toolkit (devcluster.fake_toolkit) first."""
-    toolkit = shlex.quote(str(REPO / "devcluster" / "fake_toolkit.py"))
-    driver = shlex.quote(str(node_dir / "driver"))
-    return f"""#!/bin/sh
-# The fake GPU's container toolkit (devcluster/fake_toolkit.py); written by devcluster.realnode.
-for a in "$@"; do
-  if [ "$a" = create ]; then
-    exec /usr/bin/python3 {toolkit} --driver-root {driver} --runc {RUNC} -- "$@"
-  fi
-done
-exec {RUNC} "$@"
-"""
-
-
-def cni_conflist(index: int) -> str:
-    """The pod network of node ``index``: a bridge with host-local addresses, routed (no
-    masquerade: the host routes the node's pod range to the node)."""
-    return json.dumps({
-        "cniVersion": "1.0.0",
-        "name": "egpu-pods",
-        "plugins": [
-            {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False,
-             "hairpinMode": True,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_cidr(index)}]],
-                      "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "/run/cni-ipam"}},
-            {"type": "portmap", "capabilities": {"portMappings": True}},
-        ],
-    }, indent=1)
-
-
-def kubelet_config(name: str, index: int, ca: Path) -> str:
-    """KubeletConfiguration. Settings only these machines need: failCgroupV1 false (cgroup
-    v1), failSwapOn false, image GC off (images are imported, there is no registry to pull
-    them back from), low eviction thresholds (a shared build machine's disk)."""
-    return f"""apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: {node_ip(index)}
-port: 10250
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-authentication:
-  anonymous: {{enabled: false}}
-  webhook: {{enabled: true}}
-  x509: {{clientCAFile: {ca}}}
-authorization: {{mode: Webhook}}
-containerRuntimeEndpoint: unix://{CONTAINERD_SOCKET}
-cgroupDriver: cgroupfs
-cgroupRoot: /{cgroup_name(index, name)}/pods
-failCgroupV1: false
-failSwapOn: false
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard: {{memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%}}
-clusterDomain: cluster.local
-serializeImagePulls: false
-registerNode: true
-syncFrequency: 10s
-fileCheckFrequency: 10s
-nodeStatusReportFrequency: 10s
-staticPodPath: ""
-"""
-
-
-def kube_proxy_config(name: str, kubeconfig: Path) -> str:
-    """KubeProxyConfiguration: nftables mode, in the node's network namespace; conntrack
-    sizes left as the machine has them (they are machine-wide)."""
-    return f"""apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection: {{kubeconfig: {kubeconfig}}}
-hostnameOverride: {name}
-mode: nftables
-clusterCIDR: {CLUSTER_POD_CIDR}
-healthzBindAddress: 127.0.0.1:10256
-metricsBindAddress: 127.0.0.1:10249
-conntrack:
-  maxPerCore: 0
-  min: 0
-  tcpEstablishedTimeout: 0s
-  tcpCloseWaitTimeout: 0s
-"""
-
-
-# Where a node and its pods may send packets: loopback and the benchmark range (nodes, pods,
-# Services, the host's bridge). Anything else (a registry, the host's DNS resolver) is dropped
-# in the node's namespace, whatever the host forwards.
-ALLOWED_DESTINATIONS = ("127.0.0.0/8", "198.18.0.0/15")
-
-
-def guard_ruleset() -> str:
-    """nftables rules for the node's network namespace: drop every packet the node or its pods
-    send (output, forward) to an address outside ALLOWED_DESTINATIONS (IPv6: all but
-    loopback), and answer with an ICMP refusal so that the sender fails at once."""
-    allowed = ", ".join(ALLOWED_DESTINATIONS)
-    return f"""table inet egpu-node-guard {{
-  chain egress {{
-    type filter hook output priority 0; policy accept;
-    ip daddr != {{ {allowed} }} reject with icmp type admin-prohibited
-    ip6 daddr != ::1 meta l4proto != ipv6-icmp reject with icmpv6 type admin-prohibited
-  }}
-  chain forwarded {{
-    type filter hook forward priority 0; policy accept;
-    ip daddr != {{ {allowed} }} reject with icmp type admin-prohibited
-    meta nfproto ipv6 drop
-  }}
-}}
-"""
-
-
-def hook_base_spec() -> dict[str, Any]:
-    """The base OCI spec of the ``egpu-hook`` runtime handler: containerd's defaults plus the
-    egpu hook at createRuntime (docs/containerd.md, the OCI-hook route)."""
-    return {"hooks": {"createRuntime": [{
-        "path": "/usr/local/egpu/bin/egpu-hook", "args": ["egpu-hook", "createRuntime"],
-        "timeout": 10}]}}
 
 
 # --- the record -----------------------------------------------------------------------------
@@ -311,11 +123,19 @@ class RealNode:
 
     def ours(self, pid: int) -> bool:
         """Whether ``pid`` is still the process this node started (alive, same start)."""
-        return pid > 0 and _alive(pid) and _start_ticks(pid) == self.start_ticks.get(str(pid))
+        ticks = self.start_ticks.get(str(pid))
+        return ticks is not None and supervisor.alive(pid, ticks=ticks)
 
     def record(self, proc: ProcessInfo) -> None:
         self.processes[proc.name] = proc
-        self.start_ticks[str(proc.pid)] = _start_ticks(proc.pid) or -1
+        self.start_ticks[str(proc.pid)] = supervisor.start_ticks(proc.pid) or -1
+
+    def stop(self, part: str, grace_s: float = STOP_GRACE_S) -> bool:
+        """Stop the recorded process ``part`` if it is still the one this node started."""
+        proc = self.processes.get(part)
+        if proc is None or not self.ours(proc.pid):
+            return False
+        return supervisor.stop(proc.pid, grace_s, ticks=self.start_ticks[str(proc.pid)])
 
     def save(self) -> None:
         path = Path(self.node_dir) / "node.json"
@@ -436,57 +256,15 @@ def _write_sysctls(values: dict[str, str]) -> None:
             (Path("/proc/sys") / key).write_text(value)
 
 
-def _start(node_dir: Path, name: str, argv: list[str], env: dict[str, str] | None = None
+def _start(node: RealNode, name: str, argv: list[str], env: dict[str, str] | None = None
            ) -> ProcessInfo:
-    log = node_dir / "logs" / f"{name}.log"
-    with open(log, "ab") as out:
-        out.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
-        out.flush()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, cwd=node_dir, env=env,
-                                start_new_session=True)
-    return ProcessInfo(name=name, pid=proc.pid, argv=argv, log=str(log))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    if state in ("Z", "X"):
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        return False
-    return True
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process' start time in clock ticks since boot (/proc/PID/stat field 22)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return int(fields[19])  # fields[0] is field 3 (state)
-
-
-def _stop_pid(pid: int, grace_s: float = STOP_GRACE_S) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.1)
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-        _alive(pid)
-
-
-def _tail(path: str, n: int = 30) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
-    except FileNotFoundError:
-        return "(no log)"
+    """Start one of the node's processes (log ``logs/<name>.log``) in its cgroups; recorded."""
+    node_dir = Path(node.node_dir)
+    proc = supervisor.start(name, argv, node_dir / "logs" / f"{name}.log", cwd=node_dir,
+                            env=env)
+    _join_cgroup(node.cgroup, proc.pid)
+    node.record(proc)
+    return proc
 
 
 # --- the relay and the kubernetes Service's endpoint ------------------------------------------
@@ -496,35 +274,32 @@ def _ensure_relay(info: ClusterInfo) -> ProcessInfo:
     """The relay from HOST_LINK_IP:<apiserver port> to the apiserver (one per cluster)."""
     path = nodes_dir(info.state_dir) / "relay.json"
     with contextlib.suppress(FileNotFoundError, ValueError, TypeError, KeyError):
-        relay = _load_relay(path)
-        if relay is not None:
-            return relay
+        running = _load_relay(path)
+        if running is not None:
+            return running[0]
     port = info.ports["kube-apiserver"]
     argv = [sys.executable, "-m", "devcluster.relay", f"{HOST_LINK_IP}:{port}",
             f"127.0.0.1:{port}"]
-    log = nodes_dir(info.state_dir) / "relay.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
-    relay = ProcessInfo(name="apiserver-relay", pid=proc.pid, argv=argv, log=str(log))
-    path.write_text(json.dumps({**asdict(relay), "start_ticks": _start_ticks(proc.pid)}))
+    relay = supervisor.start("apiserver-relay", argv, nodes_dir(info.state_dir) / "relay.log",
+                             cwd=REPO)
+    ticks = supervisor.start_ticks(relay.pid)
+    path.write_text(json.dumps({**asdict(relay), "start_ticks": ticks}))
     return relay
 
 
-def _load_relay(path: Path) -> ProcessInfo | None:
-    """The recorded relay while it still runs (same pid and start time), else None."""
+def _load_relay(path: Path) -> tuple[ProcessInfo, int] | None:
+    """The recorded relay and its start ticks while it still runs (same pid and start
+    time), else None."""
     data = json.loads(path.read_text())
     ticks = data.pop("start_ticks", None)
     relay = ProcessInfo(**data)
-    alive = _alive(relay.pid) and ticks is not None and _start_ticks(relay.pid) == ticks
-    return relay if alive else None
+    alive = ticks is not None and supervisor.alive(relay.pid, ticks=ticks)
+    return (relay, ticks) if alive else None
 
 
 def _apiserver_endpoint(info: ClusterInfo) -> None:
     """Point the ``kubernetes`` Service at the relay (the apiserver runs with
     ``--endpoint-reconciler-type=none``: 127.0.0.1 may not be published)."""
-    from devcluster.nodes import ApiError, api_request
-
     port = info.ports["kube-apiserver"]
     body = {
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
@@ -587,8 +362,6 @@ def add(info: ClusterInfo, name: str = "egpu-real-0", index: int | None = None,
     for sub in ("logs", "config", "cni", "pki", "driver/lib", "driver/state", *NODE_FOLDERS):
         (node_dir / sub).mkdir(parents=True, exist_ok=True)
     if images is None:
-        from devcluster import images as imagesmod
-
         images = {ref: Path(p) for ref, p in imagesmod.ensure_images().items()}
     bins = Path(info.bin_dir)
     if not SYSCTLS_BEFORE.exists() and not _nodes_on_bridge():
@@ -651,8 +424,6 @@ def _write_files(info: ClusterInfo, node: RealNode, cards: tuple[tuple[str, str,
     (node_dir / "config" / "kubelet.yaml").write_text(kubelet_config(node.name, node.index, ca))
     (node_dir / "config" / "kube-proxy.yaml").write_text(
         kube_proxy_config(node.name, proxy_kubeconfig))
-    from devcluster import images as imagesmod
-
     (node_dir / "config" / "containerd.toml").write_text(
         containerd_config(node_dir, imagesmod.IMAGE_PAUSE))
     (node_dir / "config" / "egpu-base-spec.json").write_text(_base_spec(node))
@@ -681,15 +452,13 @@ def _base_spec(node: RealNode) -> str:
 
 def _start_namespaces(node: RealNode) -> None:
     node_dir = Path(node.node_dir)
-    holder = _start(node_dir, "holder", ["unshare", "--net", "--mount", "--propagation",
-                                         "private", "--", "sleep", "infinity"])
+    holder = _start(node, "holder", ["unshare", "--net", "--mount", "--propagation",
+                                     "private", "--", "sleep", "infinity"])
     node.holder_pid = holder.pid
-    node.record(holder)
     node.save()  # recorded at once: an interrupted add leaves nothing unknown behind
-    _join_cgroup(node.cgroup, holder.pid)
     own_net = os.readlink("/proc/self/ns/net")
-    wait_until("the node's namespaces", lambda: _alive(holder.pid) and
-               os.readlink(f"/proc/{holder.pid}/ns/net") != own_net, timeout=10, interval=0.05)
+    supervisor.wait_ready(holder, lambda: os.readlink(f"/proc/{holder.pid}/ns/net") != own_net,
+                          f"the namespaces of {node.name}", 10, interval_s=0.05)
     veth = f"egpu-v{node.index}"
     _sh("ip", "link", "del", veth, check=False)
     _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns",
@@ -734,15 +503,13 @@ def _start_containerd(node: RealNode) -> None:
     node_dir = Path(node.node_dir)
     argv = node.nsenter_argv(str(Path(node.bin_dir) / "containerd"), "--config",
                              str(node_dir / "config" / "containerd.toml"))
-    proc = _start(node_dir, "containerd", argv, env=_node_env(node))
-    _join_cgroup(node.cgroup, proc.pid)
-    node.record(proc)
+    _wait_socket(node, _start(node, "containerd", argv, env=_node_env(node)))
+
+
+def _wait_socket(node: RealNode, containerd: ProcessInfo) -> None:
     sock = node.host_path(CONTAINERD_SOCKET)
-    try:
-        wait_until("containerd's socket", lambda: _alive(proc.pid) and sock.exists(),
-                   timeout=SOCKET_WAIT_S, interval=0.1)
-    except DevClusterError as exc:
-        raise DevClusterError(f"{exc}\n--- {proc.log}:\n{_tail(proc.log)}") from None
+    supervisor.wait_ready(containerd, sock.exists, f"containerd's socket on {node.name}",
+                          SOCKET_WAIT_S, interval_s=0.1)
 
 
 def _import_images(node: RealNode, images: dict[str, Path]) -> None:
@@ -765,43 +532,31 @@ def _start_kubelet(node: RealNode, labels: dict[str, str], taints: tuple[str, ..
         *([f"--register-with-taints={','.join(taints)}"] if taints else []),
         "--v=2",
     )
-    proc = _start(node_dir, "kubelet", argv, env=_node_env(node))
-    _join_cgroup(node.cgroup, proc.pid)
-    node.record(proc)
+    _start(node, "kubelet", argv, env=_node_env(node))
 
 
 def _start_kube_proxy(node: RealNode) -> None:
     node_dir = Path(node.node_dir)
     argv = node.nsenter_argv(str(Path(node.bin_dir) / "kube-proxy"),
                              f"--config={node_dir / 'config' / 'kube-proxy.yaml'}", "--v=1")
-    proc = _start(node_dir, "kube-proxy", argv, env=_node_env(node))
-    _join_cgroup(node.cgroup, proc.pid)
-    node.record(proc)
-    try:
-        wait_until("kube-proxy's service rules", lambda: _alive(proc.pid) and "kubernetes"
-                   in node.run("nft", "list", "table", "ip", "kube-proxy", check=False),
-                   timeout=SOCKET_WAIT_S, interval=0.5)
-    except DevClusterError as exc:
-        raise DevClusterError(f"{exc}\n--- {proc.log}:\n{_tail(proc.log)}") from None
+    proc = _start(node, "kube-proxy", argv, env=_node_env(node))
+    supervisor.wait_ready(
+        proc, lambda: "kubernetes" in node.run("nft", "list", "table", "ip", "kube-proxy",
+                                               check=False),
+        f"kube-proxy's service rules on {node.name}", SOCKET_WAIT_S, interval_s=0.5)
 
 
 def _wait_ready(info: ClusterInfo, node: RealNode, timeout_s: float) -> None:
-    from devcluster.nodes import wait_nodes_ready
-
-    kubelet = node.processes["kubelet"]
+    """Until the Node is Ready and untainted; fails at once when the kubelet exits."""
     client = info.api_client()
+
+    def ready() -> bool:
+        wait_nodes_ready(client, [node.name], timeout_s=2)  # raises while it is not
+        return True
+
     try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not _alive(kubelet.pid):
-                raise DevClusterError(f"the kubelet of {node.name} exited:\n{_tail(kubelet.log)}")
-            try:
-                wait_nodes_ready(client, [node.name], timeout_s=2)
-                return
-            except DevClusterError:
-                continue
-        raise DevClusterError(f"node {node.name} not Ready after {timeout_s:.0f}s:\n"
-                              f"{_tail(kubelet.log)}")
+        supervisor.wait_ready(node.processes["kubelet"], ready, f"node {node.name} Ready",
+                              timeout_s)
     finally:
         client.close()
 
@@ -814,16 +569,11 @@ def restart_part(state_dir: Path | str, name: str, part: str) -> RealNode:
     if part not in ("kubelet", "containerd", "kube-proxy"):
         raise DevClusterError(f"part must be kubelet, containerd or kube-proxy, not {part!r}")
     old = node.processes[part]
-    if node.ours(old.pid):
-        _stop_pid(old.pid)
-    proc = _start(Path(node.node_dir), part, old.argv, env=_node_env(node))
-    _join_cgroup(node.cgroup, proc.pid)
-    node.record(proc)
+    node.stop(part)
+    proc = _start(node, part, old.argv, env=_node_env(node))
     node.save()
     if part == "containerd":
-        sock = node.host_path(CONTAINERD_SOCKET)
-        wait_until("containerd's socket", lambda: _alive(proc.pid) and sock.exists(),
-                   timeout=SOCKET_WAIT_S, interval=0.1)
+        _wait_socket(node, proc)
     return node
 
 
@@ -834,9 +584,7 @@ def remove(state_dir: Path | str, name: str, delete_node_object: bool = True) ->
     state_dir = Path(state_dir)
     node = RealNode.load(state_dir, name)
     for part in ("kube-proxy", "kubelet", "containerd"):
-        proc = node.processes.get(part)
-        if proc and node.ours(proc.pid):
-            _stop_pid(proc.pid, grace_s=5)
+        node.stop(part, grace_s=5)
     for _ in range(20):
         # Only what is in the node's cgroups, and its holder if it is still the same process.
         pids = _cgroup_pids(node.cgroup) - {os.getpid()}
@@ -849,7 +597,7 @@ def remove(state_dir: Path | str, name: str, delete_node_object: bool = True) ->
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
         for pid in pids:
-            _alive(pid)
+            supervisor.alive(pid)  # reaps the children of this process among them
     _remove_cgroups(node.cgroup)
     # The node's disk (containerd's images and snapshots, ~0.5 GB; the kubelet's pods) goes;
     # its logs and configuration stay for a look after a failure.
@@ -872,8 +620,6 @@ def _nodes_on_bridge() -> list[str]:
 
 
 def _delete_node_object(state_dir: Path, name: str) -> None:
-    from devcluster.nodes import ApiError, api_request
-
     info = ClusterInfo.load(state_dir)
     client = info.api_client()
     try:
@@ -888,9 +634,9 @@ def _delete_node_object(state_dir: Path, name: str) -> None:
 def _last_node_gone(state_dir: Path) -> None:
     relay = nodes_dir(state_dir) / "relay.json"
     with contextlib.suppress(FileNotFoundError, ValueError, TypeError, KeyError):
-        proc = _load_relay(relay)
-        if proc is not None:
-            _stop_pid(proc.pid, grace_s=2)
+        running = _load_relay(relay)
+        if running is not None:
+            supervisor.stop(running[0].pid, grace_s=2, ticks=running[1])
     relay.unlink(missing_ok=True)
     if _nodes_on_bridge():  # another cluster's real node still runs on this machine
         return

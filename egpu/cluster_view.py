@@ -5,6 +5,11 @@ returns them) and returns ``NodeView``s: each card's capacity, booked MiB and co
 effective-request rule, ``egpu.booking``), measured use (node annotation ``egpu.io/usage``) and
 the shares placed on it. Used by ``egpu top`` / ``kubectl egpu`` and the demo's placement table.
 Malformed annotations are reported in ``NodeView.problems``, never raised.
+
+A pod's share is read from its ``egpu.io/allocation`` record alone (cards, each container's
+kind, the resolved priority), never from its spec; only a record of an older extender, which
+lacks the kinds and policies, is completed from the pod spec (``egpu.requests.read_pod``), as
+before the record carried them.
 """
 
 from __future__ import annotations
@@ -13,11 +18,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from egpu.booking import allocation_bookings
+from egpu.booking import CardBooking, allocation_bookings, book_card
 from egpu.config import Config
 from egpu.contract import ANN_ALLOCATION, ANN_INVENTORY, ANN_USAGE
 from egpu.records import Allocation, Card, Inventory, NodeUsage, RecordError
-from egpu.requests import read_pod
+from egpu.requests import ContainerKind, read_pod
 
 
 @dataclass(frozen=True)
@@ -118,9 +123,14 @@ def _add_pod(pod: Mapping[str, Any], views: dict[str, NodeView],
             views[node].problems.append(f"pod {namespace}/{name}: {exc}")
         return
     node = node or allocation.node
-    request = read_pod(pod, config).request
-    priority = request.priority if request else config.defaults.priority
-    for uuid, booking in allocation_bookings(allocation, request).items():
+    policies = allocation.policies
+    if policies is not None and allocation.complete:
+        priority, bookings = policies[0], record_bookings(allocation)
+    else:  # a record of an older extender: the pod spec tells the kinds and the priority
+        request = read_pod(pod, config).request
+        priority = request.priority if request else config.defaults.priority
+        bookings = allocation_bookings(allocation, request)
+    for uuid, booking in bookings.items():
         if (card := cards.get((node, uuid))) is not None:
             card.booked_mib += booking.memory_mib
             card.booked_cores += booking.cores
@@ -129,3 +139,16 @@ def _add_pod(pod: Mapping[str, Any], views: dict[str, NodeView],
             if (card := cards.get((node, share.uuid))) is not None:
                 card.shares.append(ShareView(namespace, name, container.name, container.init,
                                              priority, share.memory_mib, share.cores))
+
+
+def record_bookings(allocation: Allocation) -> dict[str, CardBooking]:
+    """Card UUID -> what the pod books there, from a record that carries its containers' kinds
+    (``Allocation.complete``): ``egpu.booking.book_card`` over the containers in the record's
+    order, the pod's spec order (init containers and sidecars first), as the extender writes
+    them. Same result as ``allocation_bookings(allocation, read_pod(pod).request)``."""
+    per_card: dict[str, list[tuple[ContainerKind, int, int]]] = {}
+    for container in allocation.containers:
+        kind = ContainerKind(container.kind or ContainerKind.APP)
+        for share in container.cards:
+            per_card.setdefault(share.uuid, []).append((kind, share.memory_mib, share.cores))
+    return {uuid: book_card(entries) for uuid, entries in per_card.items()}

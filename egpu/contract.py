@@ -139,7 +139,9 @@ DRA_ATTR_HEALTHY: Final = "healthy"  # bool
 DRA_CONFIG_API_VERSION: Final = "gpu.egpu.io/v1alpha1"  # opaque config
 DRA_CONFIG_KIND: Final = "ShareConfig"  # priority, computePolicy, memoryOversubscription
 # Claims from pod specs (the webhook in DRA mode; docs/dra.md "Claims from pod specs"):
-ANN_ALLOCATION_MODE: Final = "egpu.io/allocation-mode"  # pod: extender | dra (migrations)
+# pod: extender | dra (migrations); node (node agent): how the node takes shares, and the
+# extender places none on a node that says dra (the DRA node pool, docs/dra.md)
+ANN_ALLOCATION_MODE: Final = "egpu.io/allocation-mode"
 ALLOCATION_MODE_EXTENDER: Final = "extender"  # sections 1-2: extender, device plugin
 ALLOCATION_MODE_DRA: Final = "dra"  # ResourceClaims placed by the kube-scheduler
 ALLOCATION_MODES: Final = (ALLOCATION_MODE_EXTENDER, ALLOCATION_MODE_DRA)

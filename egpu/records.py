@@ -1,21 +1,74 @@
 """Versioned JSON records that egpu's parts exchange through the Kubernetes API and files.
 
-- ``Inventory``: the node annotation ``egpu.io/inventory`` (node agent -> extender).
-- ``Allocation``: the pod annotation ``egpu.io/allocation`` (extender -> device plugin, hook).
+- ``Allocation``: the pod annotation ``egpu.io/allocation``, everything decided at placement
+  (extender -> node agent, exporter, ``kubectl egpu``): each container's cards and kind, and
+  the pod's resolved priority, compute policy and memory oversubscription.
+- ``PodShares``: the pod's allocation file on its node (node agent -> runtime hook).
 - ``ContainerConfig``: the interposer's read-only ``/run/egpu/config.json`` (hook -> C side).
+- ``Inventory``, ``NodeUsage`` (with ``Card``, ``CardUsage``, ``ShareUsage``): the node
+  annotations ``egpu.io/inventory`` and ``egpu.io/usage``, defined in ``egpu.node_records``
+  and importable from here (loaded on first use).
 
 Each has ``encode() -> str`` and a ``decode(text) -> record`` classmethod that raises
 ``RecordError`` naming the field, the value and what is allowed for anything malformed.
 Units: memory in MiB, compute in % of one card.
+
+This module is the only decoder of these formats, the runtime hook's included (it runs for
+every container a node creates), so it is light to import: ``json`` and ``egpu.contract``
+only, no ``dataclasses`` or ``typing`` at run time. Its records are immutable values
+(``_Record``): equality, hash and repr over their fields, ``replace(**changes)``.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from egpu.contract import COMPUTE_POLICIES, PRIORITIES, RECORD_VERSION
+
+TYPE_CHECKING = False  # no typing at run time: the hook's startup (see the docstring)
+if TYPE_CHECKING:
+    from typing import Any, ClassVar, Self
+
+    from egpu.node_records import Card, CardUsage, Inventory, NodeUsage, ShareUsage
+
+__all__ = [
+    "CONTAINER_KINDS",
+    "KIND_APP",
+    "KIND_INIT",
+    "KIND_SIDECAR",
+    "Allocation",
+    "Card",
+    "CardShare",
+    "CardUsage",
+    "ConfigCard",
+    "ContainerAllocation",
+    "ContainerConfig",
+    "Inventory",
+    "NodeUsage",
+    "PodShares",
+    "RecordError",
+    "ShareUsage",
+]
+
+# A container's kind in the allocation: the values of egpu.requests.ContainerKind (app
+# containers, init containers, sidecars = init containers with restartPolicy Always).
+KIND_APP = "container"
+KIND_INIT = "init"
+KIND_SIDECAR = "sidecar"
+CONTAINER_KINDS = (KIND_APP, KIND_INIT, KIND_SIDECAR)
+
+_NODE_RECORDS = ("Card", "CardUsage", "Inventory", "NodeUsage", "ShareUsage")
+
+
+def __getattr__(name: str) -> Any:
+    """The node records (``egpu.node_records``, dataclasses), loaded on first use."""
+    if name in _NODE_RECORDS:
+        from egpu import node_records
+
+        value = getattr(node_records, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class RecordError(ValueError):
@@ -29,11 +82,15 @@ def _load_object(text: str | bytes, what: str) -> dict[str, Any]:
         raise RecordError(f"{what}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise RecordError(f"{what}: expected a JSON object, got {type(data).__name__}")
+    _check_version(data, what)
+    return data
+
+
+def _check_version(data: dict[str, Any], what: str) -> None:
     version = data.get("version")
     if version != RECORD_VERSION:
         raise RecordError(
             f"{what}.version: {version!r} is not supported; allowed: {RECORD_VERSION}")
-    return data
 
 
 def _field(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
@@ -48,6 +105,16 @@ def _field(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
+def _choice(obj: dict[str, Any], key: str, allowed: tuple[str, ...], where: str) -> str | None:
+    """The optional string ``key`` of ``obj``, one of ``allowed``; None when absent."""
+    if key not in obj:
+        return None
+    value: str = _field(obj, key, str, where)
+    if value not in allowed:
+        raise RecordError(f"{where}.{key}: {value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
 def _non_negative(value: int, where: str) -> int:
     if value < 0:
         raise RecordError(f"{where}: {value} is negative; allowed: >= 0")
@@ -55,74 +122,75 @@ def _non_negative(value: int, where: str) -> int:
 
 
 def _list(obj: dict[str, Any], key: str, where: str) -> list[Any]:
-    return _field(obj, key, list, where)
+    value: list[Any] = _field(obj, key, list, where)
+    return value
 
 
-@dataclass(frozen=True)
-class Card:
-    """One physical GPU as the node agent found it. memory_mib: NVML total, MiB."""
+class _Record:
+    """An immutable value over ``_FIELDS`` (the constructor's parameters, in order): what a
+    frozen dataclass gives (equality, hash, repr, copy and pickle), without importing
+    ``dataclasses`` (the hook's startup). ``replace(**changes)`` is ``dataclasses.replace``."""
 
-    uuid: str
-    index: int
-    model: str
-    memory_mib: int
-    healthy: bool = True
-    numa_node: int = -1
+    __slots__ = ()
+    _FIELDS: ClassVar[tuple[str, ...]] = ()
 
-    @classmethod
-    def from_dict(cls, obj: Any, where: str) -> Card:
-        if not isinstance(obj, dict):
-            raise RecordError(f"{where}: expected an object, got {obj!r}")
-        uuid = _field(obj, "uuid", str, where)
-        if not uuid:
-            raise RecordError(f"{where}.uuid: empty")
-        memory = _field(obj, "memory_mib", int, where)
-        if memory <= 0:
-            raise RecordError(f"{where}.memory_mib: {memory} must be >= 1")
-        return cls(
-            uuid=uuid,
-            index=_non_negative(_field(obj, "index", int, where), f"{where}.index"),
-            model=_field(obj, "model", str, where),
-            memory_mib=memory,
-            healthy=_field(obj, "healthy", bool, where) if "healthy" in obj else True,
-            numa_node=_field(obj, "numa_node", int, where) if "numa_node" in obj else -1,
-        )
+    def __init__(self, *values: Any) -> None:
+        for name, value in zip(self._FIELDS, values, strict=True):
+            object.__setattr__(self, name, value)
 
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._FIELDS)
 
-@dataclass(frozen=True)
-class Inventory:
-    """The cards of one node (annotation ``egpu.io/inventory``)."""
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}: {type(self).__name__} is "
+                             "immutable (use replace())")
 
-    cards: tuple[Card, ...]
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}: {type(self).__name__} is immutable")
 
-    def encode(self) -> str:
-        """JSON text: ``{"version": 1, "cards": [Card, ...]}``."""
-        return json.dumps({"version": RECORD_VERSION, "cards": [asdict(c) for c in self.cards]})
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, _Record)
+        return self._values() == other._values()
 
-    @classmethod
-    def decode(cls, text: str | bytes) -> Inventory:
-        """Parse the annotation text. Raises RecordError on malformed input or duplicate UUIDs."""
-        data = _load_object(text, "inventory")
-        cards = tuple(
-            Card.from_dict(c, f"inventory.cards[{i}]")
-            for i, c in enumerate(_list(data, "cards", "inventory"))
-        )
-        seen: set[str] = set()
-        for card in cards:
-            if card.uuid in seen:
-                raise RecordError(f"inventory.cards: uuid {card.uuid!r} appears twice")
-            seen.add(card.uuid)
-        return cls(cards=cards)
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
+        return f"{type(self).__name__}({fields})"
+
+    def __reduce__(self) -> tuple[type[Self], tuple[Any, ...]]:
+        return type(self), self._values()
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` (field name -> value)."""
+        values = dict(zip(self._FIELDS, self._values(), strict=True))
+        unknown = set(changes) - set(values)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no field {sorted(unknown)[0]!r}")
+        values.update(changes)
+        return type(self)(*values.values())
 
 
-@dataclass(frozen=True)
-class CardShare:
+class CardShare(_Record):
     """What one container holds of one card: memory_mib (MiB) and cores (%, 0 = none booked)."""
 
+    __slots__ = ("cores", "index", "memory_mib", "uuid")
+    _FIELDS = ("uuid", "index", "memory_mib", "cores")
     uuid: str
     index: int
     memory_mib: int
     cores: int
+
+    def __init__(self, uuid: str, index: int, memory_mib: int, cores: int) -> None:
+        super().__init__(uuid, index, memory_mib, cores)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object: ``{"uuid", "index", "memory_mib", "cores"}``."""
+        return {"uuid": self.uuid, "index": self.index, "memory_mib": self.memory_mib,
+                "cores": self.cores}
 
     @classmethod
     def from_dict(cls, obj: Any, where: str) -> CardShare:
@@ -142,92 +210,166 @@ class CardShare:
         )
 
 
-@dataclass(frozen=True)
-class ContainerAllocation:
-    """The cards given to one container of a pod; ``init`` marks an init container."""
+class ContainerAllocation(_Record):
+    """The cards given to one container of a pod.
 
+    ``init``: an init container (sidecars included: they are declared among the init
+    containers). ``kind``: ``KIND_APP``, ``KIND_INIT`` or ``KIND_SIDECAR``, as the extender
+    read the pod at placement; None in records written before the allocation carried it."""
+
+    __slots__ = ("cards", "init", "kind", "name")
+    _FIELDS = ("name", "init", "cards", "kind")
     name: str
     init: bool
     cards: tuple[CardShare, ...]
+    kind: str | None
+
+    def __init__(self, name: str, init: bool, cards: tuple[CardShare, ...],
+                 kind: str | None = None) -> None:
+        super().__init__(name, init, cards, kind)
 
     @property
     def uuids(self) -> tuple[str, ...]:
         """The card UUIDs in allocation order (what NVIDIA_VISIBLE_DEVICES lists)."""
         return tuple(c.uuid for c in self.cards)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object: ``{"name", "kind" (when known), "init", "cards"}``."""
+        body: dict[str, Any] = {"name": self.name}
+        if self.kind is not None:
+            body["kind"] = self.kind
+        body["init"] = self.init
+        body["cards"] = [s.to_dict() for s in self.cards]
+        return body
 
-@dataclass(frozen=True)
-class Allocation:
-    """The pod annotation ``egpu.io/allocation``: one entry per container with a share."""
+    @classmethod
+    def from_dict(cls, obj: Any, where: str) -> ContainerAllocation:
+        if not isinstance(obj, dict):
+            raise RecordError(f"{where}: expected an object, got {obj!r}")
+        cards = tuple(
+            CardShare.from_dict(s, f"{where}.cards[{j}]")
+            for j, s in enumerate(_list(obj, "cards", where))
+        )
+        if not cards:
+            raise RecordError(f"{where}.cards: empty; a container with a share has >= 1 card")
+        if len({s.uuid for s in cards}) != len(cards):
+            raise RecordError(f"{where}.cards: a card appears twice; cards must be distinct")
+        name = _field(obj, "name", str, where)
+        init = _field(obj, "init", bool, where)
+        kind = _choice(obj, "kind", CONTAINER_KINDS, where)
+        if kind is not None and init != (kind != KIND_APP):
+            raise RecordError(f"{where}.init: {init!r} does not match kind {kind!r} (an "
+                              f"init container or sidecar has init true, an app container "
+                              "false)")
+        return cls(name=name, init=init, cards=cards, kind=kind)
 
+
+class Allocation(_Record):
+    """The pod annotation ``egpu.io/allocation``: one entry per container with a share, and
+    the pod's policies as resolved at placement (``priority``, ``compute_policy``,
+    ``memory_oversubscription``; None in records written before the allocation carried
+    them: ``complete`` says whether this one does)."""
+
+    __slots__ = ("compute_policy", "containers", "memory_oversubscription", "node", "priority")
+    _FIELDS = ("containers", "node", "priority", "compute_policy", "memory_oversubscription")
     containers: tuple[ContainerAllocation, ...]
-    node: str = ""
+    node: str
+    priority: str | None
+    compute_policy: str | None
+    memory_oversubscription: bool | None
+
+    def __init__(self, containers: tuple[ContainerAllocation, ...], node: str = "",
+                 priority: str | None = None, compute_policy: str | None = None,
+                 memory_oversubscription: bool | None = None) -> None:
+        super().__init__(containers, node, priority, compute_policy, memory_oversubscription)
 
     def for_container(self, name: str) -> ContainerAllocation | None:
         """The entry of container ``name``, or None when it has no share."""
         return next((c for c in self.containers if c.name == name), None)
 
+    @property
+    def policies(self) -> tuple[str, str, bool] | None:
+        """``(priority, compute_policy, memory_oversubscription)`` as resolved at placement;
+        None when the record does not carry all three (a record of an older extender)."""
+        if (self.priority is None or self.compute_policy is None
+                or self.memory_oversubscription is None):
+            return None
+        return self.priority, self.compute_policy, self.memory_oversubscription
+
+    @property
+    def complete(self) -> bool:
+        """Whether the record carries every fact decided at placement: each container's kind
+        and the three policies (a record of an older extender does not)."""
+        return self.policies is not None and all(c.kind is not None for c in self.containers)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (see ``encode``); the policies only where known."""
+        body: dict[str, Any] = {"version": RECORD_VERSION, "node": self.node}
+        for key in ("priority", "compute_policy", "memory_oversubscription"):
+            value = getattr(self, key)
+            if value is not None:
+                body[key] = value
+        body["containers"] = [c.to_dict() for c in self.containers]
+        return body
+
     def encode(self) -> str:
-        """JSON text: ``{"version": 1, "node": str, "containers": [...]}``."""
-        return json.dumps(
-            {
-                "version": RECORD_VERSION,
-                "node": self.node,
-                "containers": [
-                    {"name": c.name, "init": c.init, "cards": [asdict(s) for s in c.cards]}
-                    for c in self.containers
-                ],
-            },
-            separators=(",", ":"),
-        )
+        """JSON text: ``{"version": 1, "node": str, "priority", "compute_policy",
+        "memory_oversubscription", "containers": [{"name", "kind", "init", "cards"}]}``."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
     def decode(cls, text: str | bytes) -> Allocation:
-        """Parse the annotation text. Raises RecordError naming the bad field."""
-        data = _load_object(text, "allocation")
-        containers = []
-        for i, c in enumerate(_list(data, "containers", "allocation")):
-            where = f"allocation.containers[{i}]"
-            if not isinstance(c, dict):
-                raise RecordError(f"{where}: expected an object, got {c!r}")
-            cards = tuple(
-                CardShare.from_dict(s, f"{where}.cards[{j}]")
-                for j, s in enumerate(_list(c, "cards", where))
-            )
-            if not cards:
-                raise RecordError(f"{where}.cards: empty; a container with a share has >= 1 card")
-            if len({s.uuid for s in cards}) != len(cards):
-                raise RecordError(f"{where}.cards: a card appears twice; cards must be distinct")
-            containers.append(
-                ContainerAllocation(
-                    name=_field(c, "name", str, where),
-                    init=_field(c, "init", bool, where),
-                    cards=cards,
-                )
-            )
+        """Parse the annotation text. Raises RecordError naming the bad field. A record of an
+        older extender (no kinds, no policies) reads with those fields None."""
+        return cls.from_dict(_load_object(text, "allocation"))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Allocation:
+        """The record from its parsed JSON object (version included)."""
+        where = "allocation"
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        _check_version(data, where)
+        containers = tuple(
+            ContainerAllocation.from_dict(c, f"{where}.containers[{i}]")
+            for i, c in enumerate(_list(data, "containers", where))
+        )
         node = data.get("node", "")
         if not isinstance(node, str):
-            raise RecordError(f"allocation.node: {node!r} is not a string")
-        return cls(containers=tuple(containers), node=node)
+            raise RecordError(f"{where}.node: {node!r} is not a string")
+        oversubscription = (_field(data, "memory_oversubscription", bool, where)
+                            if "memory_oversubscription" in data else None)
+        return cls(containers=containers, node=node,
+                   priority=_choice(data, "priority", PRIORITIES, where),
+                   compute_policy=_choice(data, "compute_policy", COMPUTE_POLICIES, where),
+                   memory_oversubscription=oversubscription)
 
 
-@dataclass(frozen=True)
-class ConfigCard:
+class ConfigCard(_Record):
     """One card in the interposer's config: limit in MiB, cores in % (0 = none booked)."""
 
+    __slots__ = ("card_region", "cores", "memory_mib", "uuid")
+    _FIELDS = ("uuid", "memory_mib", "cores", "card_region")
     uuid: str
     memory_mib: int
     cores: int
     card_region: str
 
+    def __init__(self, uuid: str, memory_mib: int, cores: int, card_region: str) -> None:
+        super().__init__(uuid, memory_mib, cores, card_region)
 
-@dataclass(frozen=True)
-class ContainerConfig:
+
+class ContainerConfig(_Record):
     """The interposer's config file, ``/run/egpu/config.json`` in the container (read-only).
 
     Written by the runtime hook; read by libinterpose (libinterpose/src/config.c mirrors it).
     """
 
+    __slots__ = ("cards", "compute_policy", "container", "container_region",
+                 "low_priority_floor", "memory_oversubscription", "namespace", "pod", "pod_uid",
+                 "priority")
+    _FIELDS = ("namespace", "pod", "pod_uid", "container", "priority", "compute_policy",
+               "memory_oversubscription", "container_region", "cards", "low_priority_floor")
     namespace: str
     pod: str
     pod_uid: str
@@ -236,13 +378,23 @@ class ContainerConfig:
     compute_policy: str
     memory_oversubscription: bool
     container_region: str
-    cards: tuple[ConfigCard, ...] = field(default_factory=tuple)
-    low_priority_floor: int = 0  # %, a low-priority share's floor (the node's config)
+    cards: tuple[ConfigCard, ...]
+    low_priority_floor: int  # %, a low-priority share's floor (the node's config)
+
+    def __init__(self, namespace: str, pod: str, pod_uid: str, container: str, priority: str,
+                 compute_policy: str, memory_oversubscription: bool, container_region: str,
+                 cards: tuple[ConfigCard, ...] = (), low_priority_floor: int = 0) -> None:
+        super().__init__(namespace, pod, pod_uid, container, priority, compute_policy,
+                         memory_oversubscription, container_region, cards, low_priority_floor)
 
     def encode(self) -> str:
-        """JSON text with ``version`` first; see docs/design.md for the schema."""
-        body = asdict(self)
-        return json.dumps({"version": RECORD_VERSION, **body}, indent=1)
+        """JSON text with ``version`` first, then the fields in order; see docs/design.md."""
+        body: dict[str, Any] = {"version": RECORD_VERSION}
+        for name in self._FIELDS:
+            body[name] = getattr(self, name)
+        body["cards"] = [{name: getattr(c, name) for name in ConfigCard._FIELDS}
+                         for c in self.cards]
+        return json.dumps(body, indent=1)
 
     @classmethod
     def decode(cls, text: str | bytes) -> ContainerConfig:
@@ -291,15 +443,19 @@ def _floor(data: dict[str, Any], where: str) -> int:
     return value
 
 
-@dataclass(frozen=True)
-class PodShares:
+class PodShares(_Record):
     """A pod's allocation file on its node, ``<NODE_PRIVATE_DIR>/allocations/<pod-uid>.json``.
 
     Written by the node agent when it sees a pod bound to its node with an ``egpu.io/allocation``
     annotation; read by the runtime hook, which builds each container's ``ContainerConfig``
-    from it. The policies are the pod's resolved values (egpu.requests.read_pod).
+    from it. The policies are the pod's resolved values: those of the allocation record (for a
+    record of an older extender, the node agent's reading of the pod).
     """
 
+    __slots__ = ("allocation", "compute_policy", "low_priority_floor", "memory_oversubscription",
+                 "namespace", "pod", "pod_uid", "priority")
+    _FIELDS = ("namespace", "pod", "pod_uid", "priority", "compute_policy",
+               "memory_oversubscription", "allocation", "low_priority_floor")
     namespace: str
     pod: str
     pod_uid: str
@@ -307,7 +463,13 @@ class PodShares:
     compute_policy: str
     memory_oversubscription: bool
     allocation: Allocation
-    low_priority_floor: int = 0  # %, from the node's config (lowPriorityFloorPercent)
+    low_priority_floor: int  # %, from the node's config (lowPriorityFloorPercent)
+
+    def __init__(self, namespace: str, pod: str, pod_uid: str, priority: str,
+                 compute_policy: str, memory_oversubscription: bool, allocation: Allocation,
+                 low_priority_floor: int = 0) -> None:
+        super().__init__(namespace, pod, pod_uid, priority, compute_policy,
+                         memory_oversubscription, allocation, low_priority_floor)
 
     def encode(self) -> str:
         """JSON text: ``{"version": 1, "namespace", "pod", "pod_uid", "priority",
@@ -322,7 +484,7 @@ class PodShares:
             "compute_policy": self.compute_policy,
             "memory_oversubscription": self.memory_oversubscription,
             "low_priority_floor": self.low_priority_floor,
-            "allocation": json.loads(self.allocation.encode()),
+            "allocation": self.allocation.to_dict(),
         }
         return json.dumps(body, separators=(",", ":"))
 
@@ -348,73 +510,6 @@ class PodShares:
             priority=priority,
             compute_policy=policy,
             memory_oversubscription=_field(data, "memory_oversubscription", bool, "pod-shares"),
-            allocation=Allocation.decode(json.dumps(allocation)),
+            allocation=Allocation.from_dict(allocation),
             low_priority_floor=_floor(data, "pod-shares"),
         )
-
-
-@dataclass(frozen=True)
-class ShareUsage:
-    """Measured use of one container's share of one card: memory_used_mib (MiB), compute (%)."""
-
-    pod_uid: str
-    container: str
-    uuid: str
-    memory_used_mib: int
-    compute_used_percent: float
-
-
-@dataclass(frozen=True)
-class CardUsage:
-    """Measured use of one card: memory_used_mib (MiB, all processes), compute (% of the card)."""
-
-    uuid: str
-    memory_used_mib: int
-    compute_used_percent: float
-
-
-@dataclass(frozen=True)
-class NodeUsage:
-    """The node annotation ``egpu.io/usage``, refreshed by the node agent with the heartbeat.
-
-    Read by ``egpu top`` / ``kubectl egpu`` so that usage shows through the API alone.
-    """
-
-    cards: tuple[CardUsage, ...]
-    shares: tuple[ShareUsage, ...] = ()
-
-    def encode(self) -> str:
-        """JSON text: ``{"version": 1, "cards": [...], "shares": [...]}``."""
-        return json.dumps({"version": RECORD_VERSION, "cards": [asdict(c) for c in self.cards],
-                           "shares": [asdict(s) for s in self.shares]}, separators=(",", ":"))
-
-    @classmethod
-    def decode(cls, text: str | bytes) -> NodeUsage:
-        """Parse the annotation text. Raises RecordError naming the bad field."""
-        data = _load_object(text, "usage")
-
-        def number(obj: dict[str, Any], key: str, where: str) -> float:
-            value = obj.get(key)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise RecordError(f"{where}.{key}: {value!r} is not a number")
-            return float(value)
-
-        cards = []
-        for i, c in enumerate(_list(data, "cards", "usage")):
-            where = f"usage.cards[{i}]"
-            if not isinstance(c, dict):
-                raise RecordError(f"{where}: expected an object, got {c!r}")
-            cards.append(CardUsage(_field(c, "uuid", str, where),
-                                   _field(c, "memory_used_mib", int, where),
-                                   number(c, "compute_used_percent", where)))
-        shares = []
-        for i, s in enumerate(data.get("shares") or []):
-            where = f"usage.shares[{i}]"
-            if not isinstance(s, dict):
-                raise RecordError(f"{where}: expected an object, got {s!r}")
-            shares.append(ShareUsage(_field(s, "pod_uid", str, where),
-                                     _field(s, "container", str, where),
-                                     _field(s, "uuid", str, where),
-                                     _field(s, "memory_used_mib", int, where),
-                                     number(s, "compute_used_percent", where)))
-        return cls(tuple(cards), tuple(shares))

@@ -40,7 +40,7 @@ class KubeSliceStore:
         self._api = client.CustomObjectsApi(api_client)
 
     def list_slices(self, node: str) -> list[dict[str, Any]]:
-        answer = self._api.list_cluster_custom_object(
+        answer: Any = self._api.list_cluster_custom_object(
             GROUP, VERSION, PLURAL,
             field_selector=f"spec.driver={DRA_DRIVER},spec.nodeName={node}")
         return list(answer.get("items") or [])
@@ -56,7 +56,7 @@ class KubeSliceStore:
                                                 field_validation="Strict")
 
     def delete_slice(self, name: str) -> None:
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         try:
             self._api.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)

@@ -13,6 +13,7 @@ import logging
 import threading
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
@@ -47,7 +48,7 @@ class HealthWatcher:
     def _run(self, stop: threading.Event) -> None:
         try:
             events = pynvml.nvmlEventSetCreate()
-            by_handle = {}
+            by_handle: dict[int, str] = {}
             for uuid in self.uuids:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
                 pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError,
@@ -65,15 +66,15 @@ class HealthWatcher:
                 log.warning("nvmlEventSetWait: %s", exc)
                 stop.wait(1)
                 continue
-            uuid = by_handle.get(ctypes_address(data.device))
+            failed = by_handle.get(ctypes_address(data.device))
             xid = int(data.eventData)
-            if uuid and is_critical_xid(xid):
-                log.warning("card %s: XID %d, marking it unhealthy", uuid, xid)
-                self.on_unhealthy(uuid, xid)
+            if failed and is_critical_xid(xid):
+                log.warning("card %s: XID %d, marking it unhealthy", failed, xid)
+                self.on_unhealthy(failed, xid)
         pynvml.nvmlEventSetFree(events)
 
 
-def ctypes_address(handle: object) -> int:
+def ctypes_address(handle: Any) -> int:
     """A device handle's pointer value (handles from different calls compare by address)."""
     import ctypes
 

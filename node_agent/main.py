@@ -21,9 +21,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from egpu.config import ConfigError, load_config_file
 from egpu.contract import (
+    ALLOCATION_MODE_DRA,
+    ALLOCATION_MODE_EXTENDER,
     CONFIG_FILE_ENV,
     ENV_NODE_PRIVATE_DIR,
     ENV_RUNTIME_DIR,
@@ -37,7 +40,7 @@ from node_agent.cdi import DEFAULT_SEARCH_DIRS, DEFAULT_SPEC_DIR, CdiPublisher
 from node_agent.deviceplugin.service import DEFAULT_PLUGIN_DIR, EgpuDevicePlugin, PluginServer
 from node_agent.draplugin.service import DEFAULT_KUBELET_DIR
 from node_agent.health import HealthWatcher
-from node_agent.metrics.card_region import scan_cards
+from node_agent.metrics.card_region import CardRegion, scan_cards
 from node_agent.metrics.collector import EgpuCollector, Sources, regions_under
 from node_agent.metrics.region import scan
 from node_agent.pods import PodCatchUp, PodRegistry, list_node_pods, watch_pods
@@ -97,6 +100,12 @@ def parser() -> argparse.ArgumentParser:
                         "device per healthy card, consumable memory and cores) at each beat, "
                         "and serve its kubelet plugin (prepares the claims' shares; needs the "
                         "CDI spec); needs Kubernetes >= 1.34 with DRAConsumableCapacity")
+    p.add_argument("--device-plugin", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve the kubelet device plugin egpu.io/gpu (the extender's shares). "
+                        "--no-device-plugin (needs --dra) makes a node of the DRA pool: no "
+                        "device plugin, and the node says egpu.io/allocation-mode: dra, so the "
+                        "extender places no share on it and no card is booked twice "
+                        "(default: serve it)")
     p.add_argument("--dra-kubelet-dir", default=DEFAULT_KUBELET_DIR,
                    help="with --dra: the kubelet's root folder, whose plugins_registry/ the "
                         "DRA kubelet plugin registers in and plugins/gpu.egpu.io/ it serves "
@@ -119,7 +128,7 @@ def hook_args(runtime_dir: str, private_dir: str) -> list[str]:
     return out
 
 
-def _core_v1(kubeconfig: str | None):
+def _core_v1(kubeconfig: str | None) -> Any:
     from kubernetes import client, config
 
     if kubeconfig:
@@ -136,6 +145,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if not args.node_name:
         print("egpu-node-agent: --node-name or NODE_NAME is required", file=sys.stderr)
+        return 2
+    if not args.device_plugin and not args.dra:
+        print("egpu-node-agent: --no-device-plugin needs --dra (a node agent serves the device "
+              "plugin, the DRA kubelet plugin, or both)", file=sys.stderr)
         return 2
     try:
         config = load_config_file(args.config)
@@ -200,14 +213,16 @@ def run(argv: Sequence[str] | None = None) -> int:
             heartbeat_now.set()
 
     HealthWatcher([c.uuid for c in cards.get()], unhealthy).start(stop)
-    server = PluginServer(plugin, args.plugin_dir)
-    threading.Thread(target=server.run, args=(stop,), daemon=True, name="egpu-dp").start()
+    if args.device_plugin:
+        server = PluginServer(plugin, args.plugin_dir)
+        threading.Thread(target=server.run, args=(stop,), daemon=True, name="egpu-dp").start()
+    mode = ALLOCATION_MODE_EXTENDER if args.device_plugin else ALLOCATION_MODE_DRA
     if core_v1 is not None:
         threading.Thread(target=watch_pods, args=(core_v1, registry, stop), daemon=True,
                          name="egpu-pods").start()
     last_beat: list[float] = []  # unix time of the last successful heartbeat
 
-    def card_regions() -> dict:
+    def card_regions() -> dict[str, CardRegion]:
         return scan_cards(args.runtime_dir)
 
     if args.metrics_port:
@@ -235,7 +250,7 @@ def run(argv: Sequence[str] | None = None) -> int:
             cdi.publish(cards.get())
         if core_v1 is not None:
             try:
-                inventory.publish(core_v1, args.node_name, cards.get(), usage())
+                inventory.publish(core_v1, args.node_name, cards.get(), usage(), mode)
                 last_beat[:] = [time.time()]
             except Exception as exc:  # the API server may be away; retry at the next beat
                 log.warning("inventory heartbeat: %s", exc)

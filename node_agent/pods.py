@@ -1,12 +1,15 @@
 """The pods bound to this node: their shares, the pending ones, and their allocation files.
 
 - ``pod_shares(pod, config)`` (pure): the ``PodShares`` record of a pod (Kubernetes JSON
-  object) from its ``egpu.io/allocation`` annotation and its resolved policies, or None.
+  object) from its ``egpu.io/allocation`` annotation, or None. The record carries the pod's
+  policies as the extender resolved them at placement; only a record of an older extender
+  (without them) makes the agent read the pod spec for them (``egpu.requests.read_pod``).
 - ``PodRegistry``: the node's pods as the agent's watch reports them (thread-safe). It writes
   each pod's allocation file ``<NODE_PRIVATE_DIR>/allocations/<pod-uid>.json`` (read by the
   runtime hook) when it first sees the allocation, and never rewrites it: a later different
-  ``egpu.io/allocation`` or ``egpu.io/priority`` label (an edit after binding) is ignored
-  with a warning naming the pod, and the first shares are kept (in memory too). It removes the
+  ``egpu.io/allocation`` (an edit after binding; for a record of an older extender, also an
+  edited ``egpu.io/priority`` label, which the agent reads then) is ignored with a warning
+  naming the pod, and the first shares are kept (in memory too). It removes the
   files and folders of deleted pods, and answers which containers are still *pending* (for
   the device plugin, FC-12). Each new or changed pod wakes the threads waiting in
   ``wait_for_change`` (the device plugin waiting for a pod the watch has not delivered yet).
@@ -26,7 +29,6 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from egpu.config import Config
@@ -55,7 +57,9 @@ given timeout in seconds; raises on failure."""
 
 
 def pod_shares(pod: Mapping[str, Any], config: Config) -> PodShares | None:
-    """The pod's PodShares, or None when it has no (valid) ``egpu.io/allocation``."""
+    """The pod's PodShares, or None when it has no (valid) ``egpu.io/allocation``. The
+    policies are the record's; a record without them (an older extender's) falls back on the
+    pod spec, read as before the record carried them (``legacy_policies``)."""
     meta = pod.get("metadata") or {}
     text = (meta.get("annotations") or {}).get(ANN_ALLOCATION)
     if not text:
@@ -65,21 +69,31 @@ def pod_shares(pod: Mapping[str, Any], config: Config) -> PodShares | None:
     except RecordError as exc:
         log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
         return None
-    reading = read_pod(pod, config)
-    request = reading.request
-    label = (meta.get("labels") or {}).get(LABEL_PRIORITY)
-    priority = label if label in PRIORITIES else (
-        request.priority if request else config.defaults.priority)
+    priority, compute_policy, oversubscription = (
+        allocation.policies or legacy_policies(pod, config))
     return PodShares(
         namespace=str(meta.get("namespace", "")),
         pod=str(meta.get("name", "")),
         pod_uid=str(meta.get("uid", "")),
         priority=priority,
-        compute_policy=request.compute_policy if request else config.defaults.compute_policy,
-        memory_oversubscription=request.memory_oversubscription if request else False,
+        compute_policy=compute_policy,
+        memory_oversubscription=oversubscription,
         allocation=allocation,
         low_priority_floor=config.low_priority_floor_percent,
     )
+
+
+def legacy_policies(pod: Mapping[str, Any], config: Config) -> tuple[str, str, bool]:
+    """(priority, compute policy, memory oversubscription) of a pod whose allocation record
+    does not carry them (written by an extender older than the record's policies): read from
+    the pod, the label ``egpu.io/priority`` first, as the agent did before."""
+    request = read_pod(pod, config).request
+    label = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_PRIORITY)
+    priority = label if label in PRIORITIES else (
+        request.priority if request else config.defaults.priority)
+    return (priority,
+            request.compute_policy if request else config.defaults.compute_policy,
+            request.memory_oversubscription if request else False)
 
 
 def started_containers(pod: Mapping[str, Any]) -> set[str]:
@@ -98,8 +112,14 @@ def started_containers(pod: Mapping[str, Any]) -> set[str]:
 def _pod_changed(kept: PodShares, seen: PodShares) -> bool:
     """Whether what the pod says (allocation, priority, policies) differs from the file. The
     floor is the node's config, not the pod's: a new lowPriorityFloorPercent reaches new pods
-    only, and is no change of the pod's."""
-    return kept != replace(seen, low_priority_floor=kept.low_priority_floor)
+    only, and is no change of the pod's. Nor are the facts an older agent's file lacks (its
+    allocation has no kinds and no policies: the file's top-level policies stand for them)."""
+    allocation = seen.allocation
+    if not kept.allocation.complete:
+        allocation = Allocation(tuple(c.replace(kind=None) for c in allocation.containers),
+                                allocation.node)
+    return kept != seen.replace(low_priority_floor=kept.low_priority_floor,
+                                allocation=allocation)
 
 
 def remove_pod_files(private_dir: str, runtime_dir: str, uid: str) -> None:

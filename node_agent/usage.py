@@ -33,10 +33,10 @@ def node_usage(cards: tuple[Card, ...], regions: dict[str, RegionUsage],
     region_bytes: dict[str, int] = {}
     for name, usage in sorted(regions.items()):
         uid, container = split_dir_name(name)
-        for card in usage.cards:
-            region_bytes[card.uuid] = region_bytes.get(card.uuid, 0) + card.used_bytes
-            used = share_compute(card_regions, name, card.uuid, now_ns)
-            shares.append(ShareUsage(uid, container, card.uuid, card.used_bytes // MIB,
+        for in_use in usage.cards:
+            region_bytes[in_use.uuid] = region_bytes.get(in_use.uuid, 0) + in_use.used_bytes
+            used = share_compute(card_regions, name, in_use.uuid, now_ns)
+            shares.append(ShareUsage(uid, container, in_use.uuid, in_use.used_bytes // MIB,
                                      used if used is not None else 0.0))
     out = []
     for card in sorted(cards, key=lambda c: c.index):

@@ -2,8 +2,9 @@
 
 The runtime runs the hook for every container a node creates, so the installed file is made to
 start fast. It is a plain Python script (shebang ``#!/usr/bin/python3 -IS``: isolated mode, no
-``site``) holding ``runtime_hook`` and ``egpu.contract`` (the only core module the hook uses;
-it imports nothing): each module's compiled code (``marshal``, for the building interpreter's
+``site``) holding ``runtime_hook`` and the core modules the hook uses (``egpu.contract``, which
+imports nothing, and ``egpu.records``, which imports it and the standard library's ``json``):
+each module's compiled code (``marshal``, for the building interpreter's
 bytecode version) and its source (zlib), as base64 text, imported on demand through a small
 ``sys.meta_path`` finder (the script is parsed at every run: it is kept small). Another
 interpreter version compiles the sources instead (slower, same behaviour). It is not a
@@ -28,10 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_INTERPRETER = "/usr/bin/python3 -IS"
 PACKAGES = ("egpu", "runtime_hook")
 # The modules the hook may import (bundle.py and zipapp.py build it; they are not in it).
-MODULES = ("egpu", "egpu.contract", "runtime_hook", "runtime_hook.fastjson",
-           "runtime_hook.hostfs", "runtime_hook.main", "runtime_hook.mounts", "runtime_hook.oci",
-           "runtime_hook.plan",
-           "runtime_hook.rootfs", "runtime_hook.shares")
+MODULES = ("egpu", "egpu.contract", "egpu.records", "runtime_hook", "runtime_hook.hostfs",
+           "runtime_hook.main", "runtime_hook.mounts", "runtime_hook.oci", "runtime_hook.plan",
+           "runtime_hook.rootfs")
 
 LOADER = '''
 import sys

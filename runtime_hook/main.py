@@ -49,11 +49,12 @@ from egpu.contract import (
 from runtime_hook.oci import OciError, Spec, State, load_spec, parse_state
 from runtime_hook.plan import Apply, Inputs, Refuse, Skip, decide, identify, preload_text
 
-TYPE_CHECKING = False  # startup time: no typing, argparse, dataclasses, json on this path
+TYPE_CHECKING = False  # startup time: no typing, argparse, dataclasses on this path
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from runtime_hook.shares import PodShares
+    from egpu.records import PodShares
+    from runtime_hook.plan import Decision
 
 ENV_INTERPOSER: str = "EGPU_INTERPOSER"  # host path of the interposer library (hook option)
 ENV_HOOK_LOG: str = "EGPU_HOOK_LOG"  # file to append one line per run to (hook option)
@@ -146,8 +147,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
 
 def load_shares(private_dir: str, pod_uid: str) -> tuple[PodShares | None, str | None]:
     """The pod's allocation file: (record, None), (None, None) when absent, or
-    (None, reason) when unreadable or malformed. An absent file costs one open(2) and no
-    import: most containers of a node have none."""
+    (None, reason) when unreadable or malformed (egpu.records.PodShares.decode, the one
+    decoder of the file). An absent file costs one open(2) and no import: most containers of
+    a node have none."""
     if not pod_uid or "/" in pod_uid or pod_uid in (".", ".."):
         return None, None if not pod_uid else f"bad pod uid {pod_uid!r}"
     path = os.path.join(private_dir, ALLOCATIONS_SUBDIR, allocation_file_name(pod_uid))
@@ -158,11 +160,11 @@ def load_shares(private_dir: str, pod_uid: str) -> tuple[PodShares | None, str |
         return None, None
     except OSError as exc:
         return None, f"{path}: {exc}"
-    from runtime_hook.shares import ShareError, decode_pod_shares
+    from egpu.records import PodShares, RecordError
 
     try:
-        return decode_pod_shares(data), None
-    except ShareError as exc:
+        return PodShares.decode(data), None
+    except RecordError as exc:
         return None, f"{path}: {exc}"
 
 
@@ -264,6 +266,7 @@ def run(argv: Sequence[str] | None = None, stdin: bytes | None = None) -> int:
     """Run the hook; returns the exit status (module docstring)."""
     args = parse_args(argv)
     started = time.monotonic()
+    decision: Decision
     try:
         state = parse_state(stdin if stdin is not None else sys.stdin.buffer.read())
         if state.annotations.get(OCI_ANN_CONTAINER_TYPE) == "sandbox":

@@ -10,11 +10,10 @@ Only the fields egpu uses are typed; everything else passes through untouched.
 
 from __future__ import annotations
 
+import json
 import os
 
-from runtime_hook.fastjson import loads
-
-TYPE_CHECKING = False  # the hook imports no typing, dataclasses, json (startup time)
+TYPE_CHECKING = False  # the hook imports no typing, dataclasses (startup time)
 if TYPE_CHECKING:
     from typing import Any
 
@@ -63,7 +62,7 @@ class Spec:
 def parse_state(text: str | bytes) -> State:
     """Parse the state JSON. Raises OciError when it is not an object with id and bundle."""
     try:
-        data = loads(text)
+        data = json.loads(text)
     except ValueError as exc:
         raise OciError(f"state on stdin: not JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -98,7 +97,7 @@ def parse_env(entries: list[Any]) -> dict[str, str]:
 def parse_spec(text: str | bytes, bundle: str) -> Spec:
     """Parse the bundle's config.json. Raises OciError when root.path is missing."""
     try:
-        data = loads(text)
+        data = json.loads(text)
     except ValueError as exc:
         raise OciError(f"{bundle}/config.json: not JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -108,8 +107,10 @@ def parse_spec(text: str | bytes, bundle: str) -> Spec:
     if not isinstance(path, str) or not path:
         raise OciError(f"{bundle}/config.json: root.path missing")
     rootfs = os.path.normpath(path if os.path.isabs(path) else os.path.join(bundle, path))
-    process = data.get("process") if isinstance(data.get("process"), dict) else {}
-    user = process.get("user") if isinstance(process.get("user"), dict) else {}
+    raw_process = data.get("process")
+    process: dict[str, Any] = raw_process if isinstance(raw_process, dict) else {}
+    raw_user = process.get("user")
+    user: dict[str, Any] = raw_user if isinstance(raw_user, dict) else {}
     env = parse_env(process.get("env") or [])
     annotations = data.get("annotations") or {}
     return Spec(

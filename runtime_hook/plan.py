@@ -45,8 +45,7 @@ TYPE_CHECKING = False  # plain classes, no dataclasses/typing: the hook's startu
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from egpu.records import PodShares as RecordPodShares
-    from runtime_hook.shares import ContainerConfig, PodShares
+    from egpu.records import ContainerConfig, PodShares
 
 RAW_CONTAINER: str = "raw"  # container part of a raw share's folder name: <oci-id>_raw
 
@@ -54,7 +53,7 @@ RAW_CONTAINER: str = "raw"  # container part of a raw share's folder name: <oci-
 class _Value:
     """Equality and repr over ``__slots__`` (what the frozen dataclasses gave)."""
 
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and all(
@@ -69,15 +68,14 @@ class _Value:
 
 
 class Inputs(_Value):
-    """Everything the decision reads. shares: the pod's allocation file (None: no file;
-    runtime_hook.shares.PodShares or egpu.records.PodShares); shares_error: why the file could
-    not be read (None: fine or absent)."""
+    """Everything the decision reads. shares: the pod's allocation file (egpu.records.PodShares;
+    None: no file); shares_error: why the file could not be read (None: fine or absent)."""
 
     __slots__ = ("annotations", "container_id", "env", "shares", "shares_error")
 
     def __init__(self, container_id: str, env: Mapping[str, str],
                  annotations: Mapping[str, str],
-                 shares: PodShares | RecordPodShares | None = None,
+                 shares: PodShares | None = None,
                  shares_error: str | None = None) -> None:
         self.container_id, self.env, self.annotations = container_id, env, annotations
         self.shares, self.shares_error = shares, shares_error
@@ -135,14 +133,13 @@ def visible_uuids(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
-def container_config(shares: PodShares | RecordPodShares,
-                     container: str) -> ContainerConfig | None:
+def container_config(shares: PodShares, container: str) -> ContainerConfig | None:
     """The interposer's config for ``container`` of the pod, or None when it has no share.
     Region paths are the in-container paths under ``RUNTIME_DIR``."""
     entry = shares.allocation.for_container(container)
     if entry is None:
         return None
-    from runtime_hook.shares import ConfigCard, ContainerConfig  # only a pod with a share
+    from egpu.records import ConfigCard, ContainerConfig  # only a pod with a share
 
     folder = f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{container_dir_name(shares.pod_uid, container)}"
     return ContainerConfig(

@@ -12,7 +12,9 @@ through the small ``BindApi`` protocol, ``scheduler.kube`` implements it).
   what filter computed when the node has not changed since (answers are memoized per pod
   demand and node view, so replicas of one template reuse them too).
 - bind: serialized per node: fit again (cards chosen by the pod's card policy), reserve the
-  booking, then POST ONE Binding that carries the ``egpu.io/allocation`` annotation: the API
+  booking, then POST ONE Binding that carries the ``egpu.io/allocation`` annotation (the
+  ``placed_record``: the cards, each container's kind and the pod's resolved policies, so
+  that no later reader reads the pod spec again for them): the API
   server copies a Binding's annotations onto the pod in the same write that sets
   ``spec.nodeName`` (pods/binding, ``BindingREST.setPodNodeAndMetadata``), so the pod is never
   annotated without being bound or bound without its annotation. A failed Binding drops the
@@ -29,11 +31,13 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from egpu.config import Config
-from egpu.contract import ANN_ALLOCATION
-from egpu.requests import PodReading, read_pod
+from egpu.contract import ANN_ALLOCATION, LABEL_PRIORITY, PRIORITIES
+from egpu.records import Allocation
+from egpu.requests import PodReading, PodRequest, read_pod
 from scheduler import strategies
 from scheduler.placement import (
     Limits,
@@ -85,6 +89,26 @@ def _uid(pod: Mapping[str, Any]) -> str:
 
 def _errors_text(reading: PodReading) -> str:
     return "invalid egpu request: " + "; ".join(e.message for e in reading.errors)
+
+
+def placed_record(allocation: Allocation, request: PodRequest,
+                  pod: Mapping[str, Any]) -> Allocation:
+    """The ``egpu.io/allocation`` record the Binding writes: the placement's cards with every
+    fact decided about the pod, resolved once for all its readers (node agent, runtime hook,
+    exporter, ``kubectl egpu``): each container's kind (``request``'s), and the pod's
+    priority (the webhook's label ``egpu.io/priority`` where valid, else the request's: what
+    the node agent resolved before the record carried it), compute policy and memory
+    oversubscription."""
+    meta = pod.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    label = labels.get(LABEL_PRIORITY) if isinstance(labels, Mapping) else None
+    kinds = {c.name: c.kind.value for c in request.containers}
+    return allocation.replace(
+        containers=tuple(c.replace(kind=kinds.get(c.name)) for c in allocation.containers),
+        priority=label if label in PRIORITIES else request.priority,
+        compute_policy=request.compute_policy,
+        memory_oversubscription=request.memory_oversubscription,
+    )
 
 
 class Extender:
@@ -218,8 +242,10 @@ class Extender:
         result = fit(view, PodDemand.from_request(reading.request), self.limits, self.clock())
         if isinstance(result, Unfit):
             return f"node {node} no longer fits the pod: {result.reason}"
-        self.state.reserve(Booking(uid, pod_key(pod), node, result.allocation, result.bookings))
-        return result
+        # The reservation holds the very record the Binding writes: the watch confirms it.
+        allocation = placed_record(result.allocation, reading.request, pod)
+        self.state.reserve(Booking(uid, pod_key(pod), node, allocation, result.bookings))
+        return replace(result, allocation=allocation)
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         """Choose the cards and bind the pod with its allocation; ``Error`` says what failed."""

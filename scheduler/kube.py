@@ -215,12 +215,16 @@ class KubeApi:
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod, or None when it does not exist (404)."""
+        path = self._pod_path(namespace, name)
         try:
-            return await self._run(self.api.json, "GET", self._pod_path(namespace, name))
+            pod = await self._run(self.api.json, "GET", path)
         except BindError as exc:
             if isinstance(exc.__cause__, ApiStatusError) and exc.__cause__.status == 404:
                 return None
             raise
+        if not isinstance(pod, dict):  # JSON of any shape until checked
+            raise BindError(f"GET {path}: the answer is not an object")
+        return pod
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
                    annotations: Mapping[str, str] | None = None) -> None:

@@ -37,7 +37,13 @@ from typing import Any
 
 from egpu.booking import CardBooking, allocation_bookings
 from egpu.config import Config
-from egpu.contract import ANN_ALLOCATION, ANN_INVENTORY, ANN_INVENTORY_HEARTBEAT
+from egpu.contract import (
+    ALLOCATION_MODE_DRA,
+    ANN_ALLOCATION,
+    ANN_ALLOCATION_MODE,
+    ANN_INVENTORY,
+    ANN_INVENTORY_HEARTBEAT,
+)
 from egpu.records import Allocation, Card, Inventory, RecordError
 from egpu.requests import PodReading, read_pod
 from scheduler.placement import CardState, NodeState
@@ -47,14 +53,18 @@ log = logging.getLogger("egpu.scheduler")
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
+def _section(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """``obj[key]`` when it is a mapping, else an empty one (API objects are read, not trusted)."""
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
+    return _section(obj, "metadata")
 
 
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    ann = _meta(obj).get("annotations")
-    return ann if isinstance(ann, Mapping) else {}
+    return _section(_meta(obj), "annotations")
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
@@ -76,6 +86,13 @@ def parse_heartbeat(text: Any) -> float | None:
     return stamp.timestamp()
 
 
+# A node of the DRA pool (its agent runs --dra --no-device-plugin, docs/dra.md): its cards are
+# booked by ResourceClaims, which the extender does not see, so it places no share there.
+DRA_NODE = (f"this node takes egpu shares through DRA ({ANN_ALLOCATION_MODE}: "
+            f"{ALLOCATION_MODE_DRA}, its node agent serves no device plugin); extender shares go "
+            "to nodes whose agent serves the device plugin")
+
+
 @dataclass(frozen=True)
 class NodeRecord:
     """What a node object says: its cards, heartbeat (unix s) and any inventory problem."""
@@ -91,6 +108,8 @@ def node_record(node: Mapping[str, Any]) -> NodeRecord:
     name = str(_meta(node).get("name", ""))
     annotations = _annotations(node)
     heartbeat = parse_heartbeat(annotations.get(ANN_INVENTORY_HEARTBEAT))
+    if annotations.get(ANN_ALLOCATION_MODE) == ALLOCATION_MODE_DRA:
+        return NodeRecord(name, (), heartbeat, DRA_NODE)
     text = annotations.get(ANN_INVENTORY)
     if text is None:
         return NodeRecord(name, (), heartbeat,
@@ -123,14 +142,14 @@ def booking_from_pod(pod: Mapping[str, Any], config: Config,
     meta = _meta(pod)
     uid = str(meta.get("uid", ""))
     text = _annotations(pod).get(ANN_ALLOCATION)
-    status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
+    status = _section(pod, "status")
     if not uid or text is None or status.get("phase") in TERMINAL_PHASES:
         return None
     try:
         allocation = Allocation.decode(text)
     except RecordError:
         return None
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    spec = _section(pod, "spec")
     node = allocation.node or str(spec.get("nodeName") or "")
     if not node:
         return None
@@ -232,7 +251,7 @@ class ClusterState:
         booking = booking_from_pod(pod, self.config, reading)
         reservation = self._reserved.get(uid)
         prior = self._observed.get(uid)
-        status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
+        status = _section(pod, "status")
         finished = status.get("phase") in TERMINAL_PHASES
         confirmed = (reservation is not None and booking is not None
                      and booking.allocation == reservation.booking.allocation)
@@ -333,13 +352,13 @@ class ClusterState:
             self._views[name] = view
         if own is None or own.node != name:
             return view
-        cards = []
-        for card in view.cards:
-            mine = own.cards.get(card.uuid, CardBooking())
-            cards.append(CardState(card.uuid, card.index, card.model, card.capacity_mib,
-                                   card.healthy, card.booked_mib - mine.memory_mib,
-                                   card.booked_cores - mine.cores, card.used_slots - mine.slots))
-        return NodeState(name, tuple(cards), view.heartbeat, view.problem)
+        others = []  # the view's cards without the pod's own bookings
+        for c in view.cards:
+            mine = own.cards.get(c.uuid, CardBooking())
+            others.append(CardState(c.uuid, c.index, c.model, c.capacity_mib, c.healthy,
+                                    c.booked_mib - mine.memory_mib, c.booked_cores - mine.cores,
+                                    c.used_slots - mine.slots))
+        return NodeState(name, tuple(others), view.heartbeat, view.problem)
 
     def node_views(self, names: Iterable[str],
                    excluding: str | None = None) -> list[NodeState | None]:

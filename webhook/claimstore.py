@@ -72,7 +72,7 @@ class ApiClaimStore:
             return self._custom
 
     def ensure_template(self, template: dict[str, Any]) -> None:
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         namespace = template["metadata"]["namespace"]
         name = template["metadata"]["name"]

@@ -610,10 +610,13 @@ def _joined(messages: list[str]) -> str:
     return "; ".join(shown)
 
 
+_KIND_NAMES: dict[type, str] = {dict: "an object", str: "a string"}
+
+
 def _field(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     value = obj.get(key)
     if not isinstance(value, kind):
-        expected = {dict: "an object", str: "a string"}.get(kind, kind.__name__)
+        expected = _KIND_NAMES.get(kind, kind.__name__)
         raise InvalidReview(f"{where}{key}: expected {expected}, got {_short(value)}")
     return value
 

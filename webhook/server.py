@@ -149,12 +149,12 @@ async def mutate(request: web.Request) -> web.Response:
     except Exception:  # a bug: refuse the pod instead of failing the request
         log.exception("review failed")
         metrics.requests.labels("error").inc()
-        uid = _uid_of(data)
-        if uid is None:
+        known_uid = _uid_of(data)
+        if known_uid is None:
             return _problem(400, "body: not an AdmissionReview egpu can answer")
         version = data.get("apiVersion") if isinstance(data.get("apiVersion"), str) else ""
         answer = {"apiVersion": version or API_VERSION_V1, "kind": "AdmissionReview",
-                  "response": {"uid": uid, "allowed": False, "status": {
+                  "response": {"uid": known_uid, "allowed": False, "status": {
                       "code": 500, "reason": "InternalError",
                       "message": "egpu webhook: internal error (see the webhook's log)"}}}
         return web.Response(body=json.dumps(answer).encode(), content_type="application/json")

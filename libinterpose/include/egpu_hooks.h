@@ -82,7 +82,7 @@
     X(cuCtxGetDevice, R, (CUdevice *device)) \
     X(cuDeviceGetMemPool, O, (CUmemoryPool *pool, CUdevice dev)) \
     X(cuMemPoolGetAttribute, O, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
-    /* FC-15: a stream-ordered free of a managed fallback waits for its stream (hooks_mem.c) */ \
+    /* FC-15: a stream-ordered free of a managed fallback waits for its stream (hooks_pool.c) */ \
     X(cuStreamSynchronize, O, (CUstream hStream)) \
     /* compute gate (issue 8): measuring launches with events */ \
     X(cuCtxGetCurrent, O, (CUcontext *pctx)) \

@@ -75,7 +75,8 @@ typedef struct {
     CUcontext primary_ctx[EGPU_MAX_DEVS];
 } egpu_state;
 
-extern egpu_state egpu_g;
+/* Defined in share.c; hidden, so that every file reaches it directly (not through the GOT). */
+extern egpu_state egpu_g __attribute__((visibility("hidden")));
 
 void egpu_real_init(void);      /* pthread_once'd: libcuda + symbols */
 void egpu_real_nvml_init(void); /* pthread_once'd: libnvidia-ml + symbols */

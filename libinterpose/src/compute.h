@@ -50,6 +50,9 @@ typedef struct {
 } egpu_ctl_params;
 
 void egpu_ctl_defaults(egpu_ctl_params *p);
+/* A thread's lease is this fraction of the burst (1.25 ms of 10 ms): the card lock once per
+ * lease, and little held back per launching thread. */
+#define EGPU_LEASE_BURST_DIV 8
 
 /* What a launch is (the estimates are kept apart: a graph is many kernels). */
 enum { EGPU_LAUNCH_KERNEL = 0, EGPU_LAUNCH_GRAPH = 1, EGPU_LAUNCH_PTSZ = 0x100 /* or-ed: a _ptsz entry point */ };

@@ -35,7 +35,9 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
         self._stub: api_pb2_grpc.DevicePluginStub | None = None
 
     # --- Registration ---------------------------------------------------------------------
-    def Register(self, request, context):
+    def Register(
+        self, request: api_pb2.RegisterRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Empty:
         self.requests.append(request)
         channel = grpc.insecure_channel(f"unix://{os.path.join(self.plugin_dir, request.endpoint)}")
         self._channel, self._stub = channel, api_pb2_grpc.DevicePluginStub(channel)

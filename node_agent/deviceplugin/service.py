@@ -17,6 +17,7 @@ kubelet.sock inode, is the signal).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -105,11 +106,15 @@ class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.ListAndWatchResponse(devices=devices)
 
     # --- DevicePlugin RPCs (names as the v1beta1 service defines them) ---------------------
-    def GetDevicePluginOptions(self, request, context):
+    def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: grpc.ServicerContext
+    ) -> api_pb2.DevicePluginOptions:
         return api_pb2.DevicePluginOptions(pre_start_required=False,
                                            get_preferred_allocation_available=True)
 
-    def ListAndWatch(self, request, context) -> Iterator[api_pb2.ListAndWatchResponse]:
+    def ListAndWatch(
+        self, request: api_pb2.Empty, context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.ListAndWatchResponse]:
         generation = -1
         while context.is_active():
             with self._changed:
@@ -139,14 +144,15 @@ class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
                  "found" if not waits(result) else "not found")
         return result
 
-    def GetPreferredAllocation(self, request, context):
+    def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PreferredAllocationResponse:
         deadline = time.monotonic() + self._pod_wait_s
         responses = []
         for r in request.container_requests:
             available, must = list(r.available_deviceIDs), list(r.must_include_deviceIDs)
             self._settle(
-                lambda a=available, m=must, n=r.allocation_size: matching.candidate_for(
-                    a, m, n, self._pending()),
+                functools.partial(self._candidate, available, must, r.allocation_size),
                 lambda candidate: candidate is None, deadline,
                 f"GetPreferredAllocation of {r.allocation_size} slot(s)")
             responses.append(api_pb2.ContainerPreferredAllocationResponse(
@@ -154,13 +160,21 @@ class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
                                              self._pending())))
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
-    def Allocate(self, request, context):
+    def _candidate(self, available: list[str], must: list[str], size: int) -> Pending | None:
+        return matching.candidate_for(available, must, size, self._pending())
+
+    def _match(self, ids: list[str]) -> Match:
+        return matching.match(ids, self._pending(), self._node)
+
+    def Allocate(
+        self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext
+    ) -> api_pb2.AllocateResponse:
         deadline = time.monotonic() + self._pod_wait_s
         responses = []
         for container_request in request.container_requests:
             ids = list(container_request.devices_ids)
             result: Match = self._settle(
-                lambda ids=ids: matching.match(ids, self._pending(), self._node),
+                functools.partial(self._match, ids),
                 lambda r: isinstance(r, Unmatched) and r.no_pod, deadline, f"Allocate {ids}")
             if isinstance(result, Matched):
                 self._consume(result.pending.pod_uid, result.pending.container)
@@ -185,7 +199,9 @@ class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         uuids = result.uuids if isinstance(result, Ambiguous) else result.pending.share.uuids
         return self._cdi(uuids, self._cards())
 
-    def PreStartContainer(self, request, context):
+    def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PreStartContainerResponse:
         return api_pb2.PreStartContainerResponse()
 
 

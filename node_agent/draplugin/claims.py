@@ -165,9 +165,10 @@ def claim_devices(claim: Mapping[str, Any], node: str,
         where = f"ResourceClaim {ref} result {i} (device {result.get('device')!r})"
         if result.get("pool") != node:
             raise ClaimError(f"{where}: pool {result.get('pool')!r} is not this node's ({node})")
-        card = by_name.get(str(result.get("device")))
-        if card is None:
+        found = by_name.get(str(result.get("device")))
+        if found is None:
             raise ClaimError(f"{where}: no such card on node {node}")
+        card = found
         if not card.healthy:
             raise ClaimError(f"{where}: card {card.uuid} is unhealthy")
         consumed = result.get("consumedCapacity") or {}
@@ -228,7 +229,8 @@ def _claim_name_in_pod(pod: Mapping[str, Any], pod_claim: Mapping[str, Any]) -> 
         return str(pod_claim["resourceClaimName"])
     for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
         if status.get("name") == pod_claim.get("name"):
-            return status.get("resourceClaimName")
+            name = status.get("resourceClaimName")
+            return str(name) if name else None
     return None
 
 

@@ -31,10 +31,10 @@ class KubeReader:
 
     def claim(self, namespace: str, name: str) -> Mapping[str, Any]:
         """The ResourceClaim; ClaimError when the API server has none of that name."""
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         try:
-            answer = self.custom.get_namespaced_custom_object(
+            answer: Any = self.custom.get_namespaced_custom_object(
                 GROUP, VERSION, namespace, "resourceclaims", name, _preload_content=False,
                 _request_timeout=TIMEOUT_S)
         except ApiException as exc:
@@ -45,7 +45,7 @@ class KubeReader:
 
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The pod; None when the API server has none of that name."""
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         try:
             answer = self.core_v1.read_namespaced_pod(name, namespace, _preload_content=False,

@@ -9,7 +9,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 python=${PYTHON:-"$root/.venv/bin/python"}
 cd "$root"
-"$python" -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
+PATH="$(dirname "$python"):$PATH" "$python" -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
+    --mypy_out=. --mypy_grpc_out=. \
     node_agent/draplugin/proto/registration_v1.proto \
     node_agent/draplugin/proto/dra_v1.proto \
     node_agent/draplugin/proto/dra_v1beta1.proto

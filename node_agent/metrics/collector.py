@@ -160,9 +160,9 @@ class EgpuCollector(Collector):
         compute = GaugeMetricFamily(METRIC_CARD_COMPUTE_USED,
                                     "Card compute utilisation (NVML, else measured by the "
                                     "shares), %", labels=LABELS_CARD)
-        for uuid, card in sorted(cards.items(), key=lambda kv: kv[1].index):
+        for uuid, found in sorted(cards.items(), key=lambda kv: kv[1].index):
             labels = card_labels(uuid)
-            total.add_metric(labels, card.memory_mib * MIB)
+            total.add_metric(labels, found.memory_mib * MIB)
             booked.add_metric(labels, booked_mib.get(uuid, 0) * MIB)
             cores_booked.add_metric(labels, booked_cores.get(uuid, 0))
             mem = src.memory_used(uuid)

@@ -167,7 +167,7 @@ def node(tmp_path: Path):
 
 
 # A node of small cards where another share holds part of card 0: what the oversubscription
-# tests fill past the card (tests/compute/test_oversubscription_paths.py, test_capture_review.py).
+# tests fill past the card (tests/compute/test_oversubscription_paths.py, test_stream_capture.py).
 CARD_MIB = 2048
 HELD_MIB = 512  # share B's allocation on card 0
 CTX_MIB = 256  # EGPU_CONTEXT_OVERHEAD_MIB's default, charged to the share (not the card)

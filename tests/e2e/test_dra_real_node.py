@@ -1,6 +1,7 @@
 """egpu's DRA kubelet plugin on the real node (kubelet v1.37.2 + containerd 2.x + runc, the
 fake GPU as the cards): egpu installed with ``kubectl apply -k`` plus the ``manifests/dra``
-component (DeviceClasses, ``--dra`` on the node agent, the kubelet's plugin folders mounted).
+component (DeviceClasses, ``--dra --no-device-plugin`` on the node agent, the kubelet's plugin
+folders mounted).
 
 A pod with a ResourceClaimTemplate of DeviceClass share.gpu.egpu.io is placed by the default
 kube-scheduler from the agent's ResourceSlices, prepared by the agent's kubelet plugin
@@ -146,6 +147,22 @@ def _assert_share(result: dict[str, Any]) -> None:
     assert result["total_mib"] == SHARE_MIB, result
     assert result["nvml_total_mib"] == SHARE_MIB, result
     assert result["alloc_one_more_mib"] == CUDA_ERROR_OUT_OF_MEMORY, result
+
+
+def test_the_dra_agent_serves_no_device_plugin_and_its_node_says_so(dra: RealCluster) -> None:
+    """manifests/dra runs the agent with --no-device-plugin: its node says
+    egpu.io/allocation-mode: dra (the extender places no share there) and the kubelet offers
+    no egpu.io/gpu on it once the device plugin is gone, so no card is booked by both paths."""
+    args = _agent(dra)["spec"]["containers"][0]["args"]
+    assert "--dra" in args and "--no-device-plugin" in args, args
+
+    def node() -> dict[str, Any]:
+        return dict(inst.get_json(dra, "node", dra.node.name))
+
+    dra.wait_for("the node's egpu.io/allocation-mode: dra", lambda: node()["metadata"].get(
+        "annotations", {}).get("egpu.io/allocation-mode") == "dra", timeout=60, interval=1.0)
+    dra.wait_for("no allocatable egpu.io/gpu on the node", lambda: node()["status"].get(
+        "allocatable", {}).get("egpu.io/gpu", "0") == "0", timeout=120, interval=2.0)
 
 
 def test_a_share_claim_runs_and_its_container_sees_exactly_the_share(dra: RealCluster) -> None:

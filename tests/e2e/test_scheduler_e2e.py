@@ -576,6 +576,38 @@ def test_the_metrics_listener_never_binds_a_real_pod(env: Env) -> None:
 
 # --- both modes in one cluster (a migration to DRA) -------------------------------------------
 
+def test_the_extender_leaves_a_node_of_the_dra_pool_alone(env: Env) -> None:
+    """A node whose agent serves DRA only says egpu.io/allocation-mode: dra (what
+    node_agent.inventory writes for --no-device-plugin): a share pinned to it stays Pending
+    with the extender's reason, and binds once the node says extender again (its agent
+    serves the device plugin: the node moved back to the extender's pool)."""
+    node = "e2e-dra-pool"
+    env.add_node(node, 1, "NVIDIA L4", 24576)
+
+    def say(mode: str) -> None:
+        env.api.json("PATCH", f"/api/v1/nodes/{node}",
+                     body={"metadata": {"annotations": {"egpu.io/allocation-mode": mode}}},
+                     content_type="application/merge-patch+json")
+
+    say("dra")
+    ns = env.namespace("e2e-dra-pool")
+    env.create(egpu_pod("share", ns, 4000, node=node))
+
+    def refused() -> str:
+        [p] = env.pods(ns)
+        conds = p.get("status", {}).get("conditions") or []
+        return next((c.get("message", "") for c in conds if c["type"] == "PodScheduled"
+                     and c["status"] == "False"), "")
+
+    message = _wait("the share refused on the DRA pool's node", refused, timeout=60)
+    assert "egpu.io/allocation-mode: dra" in message, message
+    assert not bound(env.pods(ns))
+    say("extender")
+    _wait("the share bound once the node is back in the extender's pool",
+          lambda: bound(env.pods(ns)), timeout=90)
+    env.delete_pods(ns)
+
+
 def test_extender_shares_still_schedule_beside_the_dra_device_classes(env: Env) -> None:
     """manifests/dra's DeviceClasses installed: a share pod of the extender path (egpu.io/gpu
     + egpu.io/gpu-memory) still binds. A DeviceClass that maps egpu.io/gpu (the opt-in

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import ssl
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +24,8 @@ import yaml
 
 from certs.inject import inject_ca_text
 from certs.issue import create_ca, create_serving, write_bundle
+from devcluster import webhook_process as devcluster_webhook
+from devcluster.net import free_port
 from egpu.workloads import pod_templates
 from webhook.registration import configuration_for_url
 
@@ -37,48 +36,19 @@ NAMESPACE = "e2e-webhook"
 CONFIG_NAME = "egpu-webhook-e2e"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_free_port = free_port  # tests/e2e/test_dra_claims_e2e.py imports it from here
 
 
-class WebhookProcess:
+class WebhookProcess(devcluster_webhook.WebhookProcess):
     """``python -m webhook.main`` on 127.0.0.1:port with certificates in ``certs`` (and
-    ``extra_args``, e.g. ``--config`` and ``--kubeconfig`` for DRA mode)."""
+    ``extra_args``, e.g. ``--config`` and ``--kubeconfig`` for DRA mode), ready when /readyz
+    answers; its log in ``certs/webhook.log`` (devcluster.webhook_process)."""
 
     def __init__(self, certs: Path, port: int, extra_args: tuple[str, ...] = ()) -> None:
-        self.certs = certs
-        self.port = port
-        self.extra_args = extra_args
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        super().__init__(certs, port, extra_args, log_level="INFO", ready_path="/readyz")
 
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "webhook.main", "--cert", str(self.certs / "tls.crt"),
-             "--key", str(self.certs / "tls.key"), "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "INFO", *self.extra_args], cwd=REPO)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", context=self.context,
-                                            timeout=1):
-                    return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError("the webhook did not start") from None
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(15)
-        self.proc = None
+    def stop(self, grace_s: float = 15.0) -> None:
+        super().stop(grace_s)
 
     def reviews(self) -> float:
         """Requests to /mutate so far (all results), from /metrics."""

@@ -153,3 +153,74 @@ def test_list_node_pods_lists_this_nodes_pods_only() -> None:
 
     assert list_node_pods(Core(), "n1")(2.5) == [{"pod": "p1"}, {"pod": "p2"}]
     assert calls == [{"field_selector": "spec.nodeName=n1", "_request_timeout": 2.5}]
+
+
+# --- the allocation record carries the policies (issue 16) ------------------------------------
+def _placed(priority: str = "high", policy: str = "elastic",
+            oversubscription: bool = True) -> Allocation:
+    """The record a current extender writes: kinds and resolved policies included."""
+    return Allocation(containers=(ContainerAllocation("c0", False, (
+        CardShare("GPU-0", 0, 4096, 30),), "container"),), node="n1", priority=priority,
+        compute_policy=policy, memory_oversubscription=oversubscription)
+
+
+def _no_spec_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    def read_pod(*_: object) -> None:
+        raise AssertionError("the agent read the pod spec for what the record says")
+
+    monkeypatch.setattr("node_agent.pods.read_pod", read_pod)
+
+
+def test_the_policies_come_from_the_record_never_from_the_pod_spec(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_spec_reading(monkeypatch)
+    pod = _pod(priority="low")  # a label that disagrees with the record: the record wins
+    pod["metadata"]["annotations"]["egpu.io/allocation"] = _placed().encode()
+    pod["spec"]["containers"] = []  # nothing to read there either
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    shares = registry.update(pod)
+    assert shares is not None and _file(tmp_path) == shares
+    assert (shares.priority, shares.compute_policy, shares.memory_oversubscription) == (
+        "high", "elastic", True)
+    assert shares.allocation == _placed()
+
+
+def test_a_record_of_an_older_extender_is_completed_from_the_pod_as_before(
+        tmp_path: Path) -> None:
+    """No policies in the record (written before it carried them): the label, then the
+    pod's annotations, as the agent read them before."""
+    pod = _pod(priority="high")
+    pod["metadata"]["annotations"].update({"egpu.io/compute-policy": "elastic",
+                                           "egpu.io/memory-oversubscription": "true"})
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    shares = registry.update(pod)
+    assert shares is not None and not shares.allocation.complete
+    assert (shares.priority, shares.compute_policy, shares.memory_oversubscription) == (
+        "high", "elastic", True)
+    del pod["metadata"]["labels"]["egpu.io/priority"]
+    pod["metadata"]["uid"] = "uid-B"
+    unlabelled = registry.update(pod)
+    assert unlabelled is not None and unlabelled.priority == CFG.defaults.priority
+
+
+def test_an_agent_upgraded_under_a_running_pod_keeps_its_file_without_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The extender was upgraded first (the pod's record has kinds and policies); the file
+    was written by the older agent (its allocation has neither): no change, no warning."""
+    placed = _placed(priority="low", policy="strict", oversubscription=False)
+    old_allocation = Allocation(tuple(c.replace(kind=None) for c in placed.containers), "n1")
+    old_file = PodShares("team", "a", "uid-A", "low", "strict", False, old_allocation)
+    folder = tmp_path / "private" / "allocations"
+    folder.mkdir(parents=True)
+    (folder / "uid-A.json").write_text(old_file.encode())
+    pod = _pod(priority="low")
+    pod["metadata"]["annotations"]["egpu.io/allocation"] = placed.encode()
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    with caplog.at_level(logging.WARNING, logger="node_agent.pods"):
+        assert registry.update(pod) == old_file
+    assert not caplog.records, caplog.text
+    edited = _placed(priority="high", policy="strict", oversubscription=False)
+    pod["metadata"]["annotations"]["egpu.io/allocation"] = edited.encode()
+    with caplog.at_level(logging.WARNING, logger="node_agent.pods"):
+        assert registry.update(pod) == old_file  # an edit is still an edit
+    assert len(caplog.records) == 1 and "ignored" in caplog.records[0].getMessage()

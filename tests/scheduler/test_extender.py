@@ -78,6 +78,25 @@ def bind_args(p: dict[str, Any], node_name: str) -> dict[str, Any]:
 
 # --- filter ------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("mode", ["dra", "extender", None])
+def test_filter_places_no_share_on_a_node_of_the_dra_pool(mode: str | None) -> None:
+    """A node whose agent serves DRA only (--no-device-plugin) says egpu.io/allocation-mode:
+    dra: its cards are booked by claims the extender cannot see, so it is unresolvable for the
+    extender whatever its inventory says; "extender" (or no annotation: older agents) is as
+    before."""
+    n = node("pool", cards(2))
+    if mode is not None:
+        n["metadata"]["annotations"]["egpu.io/allocation-mode"] = mode
+    ext, _ = make([n])
+    result = ext.filter(args(pod(containers=[limits(memory=4000)]), ["pool"]))
+    if mode == "dra":
+        assert result["NodeNames"] == []
+        reason = result["FailedAndUnresolvableNodes"]["pool"]
+        assert "egpu.io/allocation-mode: dra" in reason and "device plugin" in reason, reason
+    else:
+        assert result["NodeNames"] == ["pool"], result
+
+
 def test_filter_sorts_nodes_into_passed_failed_and_unresolvable() -> None:
     ext, api = make([node("a10", cards(2)), node("t4", cards(8, "Tesla T4", 15360)),
                      node("stale", cards(1), heartbeat=NOW - 600), node("cpu", None)])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from cli.top_cmd import format_views
 from egpu.cluster_view import cluster_view
 from egpu.records import (
@@ -72,3 +74,55 @@ def test_malformed_annotations_are_problems_not_crashes() -> None:
                "spec": {"nodeName": "n1"}}
     [view] = cluster_view([node()], [bad_pod])
     assert "pod ns/p" in view.problems[0]
+
+
+def test_placed_records_are_read_without_the_pod_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record with kinds and policies (a current extender's): bookings by the
+    effective-request rule from the record's kinds, priority from the record, and the pod
+    spec never read (here it is empty)."""
+    def read_pod(*_: object) -> None:
+        raise AssertionError("kubectl egpu read the pod spec for what the record says")
+
+    monkeypatch.setattr("egpu.cluster_view.read_pod", read_pod)
+
+    def entry(name: str, kind: str, uuid: str, mib: int, cores: int) -> ContainerAllocation:
+        return ContainerAllocation(name, kind != "container",
+                                   (CardShare(uuid, 0 if uuid == "GPU-a" else 1, mib, cores),),
+                                   kind)
+
+    # GPU-a: an init (12000) then the app (8000): max. GPU-b: a sidecar (2000), an init after
+    # it (4000: it runs beside the sidecar), the app (3000): max(2000 + 3000, 2000 + 4000).
+    ocr = pod("ocr", Allocation((entry("warm", "init", "GPU-a", 12000, 100),
+                                 entry("ocr", "container", "GPU-a", 8000, 20)),
+                                "n1", "high", "strict", False), {})
+    mixed = pod("mixed", Allocation((entry("proxy", "sidecar", "GPU-b", 2000, 5),
+                                     entry("load", "init", "GPU-b", 4000, 30),
+                                     entry("serve", "container", "GPU-b", 3000, 10)),
+                                    "n1", "low", "elastic", True), {},
+                annotations={"egpu.io/priority": "high"})  # the record wins
+    [view] = cluster_view([node()], [ocr, mixed])
+    a, b = view.cards
+    assert (a.booked_mib, a.booked_cores) == (12000, 100)
+    assert (b.booked_mib, b.booked_cores) == (6000, 35)
+    assert {s.priority for s in a.shares} == {"high"} and {s.priority for s in b.shares} == {"low"}
+    assert [(s.container, s.init) for s in b.shares] == [
+        ("proxy", True), ("load", True), ("serve", False)]
+
+
+def test_record_bookings_equal_the_spec_reading_for_a_placed_pod() -> None:
+    """The same pod, its record with and without kinds: the same bookings (one with the spec
+    read, one without)."""
+    spec = {"initContainers": [{"name": "proxy", "restartPolicy": "Always", **limits(2000, 5)},
+                               {"name": "load", **limits(4000, 30)}],
+            "containers": [{"name": "serve", **limits(3000, 10)}]}
+    shares = [("proxy", "sidecar", 2000, 5), ("load", "init", 4000, 30),
+              ("serve", "container", 3000, 10)]
+    containers = tuple(ContainerAllocation(n, k != "container",
+                                           (CardShare("GPU-b", 1, m, c),), k)
+                       for n, k, m, c in shares)
+    placed = Allocation(containers, "n1", "high", "strict", False)
+    old = Allocation(tuple(c.replace(kind=None) for c in containers), "n1")
+    [new_view] = cluster_view([node()], [pod("p", placed, spec)])
+    [old_view] = cluster_view([node()], [pod("p", old, spec)])
+    assert [(c.booked_mib, c.booked_cores) for c in new_view.cards] == [
+        (c.booked_mib, c.booked_cores) for c in old_view.cards] == [(0, 0), (6000, 35)]

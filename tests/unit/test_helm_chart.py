@@ -295,7 +295,7 @@ def test_dra_enabled_renders_manifests_with_the_dra_component(
                      ("ClusterRole", "", "egpu-webhook-claims"),
                      ("ClusterRoleBinding", "", "egpu-webhook-claims")}
     agent = dict(_containers(on))[(("DaemonSet", NAMESPACE, "egpu-node-agent"), "agent")]
-    assert agent["args"] == ["--metrics-port=9400", "--dra"]
+    assert agent["args"] == ["--metrics-port=9400", "--dra", "--no-device-plugin"]
     # DRA mode's webhook creates claim templates: its token is mounted only with DRA
     webhook = ("Deployment", NAMESPACE, "egpu-webhook")
     assert on[webhook]["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
@@ -303,6 +303,34 @@ def test_dra_enabled_renders_manifests_with_the_dra_component(
     rules = on[("ClusterRole", "", "egpu-webhook-claims")]["rules"]
     assert {(r["resources"][0], tuple(r["verbs"])) for r in rules} == {
         ("resourceclaimtemplates", ("get", "create")), ("resourceslices", ("list",))}
+
+
+def test_a_dra_node_pool_splits_the_agents_in_two_daemonsets(helm) -> None:
+    """dra.nodeSelector: the pool's nodes run DRA only, the other GPU nodes the device plugin
+    only (never both on one node: no card booked by both paths), each pool scraped."""
+    on = helm(**{"dra.enabled": "true", "dra.nodeSelector.egpu\\.io/dra": "true",
+                 "monitoring.prometheusOperator.enabled": "true"})
+    plain = ("DaemonSet", NAMESPACE, "egpu-node-agent")
+    pool = ("DaemonSet", NAMESPACE, "egpu-node-agent-dra")
+    containers = dict(_containers(on))
+    assert containers[(plain, "agent")]["args"] == ["--metrics-port=9400"]
+    assert containers[(pool, "agent")]["args"] == [
+        "--metrics-port=9400", "--dra", "--no-device-plugin"]
+    pool_spec = on[pool]["spec"]["template"]["spec"]
+    assert pool_spec["nodeSelector"] == {"egpu.io/node": "true", "egpu.io/dra": "true"}
+    assert {"name": "kubelet-plugins", "mountPath": "/var/lib/kubelet/plugins"} in (
+        pool_spec["containers"][0]["volumeMounts"])
+    plain_spec = on[plain]["spec"]["template"]["spec"]
+    assert plain_spec["nodeSelector"] == {"egpu.io/node": "true"}
+    assert plain_spec["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "egpu.io/dra", "operator": "NotIn", "values": ["true"]}]}]
+    assert all(v["name"] != "kubelet-plugins" for v in plain_spec["volumes"])
+    assert on[pool]["spec"]["selector"] != on[plain]["spec"]["selector"]  # no shared pods
+    service = on[("Service", NAMESPACE, "egpu-node-agent-dra-metrics")]
+    assert service["spec"]["selector"] == {"app.kubernetes.io/name": "egpu-node-agent-dra"}
+    monitor = on[("PodMonitor", NAMESPACE, "egpu-node-agent")]["spec"]["selector"]
+    assert monitor["matchExpressions"][0]["values"] == ["egpu-node-agent", "egpu-node-agent-dra"]
 
 
 def test_webhook_values(helm) -> None:

@@ -1,5 +1,5 @@
-"""Review of the extender's two listeners (verbs on --host/--port, /metrics and /healthz only
-on --metrics-port) and of the manifests that run it beside kube-scheduler in one pod."""
+"""The extender's two listeners (verbs on --host/--port, /metrics and /healthz only on
+--metrics-port) and the manifests that run it beside kube-scheduler in one pod."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fixtures of the node tests (tests/node): the runc world for the runtime-hook tests."""
+"""Fixtures of the runtime-hook tests (tests/runtime_hook): the runc world."""
 
 from __future__ import annotations
 

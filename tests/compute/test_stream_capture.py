@@ -1,4 +1,4 @@
-"""Review checks of the compute gate and FC-15 under stream capture (issue 8).
+"""The compute gate and FC-15 under stream capture (issue 8).
 
 - several captures at once (GLOBAL, THREAD_LOCAL, RELAXED, cuStreamBeginCapture v1) on
   threads of a gated share while another thread launches (stream or per-thread default

@@ -1,4 +1,7 @@
-"""Fixes for the adversarial review (F3..F9): each test is named after its finding."""
+"""Accounting at its edges: which config file wins, VMM handles released, retained and
+imported, concurrent pool allocations, array size overflow, context destruction, processes
+in nested pid namespaces, region files that are not what they should be, and a lock held
+forever. (First found by an adversarial review, findings F3..F9.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Review of the low-priority floor (lowPriorityFloorPercent): a pod cannot set or raise it,
-files of older agents read as 0, bad values are refused naming the field, the hook's reading
-(runtime_hook.shares) and egpu.records agree, and libinterpose's parser (src/config.c) and its
-setup (src/hooks_compute.c) take the node's value and never the pod's environment."""
+"""The low-priority floor (lowPriorityFloorPercent): a pod cannot set or raise it, files of
+older agents read as 0, bad values are refused naming the field (egpu.records, the one
+decoder of the allocation file, the hook's too), and libinterpose's parser (src/config.c) and
+its setup (src/hooks_compute.c) take the node's value and never the pod's environment."""
 
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ from egpu.records import ContainerConfig as RecordConfig
 from egpu.records import PodShares, RecordError
 from node_agent.pods import PodRegistry, pod_shares
 from runtime_hook.plan import Apply, Inputs, decide
-from runtime_hook.shares import ShareError, decode_pod_shares
-from tests.node.test_hook_startup import _pod as _file_body
 from tests.node.test_pod_registry import _pod as _k8s_pod
+from tests.runtime_hook.test_hook_startup import _pod as _file_body
 
 ROOT = Path(__file__).resolve().parents[2]
 ANN = {"io.kubernetes.cri.sandbox-uid": "uid-1", "io.kubernetes.cri.container-name": "main"}
@@ -45,13 +44,12 @@ def test_pod_annotations_labels_and_env_named_like_the_floor_are_ignored(floor: 
 def test_the_hook_ignores_env_and_oci_annotations_named_like_the_floor() -> None:
     text = json.dumps(_file_body(low_priority_floor=3))
     env = {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b", **LOOKALIKES}
-    for shares in (decode_pod_shares(text), PodShares.decode(text)):
-        decision = decide(Inputs("c", env, {**ANN, **LOOKALIKES}, shares))
-        assert isinstance(decision, Apply) and decision.config is not None
-        assert json.loads(decision.config.encode())["low_priority_floor"] == 3
+    decision = decide(Inputs("c", env, {**ANN, **LOOKALIKES}, PodShares.decode(text)))
+    assert isinstance(decision, Apply) and decision.config is not None
+    assert json.loads(decision.config.encode())["low_priority_floor"] == 3
 
 
-# --- the two Python decoders --------------------------------------------------------------
+# --- the Python decoder ---------------------------------------------------------------------
 def _with(literal: str, key: str = "low_priority_floor") -> str:
     """The allocation file with ``key`` set to the raw JSON ``literal``."""
     return json.dumps(_file_body(**{key: "@@"})).replace('"@@"', literal)
@@ -64,27 +62,21 @@ REFUSED = ["10.0", "1e1", "1E1", "-0.0", "100.0", "101", "-1", "1e400", "-1e400"
 
 
 @pytest.mark.parametrize(("literal", "value"), list(ACCEPTED.items()))
-def test_both_decoders_accept_the_same_integers(literal: str, value: int) -> None:
-    text = _with(literal)
-    assert decode_pod_shares(text).low_priority_floor == PodShares.decode(text).low_priority_floor \
-        == value
+def test_the_floor_is_an_integer_0_to_100(literal: str, value: int) -> None:
+    assert PodShares.decode(_with(literal)).low_priority_floor == value
 
 
 @pytest.mark.parametrize("literal", REFUSED, ids=lambda s: s[:12])
-def test_both_decoders_refuse_the_same_values_with_the_same_words(literal: str) -> None:
-    text = _with(literal)
-    with pytest.raises(RecordError) as theirs:
-        PodShares.decode(text)
-    with pytest.raises(ShareError) as ours:
-        decode_pod_shares(text)
-    assert str(ours.value) == str(theirs.value)
+def test_other_floors_are_refused_naming_the_field(literal: str) -> None:
+    with pytest.raises(RecordError) as refused:
+        PodShares.decode(_with(literal))
     if len(literal) < 100:  # a 5000-digit integer is refused by json itself (not valid JSON)
-        assert "pod-shares.low_priority_floor" in str(ours.value)
+        assert "pod-shares.low_priority_floor" in str(refused.value)
 
 
 @pytest.mark.parametrize(("first", "last"), [("50", "0"), ("0", "50"), ('"x"', "5"),
                                              ("5", '"x"')])
-def test_duplicate_keys_last_one_wins_in_both(first: str, last: str) -> None:
+def test_of_duplicate_floor_keys_the_last_one_wins(first: str, last: str) -> None:
     body = json.dumps(_file_body(low_priority_floor="@1"))
     text = body.replace('"low_priority_floor": "@1"',
                         f'"low_priority_floor": {first}, "low_priority_floor": {last}')
@@ -92,18 +84,14 @@ def test_duplicate_keys_last_one_wins_in_both(first: str, last: str) -> None:
     if last.startswith('"'):
         with pytest.raises(RecordError):
             PodShares.decode(text)
-        with pytest.raises(ShareError):
-            decode_pod_shares(text)
     else:
-        assert decode_pod_shares(text).low_priority_floor == PodShares.decode(text) \
-            .low_priority_floor == int(last)
+        assert PodShares.decode(text).low_priority_floor == int(last)
 
 
 def test_older_files_read_as_zero_and_the_container_config_too() -> None:
     text = json.dumps(_file_body(low_priority_floor=KeyError))
     assert "low_priority_floor" not in text
-    assert decode_pod_shares(text).low_priority_floor == PodShares.decode(text) \
-        .low_priority_floor == 0
+    assert PodShares.decode(text).low_priority_floor == 0
     config = json.loads(RecordConfig("n", "p", "u", "c", "low", "strict", False, "/r").encode())
     del config["low_priority_floor"]
     assert RecordConfig.decode(json.dumps(config)).low_priority_floor == 0
@@ -157,11 +145,11 @@ def _config_text(literal: str | None) -> str:
 
 @pytest.mark.parametrize("floor", [0, 1, 50, 100])
 def test_c_reads_what_the_hook_writes(c_parse, floor: int) -> None:
-    from runtime_hook.shares import ConfigCard, ContainerConfig
+    from egpu.records import ConfigCard
 
-    text = ContainerConfig("n", "p", "u", "c", "low", "strict", False, "/r/region",
-                           (ConfigCard("GPU-a", 1, 0, "/r/c"),), floor).encode()
-    assert text == RecordConfig.decode(text).encode()  # the two writers, byte for byte
+    text = RecordConfig("n", "p", "u", "c", "low", "strict", False, "/r/region",
+                        (ConfigCard("GPU-a", 1, 0, "/r/c"),), floor).encode()
+    assert text == RecordConfig.decode(text).encode()  # read back, byte for byte
     assert c_parse(text) == f"ok {floor}"
 
 
@@ -176,7 +164,7 @@ def test_c_agrees_on_absent_integers_ranges_types_and_duplicates(c_parse) -> Non
     for literal in ["NaN", "Infinity", "1" * 80]:  # not JSON for C: refused as malformed
         assert c_parse(_config_text(literal)).startswith("err config: malformed JSON")
     # Held, and harmless: C takes an integral float (as for cores and memory_mib) where the
-    # Python decoders refuse it; only the hook writes the file, always as an integer.
+    # Python decoder refuses it; only the hook writes the file, always as an integer.
     for literal in ["10.0", "1e1", "1E1"]:
         assert c_parse(_config_text(literal)) == "ok 10"
     twice = _config_text("50").replace('"low_priority_floor": 50',

@@ -1,0 +1,145 @@
+"""The node annotations' records (dataclasses), importable from ``egpu.records`` too.
+
+- ``Inventory`` (with ``Card``): the node annotation ``egpu.io/inventory`` (node agent ->
+  extender, ``kubectl egpu``).
+- ``NodeUsage`` (with ``CardUsage``, ``ShareUsage``): the node annotation ``egpu.io/usage``
+  (node agent -> ``kubectl egpu``).
+
+They live apart from ``egpu.records`` because they are dataclasses (``dataclasses.replace``,
+``asdict`` are used on them) and the runtime hook, which imports ``egpu.records`` for every
+container with a share, never reads them: ``egpu.records`` loads this module on first use.
+Same conventions as there: ``encode() -> str``, ``decode(text)`` raising ``RecordError``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from egpu.contract import RECORD_VERSION
+from egpu.records import RecordError, _field, _list, _load_object, _non_negative
+
+
+@dataclass(frozen=True)
+class Card:
+    """One physical GPU as the node agent found it. memory_mib: NVML total, MiB."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    healthy: bool = True
+    numa_node: int = -1
+
+    @classmethod
+    def from_dict(cls, obj: Any, where: str) -> Card:
+        if not isinstance(obj, dict):
+            raise RecordError(f"{where}: expected an object, got {obj!r}")
+        uuid = _field(obj, "uuid", str, where)
+        if not uuid:
+            raise RecordError(f"{where}.uuid: empty")
+        memory = _field(obj, "memory_mib", int, where)
+        if memory <= 0:
+            raise RecordError(f"{where}.memory_mib: {memory} must be >= 1")
+        return cls(
+            uuid=uuid,
+            index=_non_negative(_field(obj, "index", int, where), f"{where}.index"),
+            model=_field(obj, "model", str, where),
+            memory_mib=memory,
+            healthy=_field(obj, "healthy", bool, where) if "healthy" in obj else True,
+            numa_node=_field(obj, "numa_node", int, where) if "numa_node" in obj else -1,
+        )
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The cards of one node (annotation ``egpu.io/inventory``)."""
+
+    cards: tuple[Card, ...]
+
+    def encode(self) -> str:
+        """JSON text: ``{"version": 1, "cards": [Card, ...]}``."""
+        return json.dumps({"version": RECORD_VERSION, "cards": [asdict(c) for c in self.cards]})
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> Inventory:
+        """Parse the annotation text. Raises RecordError on malformed input or duplicate UUIDs."""
+        data = _load_object(text, "inventory")
+        cards = tuple(
+            Card.from_dict(c, f"inventory.cards[{i}]")
+            for i, c in enumerate(_list(data, "cards", "inventory"))
+        )
+        seen: set[str] = set()
+        for card in cards:
+            if card.uuid in seen:
+                raise RecordError(f"inventory.cards: uuid {card.uuid!r} appears twice")
+            seen.add(card.uuid)
+        return cls(cards=cards)
+
+
+@dataclass(frozen=True)
+class ShareUsage:
+    """Measured use of one container's share of one card: memory_used_mib (MiB), compute (%)."""
+
+    pod_uid: str
+    container: str
+    uuid: str
+    memory_used_mib: int
+    compute_used_percent: float
+
+
+@dataclass(frozen=True)
+class CardUsage:
+    """Measured use of one card: memory_used_mib (MiB, all processes), compute (% of the card)."""
+
+    uuid: str
+    memory_used_mib: int
+    compute_used_percent: float
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    """The node annotation ``egpu.io/usage``, refreshed by the node agent with the heartbeat.
+
+    Read by ``egpu top`` / ``kubectl egpu`` so that usage shows through the API alone.
+    """
+
+    cards: tuple[CardUsage, ...]
+    shares: tuple[ShareUsage, ...] = ()
+
+    def encode(self) -> str:
+        """JSON text: ``{"version": 1, "cards": [...], "shares": [...]}``."""
+        return json.dumps({"version": RECORD_VERSION, "cards": [asdict(c) for c in self.cards],
+                           "shares": [asdict(s) for s in self.shares]}, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> NodeUsage:
+        """Parse the annotation text. Raises RecordError naming the bad field."""
+        data = _load_object(text, "usage")
+
+        def number(obj: dict[str, Any], key: str, where: str) -> float:
+            value = obj.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise RecordError(f"{where}.{key}: {value!r} is not a number")
+            return float(value)
+
+        cards = []
+        for i, c in enumerate(_list(data, "cards", "usage")):
+            where = f"usage.cards[{i}]"
+            if not isinstance(c, dict):
+                raise RecordError(f"{where}: expected an object, got {c!r}")
+            cards.append(CardUsage(_field(c, "uuid", str, where),
+                                   _field(c, "memory_used_mib", int, where),
+                                   number(c, "compute_used_percent", where)))
+        shares = []
+        for i, s in enumerate(data.get("shares") or []):
+            where = f"usage.shares[{i}]"
+            if not isinstance(s, dict):
+                raise RecordError(f"{where}: expected an object, got {s!r}")
+            shares.append(ShareUsage(_field(s, "pod_uid", str, where),
+                                     _field(s, "container", str, where),
+                                     _field(s, "uuid", str, where),
+                                     _field(s, "memory_used_mib", int, where),
+                                     number(s, "compute_used_percent", where)))
+        return cls(tuple(cards), tuple(shares))

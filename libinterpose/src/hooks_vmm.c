@@ -1,0 +1,199 @@
+/* hooks_vmm.c: virtual memory management (cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap,
+ * cuMemRetainAllocationHandle, cuMemImportFromShareableHandle). */
+#define _GNU_SOURCE
+#include "share.h"
+
+/* ---- virtual memory management -----------------------------------------------------
+ * Physical memory is charged at cuMemCreate to the device named in its properties (not the
+ * calling thread's context, which may not exist: FC-01); host-located memory is not charged.
+ * Reserving address ranges costs nothing. As the driver (cuMemRelease, cuMemUnmap): the
+ * memory is freed only when every handle to it is released AND every mapping of it is
+ * unmapped, so the charge is given back then, not at cuMemRelease of a still-mapped handle
+ * (the documented create-map-release pattern). Handles: cuMemCreate, each
+ * cuMemRetainAllocationHandle and each cuMemImportFromShareableHandle take one; mappings:
+ * cuMemMap/cuMemUnmap ranges. An imported allocation is charged to the importing container:
+ * its size cannot be asked of the driver (no API gives a handle's size), so it is charged
+ * the allocation granularity at import and then the largest extent (offset + size, rounded
+ * up to the granularity) any mapping of it reaches, checked against the cap before cuMemMap.
+ * All under vmm_mu, held across the driver call so that the bookkeeping follows the
+ * driver's order of events. */
+static int loc_is_device(const CUmemAllocationProp *p) { return p && p->location.type == CU_MEM_LOCATION_TYPE_DEVICE; }
+
+/* (clang-format reads "(aux) &" as a cast) */
+/* clang-format off */
+#define VMM_REFS(aux) ((aux) & 0xffffffffull)
+#define VMM_NMAPS(aux) (((aux) >> 32) & 0x7fffffffull)
+#define VMM_IMPORTED (1ull << 63)
+#define VMM_AUX(refs, nmaps, imported) ((uint64_t)(refs) | ((uint64_t)(nmaps) << 32) | ((imported) ? VMM_IMPORTED : 0))
+/* clang-format on */
+
+/* vmm_mu held: put the handle record back, or give its charge back when it has no handle and
+ * no mapping left. */
+static void vmm_settle_locked(egpu_map_ent *h, uint64_t refs, uint64_t nmaps)
+{
+    if (refs == 0 && nmaps == 0) {
+        uncharge(h->dev, h->bytes);
+        return;
+    }
+    h->aux = VMM_AUX(refs, nmaps, h->aux & VMM_IMPORTED);
+    egpu_map_put_ent(&S->map, h);
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                     unsigned long long flags)
+{
+    REAL_OR_UNSUPPORTED(cuMemCreate);
+    if (!handle || !size || !loc_is_device(prop)) return R.cuMemCreate(handle, size, prop, flags);
+    int dev = prop->location.id;
+    CUresult r = charge(dev, size);
+    if (r == CUDA_ERROR_INVALID_DEVICE || r == CUDA_ERROR_NOT_INITIALIZED)
+        return R.cuMemCreate(handle, size, prop, flags);
+    if (r != CUDA_SUCCESS) return r;
+    r = R.cuMemCreate(handle, size, prop, flags);
+    if (r != CUDA_SUCCESS) {
+        uncharge(dev, size);
+        return r;
+    }
+    egpu_map_ent e = {*handle, size, VMM_AUX(1, 0, 0), 0, dev, MAP_VMM};
+    pthread_mutex_lock(&S->vmm_mu);
+    egpu_map_put_ent(&S->map, &e);
+    pthread_mutex_unlock(&S->vmm_mu);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    REAL_OR_UNSUPPORTED(cuMemRelease);
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMemRelease(handle);
+    egpu_map_ent h;
+    if (r == CUDA_SUCCESS && egpu_map_take_ent(&S->map, MAP_VMM, handle, &h) == 0) {
+        uint64_t refs = VMM_REFS(h.aux);
+        vmm_settle_locked(&h, refs ? refs - 1 : 0, VMM_NMAPS(h.aux));
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+/* What an allocation is charged at import, and a mapping's extent rounded to, when the driver
+ * cannot tell its granularity: 2 MiB, the device-memory granularity of current drivers. */
+#define VMM_GRANULARITY_FALLBACK_BYTES (2ull << 20)
+
+static uint64_t vmm_granularity(const CUmemAllocationProp *prop)
+{
+    size_t g = 0;
+    if (!R.cuMemGetAllocationGranularity ||
+        R.cuMemGetAllocationGranularity(&g, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !g)
+        g = VMM_GRANULARITY_FALLBACK_BYTES;
+    return g;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags)
+{
+    REAL_OR_UNSUPPORTED(cuMemMap);
+    pthread_mutex_lock(&S->vmm_mu);
+    egpu_map_ent h;
+    int had = egpu_map_take_ent(&S->map, MAP_VMM, handle, &h) == 0;
+    uint64_t extra = 0;
+    if (had && (h.aux & VMM_IMPORTED) && size && offset <= UINT64_MAX - size) {
+        /* an import: its charge follows the largest extent mapped (see above) */
+        CUmemAllocationProp prop;
+        uint64_t g = R.cuMemGetAllocationPropertiesFromHandle &&
+                             R.cuMemGetAllocationPropertiesFromHandle(&prop, handle) == CUDA_SUCCESS
+                         ? vmm_granularity(&prop)
+                         : VMM_GRANULARITY_FALLBACK_BYTES;
+        uint64_t end = offset + size;
+        end = end > UINT64_MAX - (g - 1) ? end : (end + g - 1) / g * g;
+        if (end > h.bytes) {
+            extra = end - h.bytes;
+            CUresult c = charge(h.dev, extra);
+            if (c != CUDA_SUCCESS) {
+                egpu_map_put_ent(&S->map, &h);
+                pthread_mutex_unlock(&S->vmm_mu);
+                return c;
+            }
+        }
+    }
+    CUresult r = R.cuMemMap(ptr, size, offset, handle, flags);
+    if (had) {
+        if (r == CUDA_SUCCESS) {
+            h.bytes += extra;
+            h.aux = VMM_AUX(VMM_REFS(h.aux), VMM_NMAPS(h.aux) + 1, h.aux & VMM_IMPORTED);
+            egpu_map_ent m = {ptr, size, handle, 0, h.dev, MAP_VMAP};
+            egpu_map_put_ent(&S->map, &m);
+        } else if (extra) {
+            uncharge(h.dev, extra);
+        }
+        egpu_map_put_ent(&S->map, &h);
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    REAL_OR_UNSUPPORTED(cuMemUnmap);
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMemUnmap(ptr, size);
+    /* the range is whole mappings, contiguous: walk them from its start */
+    for (uint64_t a = ptr, end = ptr + size; r == CUDA_SUCCESS && a < end && end > ptr;) {
+        egpu_map_ent m, h;
+        if (egpu_map_take_ent(&S->map, MAP_VMAP, a, &m) != 0 || !m.bytes) break;
+        if (egpu_map_take_ent(&S->map, MAP_VMM, m.aux, &h) == 0) {
+            uint64_t n = VMM_NMAPS(h.aux);
+            vmm_settle_locked(&h, VMM_REFS(h.aux), n ? n - 1 : 0);
+        }
+        a += m.bytes;
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+/* Another handle to memory we already track: no new charge, one more reference. */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    REAL_OR_UNSUPPORTED(cuMemRetainAllocationHandle);
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMemRetainAllocationHandle(handle, addr);
+    egpu_map_ent h;
+    if (r == CUDA_SUCCESS && handle && egpu_map_take_ent(&S->map, MAP_VMM, *handle, &h) == 0) {
+        h.aux = VMM_AUX(VMM_REFS(h.aux) + 1, VMM_NMAPS(h.aux), h.aux & VMM_IMPORTED);
+        egpu_map_put_ent(&S->map, &h);
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                        CUmemAllocationHandleType type)
+{
+    REAL_OR_UNSUPPORTED(cuMemImportFromShareableHandle);
+    if (egpu_config_ready() != 0) return EGPU_REFUSED_CU;
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMemImportFromShareableHandle(handle, osHandle, type);
+    egpu_map_ent h;
+    CUmemAllocationProp prop;
+    if (r != CUDA_SUCCESS || !handle) {
+        /* the driver's answer */
+    } else if (egpu_map_take_ent(&S->map, MAP_VMM, *handle, &h) == 0) {
+        /* an allocation this process already holds: one more reference */
+        h.aux = VMM_AUX(VMM_REFS(h.aux) + 1, VMM_NMAPS(h.aux), h.aux & VMM_IMPORTED);
+        egpu_map_put_ent(&S->map, &h);
+    } else if (R.cuMemGetAllocationPropertiesFromHandle &&
+               R.cuMemGetAllocationPropertiesFromHandle(&prop, *handle) == CUDA_SUCCESS && loc_is_device(&prop) &&
+               devs_ready() && prop.location.id >= 0 && prop.location.id < S->ndev) {
+        int dev = prop.location.id;
+        uint64_t g = vmm_granularity(&prop);
+        CUresult c = charge(dev, g);
+        if (c != CUDA_SUCCESS) {
+            R.cuMemRelease(*handle);
+            r = c;
+        } else {
+            egpu_map_ent e = {*handle, g, VMM_AUX(1, 0, 1), 0, dev, MAP_VMM};
+            egpu_map_put_ent(&S->map, &e);
+        }
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
