@@ -30,7 +30,8 @@ def sim(case: str) -> list[str]:
     )
     lines = p.stdout.splitlines()
     assert lines, p.stderr
-    bad = [line for line in lines if not line.startswith("ok ")]
+    # "info" lines report a figure without checking it
+    bad = [line for line in lines if not line.startswith(("ok ", "info "))]
     assert not bad and p.returncode == 0, "\n".join(bad)
     return lines
 
@@ -39,6 +40,37 @@ def test_fc13_sim_caps_long_and_short_kernels() -> None:
     """FC-13: caps 10..90 hold within 3 points over 10 s windows, 50 us and 20 ms kernels."""
     lines = sim("caps")
     assert sum("window=" in line for line in lines) == 2 * 9 * 2
+
+
+def test_sim_caps_hold_for_5_and_8us_kernels_at_a_real_drivers_call_costs() -> None:
+    """Issue 17: 5 and 8 us kernels back to back from one thread, never synchronised, with a
+    real driver's CPU per call (2.5 us a launch, 2.5 us an event record): caps 10..90 hold
+    within 3 points over 10 s windows, and 30:70 splits (strict and elastic). The real-time
+    version failed on loaded CPUs (the host, not the gate); 2 us kernels, shorter than a
+    launch, are only reported (docs/compute.md, Known limits)."""
+    lines = sim("realistic")
+    assert sum("window=" in line for line in lines) == 2 * 9 * 2
+    assert sum(line.startswith("ok realistic-split ") for line in lines) == 2 * 4 + 2 * 2
+    assert sum(line.startswith("info realistic-2us ") and " use " in line for line in lines) == 2
+
+
+def test_sim_caps_hold_for_10us_kernels_back_to_back() -> None:
+    """Issue 17: 10 us kernels launched back to back from one thread, never synchronised, with
+    the fake's and a real driver's CPU per launch: caps 10..90 within 3 points in every 10 s
+    window (the real-time test, tests/compute/test_small_kernels.py, holds them from above and
+    "not starved" from below), events <= 50 per 1000 launches."""
+    lines = sim("caps10us")
+    assert sum(" w=" in line and " use " in line for line in lines) == 2 * 9 * 2
+
+
+def test_sim_split_30_70_for_10us_kernels_back_to_back() -> None:
+    sim("split10us")
+
+
+def test_sim_grouped_measuring_matches_the_true_gpu_time() -> None:
+    """One event per group of launches (decode-like steps, a launch-bound loop): what the gate
+    measures is within 5% of the true GPU time, with few events."""
+    sim("gaps")
 
 
 def test_fc13_sim_split_30_70() -> None:
