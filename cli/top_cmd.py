@@ -1,8 +1,16 @@
 """Show, per node and card, the booked and used memory and cores and the shares on it.
 
-Works against any cluster through the kubeconfig (as `kubectl egpu`, too). BOOKED is what the
-scheduler extender placed (MiB, % cores); USED and COMPUTE come from the node agents'
-egpu.io/usage annotation, "-" where no agent has published it yet.
+Works against any cluster through the kubeconfig (as `kubectl egpu`, too). BOOKED (MiB) and
+CORES (%) count both allocation paths: what the scheduler extender placed (the pods'
+egpu.io/allocation) and what the kube-scheduler allocated to ResourceClaims of the DRA driver
+gpu.egpu.io (their consumed capacity; SHARES says the DRA part). Each share line names the
+pod and container, MiB, cores, priority and compute policy, and for a DRA share its claim.
+USED and COMPUTE come from the node agents' egpu.io/usage annotation, "-" where no agent has
+published it yet.
+
+API reads, one LIST each per call: nodes, pods (all namespaces) and resourceclaims
+(resource.k8s.io/v1, all namespaces). Without the right to list resourceclaims, or on a
+cluster without resource.k8s.io/v1, it says so on stderr and shows the extender's shares.
 """
 
 from __future__ import annotations
@@ -13,10 +21,12 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from egpu.cluster_view import NodeView, cluster_view
+from egpu.cluster_view import PATH_DRA, NodeView, ShareView, cluster_view
 
 COMMAND = "top"
 HELP = "show per node and card the booked and used memory and cores, and the shares"
+CLAIMS = ("resource.k8s.io", "v1", "resourceclaims")  # group, version, plural
+TIMEOUT_S = 30.0  # per request
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,19 +37,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", "-o", choices=("text", "json"), default="text")
 
 
-def fetch(kubeconfig: str | None, context: str | None) -> tuple[list[Any], list[Any]]:
-    """Nodes and pods (all namespaces) as JSON-like dicts, through the API."""
+def _items(answer: Any) -> list[Any]:
+    """The ``items`` of a raw LIST answer (``_preload_content=False``: plain JSON, so that no
+    field newer than the client is dropped, e.g. a claim's ``consumedCapacity``)."""
+    return list(json.loads(answer.data).get("items") or [])
+
+
+def fetch_claims(api_client: Any) -> tuple[list[Any], str | None]:
+    """Every ResourceClaim (one LIST, all namespaces) as JSON dicts, and None; or no claims
+    and why (403: not allowed to list them; 404: the cluster serves no resource.k8s.io/v1).
+    Raises the client's other errors."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        answer = client.CustomObjectsApi(api_client).list_cluster_custom_object(
+            *CLAIMS, _preload_content=False, _request_timeout=TIMEOUT_S)
+    except ApiException as exc:
+        if exc.status in (403, 404):
+            why = "not allowed" if exc.status == 403 else "not served by this cluster"
+            return [], (f"cannot list resourceclaims ({'/'.join(CLAIMS[:2])}): {why} "
+                        f"({exc.status}); DRA shares and their bookings are not shown")
+        raise
+    return _items(answer), None
+
+
+def fetch(kubeconfig: str | None, context: str | None
+          ) -> tuple[list[Any], list[Any], list[Any], str | None]:
+    """Nodes, pods (all namespaces) and ResourceClaims (``fetch_claims``) as JSON dicts, and
+    why the claims are missing (None when they are not), through the API: one LIST each.
+    Raises the client's errors (cannot reach, not allowed to list nodes or pods)."""
     from kubernetes import client, config
 
     api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
     core = client.CoreV1Api(api_client)
-    nodes = api_client.sanitize_for_serialization(core.list_node().items)
-    pods = api_client.sanitize_for_serialization(core.list_pod_for_all_namespaces().items)
-    return nodes, pods
+    nodes = _items(core.list_node(_preload_content=False, _request_timeout=TIMEOUT_S))
+    pods = _items(core.list_pod_for_all_namespaces(_preload_content=False,
+                                                   _request_timeout=TIMEOUT_S))
+    claims, note = fetch_claims(api_client)
+    return nodes, pods, claims, note
 
 
 def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value}"
+
+
+def format_share(share: ShareView) -> str:
+    """One share's line (without its indent): ``ns/pod/container (init): MiB, % cores,
+    priority P, policy``, and for a DRA share its claim (``ns/claim C (no pod)`` for a claim
+    that no active pod uses)."""
+    if share.path == PATH_DRA and not share.pod:
+        who = f"{share.namespace}/claim {share.claim} (no pod)"
+    else:
+        kind = " (init)" if share.init else ""
+        who = f"{share.namespace}/{share.pod}/{share.container}{kind}"
+    policy = f", {share.compute_policy}" if share.compute_policy else ""
+    line = (f"{who}: {share.memory_mib} MiB, {share.cores}% cores, "
+            f"priority {share.priority}{policy}")
+    if share.path == PATH_DRA and share.pod:
+        line += f", DRA claim {share.claim}"
+    return line
 
 
 def format_views(views: list[NodeView]) -> str:
@@ -55,26 +112,28 @@ def format_views(views: list[NodeView]) -> str:
             # Booked past the card: only shares that opted into memory oversubscription.
             over = " (memory oversubscribed)" if card.booked_mib > card.card.memory_mib else ""
             health = "" if card.card.healthy else " UNHEALTHY"
+            dra = (f" (DRA {card.dra_booked_mib} MiB, {card.dra_booked_cores}%)"
+                   if any(s.path == PATH_DRA for s in card.shares) else "")
             lines.append(
                 f"{node.name:<14} {card.card.index:>3} {card.card.model[:24]:<24} "
                 f"{card.card.memory_mib:>8} {card.booked_mib:>8} {_mib(card.used_mib):>8} "
-                f"{card.booked_cores:>5}% {compute:>8} {len(card.shares)}{over}{health}")
+                f"{card.booked_cores:>5}% {compute:>8} {len(card.shares)}{dra}{over}{health}")
             for share in card.shares:
-                kind = " (init)" if share.init else ""
-                lines.append(f"{'':<14} {'':>3}   {share.namespace}/{share.pod}/{share.container}"
-                             f"{kind}: {share.memory_mib} MiB, {share.cores}% cores, "
-                             f"priority {share.priority}")
+                lines.append(f"{'':<14} {'':>3}   {format_share(share)}")
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the table (or JSON); 2 when the cluster cannot be reached."""
     try:
-        nodes, pods = fetch(args.kubeconfig, args.context)
+        nodes, pods, claims, note = fetch(args.kubeconfig, args.context)
     except Exception as exc:  # the client raises many kinds; all mean "cannot reach"
         print(f"egpu top: cannot read the cluster: {exc}", file=sys.stderr)
         return 2
-    views = [v for v in cluster_view(nodes, pods) if args.node in (None, v.name)]
+    if note:
+        print(f"egpu top: {note}", file=sys.stderr)
+    views = [v for v in cluster_view(nodes, pods, claims=claims)
+             if args.node in (None, v.name)]
     if args.output == "json":
         print(json.dumps([asdict(v) for v in views], indent=1))
     else:

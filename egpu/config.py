@@ -29,25 +29,29 @@ Keys (YAML, camelCase as Kubernetes configs are)::
 
 A pod's annotation ``egpu.io/allocation-mode`` comes first, then its namespace's entry in
 ``namespaceAllocationModes``, then ``allocationMode`` (``Config.allocation_mode_for``).
+
+The policies are read into the ``StrEnum``s of ``egpu.policies`` (``Priority``,
+``ComputePolicy``, ``PlacementPolicy``, ``AllocationMode``): each member equals its YAML
+string, so the file's format and the messages are those of the strings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 import yaml
 
 from egpu.contract import (
-    ALLOCATION_MODES,
-    COMPUTE_POLICIES,
     DEFAULT_SCHEDULER_NAME,
     EGPU_RESOURCES,
     NAMESPACE,
-    PLACEMENT_POLICIES,
-    PRIORITIES,
     VOLCANO_ALIASES,
 )
+from egpu.policies import AllocationMode, ComputePolicy, PlacementPolicy, Priority
+
+_Policy = TypeVar("_Policy", bound=StrEnum)
 
 
 class ConfigError(ValueError):
@@ -58,10 +62,10 @@ class ConfigError(ValueError):
 class Defaults:
     """Defaults for pods that do not say: priority, compute policy, card and node policy."""
 
-    priority: str = "high"
-    compute_policy: str = "strict"
-    gpu_policy: str = "binpack"
-    node_policy: str = "binpack"
+    priority: Priority = Priority.HIGH
+    compute_policy: ComputePolicy = ComputePolicy.STRICT
+    gpu_policy: PlacementPolicy = PlacementPolicy.BINPACK
+    node_policy: PlacementPolicy = PlacementPolicy.BINPACK
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class Config:
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
     resource_aliases: dict[str, str] = field(default_factory=lambda: dict(VOLCANO_ALIASES))
     defaults: Defaults = field(default_factory=Defaults)
-    priority_classes: dict[str, str] = field(default_factory=dict)
+    priority_classes: dict[str, Priority] = field(default_factory=dict)
     shares_per_card: int = 10
     memory_oversubscription_ratio: float = 1.5
     cores_oversubscription_ratio: float = 1.0
@@ -79,22 +83,31 @@ class Config:
     allow_privileged: bool = False
     heartbeat_timeout_seconds: int = 120
     low_priority_floor_percent: int = 0
-    allocation_mode: str = ALLOCATION_MODES[0]  # extender
-    namespace_allocation_modes: dict[str, str] = field(default_factory=dict)
+    allocation_mode: AllocationMode = AllocationMode.EXTENDER
+    namespace_allocation_modes: dict[str, AllocationMode] = field(default_factory=dict)
 
-    def allocation_mode_for(self, namespace: str, annotation: str = "") -> str:
+    def allocation_mode_for(self, namespace: str,
+                            annotation: AllocationMode | str | None = None) -> AllocationMode:
         """The allocation mode of a pod in ``namespace`` (``extender`` or ``dra``): the pod's
-        ``egpu.io/allocation-mode`` annotation (``annotation``, "" when absent), else the
-        namespace's entry in ``namespace_allocation_modes``, else ``allocation_mode``."""
+        ``egpu.io/allocation-mode`` annotation (``annotation``, None or "" when absent),
+        else the namespace's entry in ``namespace_allocation_modes``, else
+        ``allocation_mode``."""
         if annotation:
-            return annotation
-        return self.namespace_allocation_modes.get(namespace, self.allocation_mode)
+            return AllocationMode(annotation)
+        return AllocationMode(self.namespace_allocation_modes.get(namespace,
+                                                                  self.allocation_mode))
 
 
 def _choice(value: Any, key: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ConfigError(f"{key}: {value!r} is not allowed; allowed: {', '.join(allowed)}")
     return str(value)
+
+
+def _policy(value: Any, key: str, kind: type[_Policy]) -> _Policy:
+    """``value`` as a member of the policy enum ``kind``; ConfigError naming the key and the
+    allowed strings otherwise."""
+    return kind(_choice(value, key, tuple(kind)))
 
 
 def _mapping(value: Any, key: str) -> dict[str, Any]:
@@ -129,16 +142,16 @@ def _check_unknown(data: dict[str, Any], known: set[str], prefix: str) -> None:
 
 def _defaults(data: Any) -> Defaults:
     data = _mapping(data, "defaults")
-    names = {
-        "priority": ("priority", PRIORITIES),
-        "computePolicy": ("compute_policy", COMPUTE_POLICIES),
-        "gpuPolicy": ("gpu_policy", PLACEMENT_POLICIES),
-        "nodePolicy": ("node_policy", PLACEMENT_POLICIES),
-    }
-    _check_unknown(data, set(names), "defaults.")
-    values = {attr: _choice(data[k], f"defaults.{k}", allowed)
-              for k, (attr, allowed) in names.items() if k in data}
-    return Defaults(**values)
+    _check_unknown(data, {"priority", "computePolicy", "gpuPolicy", "nodePolicy"}, "defaults.")
+    absent = Defaults()
+
+    def read(key: str, kind: type[_Policy], default: _Policy) -> _Policy:
+        return _policy(data[key], f"defaults.{key}", kind) if key in data else default
+
+    return Defaults(priority=read("priority", Priority, absent.priority),
+                    compute_policy=read("computePolicy", ComputePolicy, absent.compute_policy),
+                    gpu_policy=read("gpuPolicy", PlacementPolicy, absent.gpu_policy),
+                    node_policy=read("nodePolicy", PlacementPolicy, absent.node_policy))
 
 
 def _aliases(data: Any) -> dict[str, str]:
@@ -173,7 +186,7 @@ def parse_config(data: Any) -> Config:
         "allowPrivileged": ("allow_privileged", lambda v, k: _bool(v, k)),
         "heartbeatTimeoutSeconds": ("heartbeat_timeout_seconds", lambda v, k: _int(v, k, 1)),
         "lowPriorityFloorPercent": ("low_priority_floor_percent", lambda v, k: _int(v, k, 0, 100)),
-        "allocationMode": ("allocation_mode", lambda v, k: _choice(v, k, ALLOCATION_MODES)),
+        "allocationMode": ("allocation_mode", lambda v, k: _policy(v, k, AllocationMode)),
         "namespaceAllocationModes": ("namespace_allocation_modes",
                                      lambda v, k: _namespace_modes(v)),
     }
@@ -200,20 +213,20 @@ def _bool(value: Any, key: str) -> bool:
     return value
 
 
-def _priority_classes(value: Any) -> dict[str, str]:
+def _priority_classes(value: Any) -> dict[str, Priority]:
     data = _mapping(value, "priorityClasses")
-    return {str(k): _choice(v, f"priorityClasses.{k}", PRIORITIES) for k, v in data.items()}
+    return {str(k): _policy(v, f"priorityClasses.{k}", Priority) for k, v in data.items()}
 
 
-def _namespace_modes(value: Any) -> dict[str, str]:
+def _namespace_modes(value: Any) -> dict[str, AllocationMode]:
     data = _mapping(value, "namespaceAllocationModes")
-    modes: dict[str, str] = {}
+    modes: dict[str, AllocationMode] = {}
     for namespace, mode in data.items():
         if not isinstance(namespace, str) or not namespace:
             raise ConfigError(
                 f"namespaceAllocationModes: key {namespace!r} is not a namespace name")
-        modes[namespace] = _choice(mode, f"namespaceAllocationModes.{namespace}",
-                                   ALLOCATION_MODES)
+        modes[namespace] = _policy(mode, f"namespaceAllocationModes.{namespace}",
+                                   AllocationMode)
     return modes
 
 

@@ -65,6 +65,10 @@ ANN_USAGE: Final = "egpu.io/usage"  # node: measured use per card and share (rec
 DEFAULT_SCHEDULER_NAME: Final = "egpu-scheduler"
 KUBE_DEFAULT_SCHEDULER: Final = "default-scheduler"
 
+# Informational copies of the resolved policies, written by the webhook on each container
+# with a share for the pod's processes to read; no part of egpu reads them back in a pod (the
+# record is authoritative: /run/egpu/config.json). The interposer reads them only where no
+# config file exists (raw node, `egpu run`), as the variables below.
 ENV_PRIORITY: Final = "EGPU_PRIORITY"
 ENV_COMPUTE_POLICY: Final = "EGPU_COMPUTE_POLICY"
 ENV_MEMORY_OVERSUBSCRIPTION: Final = "EGPU_MEMORY_OVERSUBSCRIPTION"

@@ -31,11 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from egpu.config import Config
 from egpu.contract import (
-    ALLOCATION_MODES,
     ANN_ALLOCATION_MODE,
     ANN_COMPUTE_POLICY,
     ANN_GPU_POLICY,
@@ -47,12 +46,9 @@ from egpu.contract import (
     ANN_USE_GPU_TYPE,
     ANN_USE_GPU_UUID,
     BOOLEANS,
-    COMPUTE_POLICIES,
     EGPU_RESOURCES,
     MAX_GPUS_PER_CONTAINER,
     NATIVE_NVIDIA_GPU,
-    PLACEMENT_POLICIES,
-    PRIORITIES,
     RES_CORES,
     RES_GPU,
     RES_MEMORY,
@@ -67,6 +63,11 @@ from egpu.podshape import (
     clip,
     shown,
 )
+from egpu.policies import AllocationMode, ComputePolicy, PlacementPolicy, Priority
+
+_Policy = TypeVar("_Policy", bound=StrEnum)
+_ALLOWED: dict[type[StrEnum], tuple[str, ...]] = {
+    kind: tuple(kind) for kind in (Priority, ComputePolicy, PlacementPolicy, AllocationMode)}
 
 
 class ContainerKind(StrEnum):
@@ -147,19 +148,21 @@ class ContainerRequest:
 
 @dataclass(frozen=True)
 class PodRequest:
-    """A valid egpu pod: its shares and its resolved policies and card filters."""
+    """A valid egpu pod: its shares and its resolved policies and card filters (the
+    policies as ``egpu.policies`` enums, each equal to its annotation string)."""
 
     containers: tuple[ContainerRequest, ...]
-    priority: str
-    compute_policy: str
+    priority: Priority
+    compute_policy: ComputePolicy
     memory_oversubscription: bool
-    gpu_policy: str
-    node_policy: str
+    gpu_policy: PlacementPolicy
+    node_policy: PlacementPolicy
     use_gpu_types: tuple[str, ...] = ()
     nouse_gpu_types: tuple[str, ...] = ()
     use_gpu_uuids: tuple[str, ...] = ()
     nouse_gpu_uuids: tuple[str, ...] = ()
-    allocation_mode: str = ""  # egpu.io/allocation-mode: extender | dra; "": the config's
+    # egpu.io/allocation-mode: extender | dra; None: the namespace's or the config's
+    allocation_mode: AllocationMode | None = None
 
     def container(self, name: str) -> ContainerRequest | None:
         """The request of container ``name``, or None when it has no share."""
@@ -368,6 +371,17 @@ def _annotation_choice(
     return value
 
 
+def _annotation_policy(
+    annotations: Mapping[str, str], key: str, kind: type[_Policy], default: _Policy,
+    errors: list[Problem],
+) -> _Policy:
+    """The annotation ``key`` as a member of the policy enum ``kind`` (``default`` when absent
+    or not allowed: then an error names the allowed strings)."""
+    if key not in annotations:
+        return default
+    return kind(_annotation_choice(annotations, key, _ALLOWED[kind], default, errors))
+
+
 def _annotation_list(
     annotations: Mapping[str, str], key: str, errors: list[Problem]
 ) -> tuple[str, ...]:
@@ -423,17 +437,18 @@ def read_checked(checked: CheckedPod, config: Config | None = None) -> PodReadin
 
     default_priority = config.priority_classes.get(
         spec.get("priorityClassName", ""), config.defaults.priority)
-    priority = _annotation_choice(annotations, ANN_PRIORITY, PRIORITIES, default_priority, errors)
-    policy = _annotation_choice(annotations, ANN_COMPUTE_POLICY, COMPUTE_POLICIES,
+    priority = _annotation_policy(annotations, ANN_PRIORITY, Priority, default_priority, errors)
+    policy = _annotation_policy(annotations, ANN_COMPUTE_POLICY, ComputePolicy,
                                 config.defaults.compute_policy, errors)
     oversub = _annotation_choice(annotations, ANN_MEMORY_OVERSUBSCRIPTION, BOOLEANS, "false",
                                  errors)
-    gpu_policy = _annotation_choice(annotations, ANN_GPU_POLICY, PLACEMENT_POLICIES,
+    gpu_policy = _annotation_policy(annotations, ANN_GPU_POLICY, PlacementPolicy,
                                     config.defaults.gpu_policy, errors)
-    node_policy = _annotation_choice(annotations, ANN_NODE_POLICY, PLACEMENT_POLICIES,
+    node_policy = _annotation_policy(annotations, ANN_NODE_POLICY, PlacementPolicy,
                                      config.defaults.node_policy, errors)
-    allocation_mode = _annotation_choice(annotations, ANN_ALLOCATION_MODE, ALLOCATION_MODES,
-                                         "", errors)
+    allocation_mode = (_annotation_policy(annotations, ANN_ALLOCATION_MODE, AllocationMode,
+                                          AllocationMode.EXTENDER, errors)
+                       if ANN_ALLOCATION_MODE in annotations else None)
     filters = {key: _annotation_list(annotations, key, errors) for key in (
         ANN_USE_GPU_TYPE, ANN_NOUSE_GPU_TYPE, ANN_USE_GPU_UUID, ANN_NOUSE_GPU_UUID)}
     if errors or not containers:

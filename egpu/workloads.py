@@ -12,6 +12,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from egpu.kube import KubeObject
+
 TEMPLATE_KINDS = frozenset({"Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job"})
 
 
@@ -43,8 +45,8 @@ def pod_templates(obj: Any) -> Iterator[PodTemplate]:
     if not isinstance(obj, Mapping):
         return
     kind = str(obj.get("kind", ""))
-    name = str(_get(obj, "metadata", "name") or "")
-    namespace = str(_get(obj, "metadata", "namespace") or "default")
+    owner = KubeObject(obj)
+    name, namespace = owner.name, owner.namespace or "default"
     if kind == "Pod":
         template: Any = obj
     elif kind in TEMPLATE_KINDS:

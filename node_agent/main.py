@@ -37,7 +37,12 @@ from egpu.contract import (
 from egpu.records import Card, NodeUsage
 from node_agent import discovery, inventory
 from node_agent.cdi import DEFAULT_SEARCH_DIRS, DEFAULT_SPEC_DIR, CdiPublisher
-from node_agent.deviceplugin.service import DEFAULT_PLUGIN_DIR, EgpuDevicePlugin, PluginServer
+from node_agent.deviceplugin.service import (
+    DEFAULT_PLUGIN_DIR,
+    AgentFunctions,
+    EgpuDevicePlugin,
+    PluginServer,
+)
 from node_agent.draplugin.service import DEFAULT_KUBELET_DIR
 from node_agent.health import HealthWatcher
 from node_agent.metrics.card_region import CardRegion, scan_cards
@@ -203,9 +208,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         dra = DraPublisher(core_v1, args.node_name,
                            config.memory_oversubscription_ratio
                            if args.dra_memory_oversubscription else 1.0)
-    plugin = EgpuDevicePlugin(cards.get, config.shares_per_card, registry.pending,
-                              registry.consume, args.node_name, catch_up=catch_up,
-                              cdi=cdi.names if cdi is not None else None)
+    plugin = EgpuDevicePlugin(
+        AgentFunctions(cards.get, registry.pending, registry.consume, catch_up=catch_up,
+                       cdi_names=cdi.names if cdi is not None else None),
+        config.shares_per_card, args.node_name)
 
     def unhealthy(uuid: str, xid: int) -> None:
         if cards.mark_unhealthy(uuid):

@@ -38,16 +38,16 @@ from egpu.contract import (
     CONTAINERS_SUBDIR,
     HOOK_SUBDIR,
     LABEL_PRIORITY,
-    PRIORITIES,
     allocation_file_name,
 )
+from egpu.kube import KubePod
+from egpu.policies import ComputePolicy, Priority
 from egpu.records import Allocation, PodShares, RecordError
 from egpu.requests import read_pod
 from node_agent.deviceplugin.matching import Pending
 
 log = logging.getLogger(__name__)
 
-FINISHED_PHASES = ("Succeeded", "Failed")
 DELETED_UIDS_KEPT = 4096  # uids of deleted pods remembered so that a stale LIST never revives one
 RELIST_INTERVAL_S = 1.0  # PodCatchUp: at most one LIST of the node's pods per this many seconds
 
@@ -60,21 +60,21 @@ def pod_shares(pod: Mapping[str, Any], config: Config) -> PodShares | None:
     """The pod's PodShares, or None when it has no (valid) ``egpu.io/allocation``. The
     policies are the record's; a record without them (an older extender's) falls back on the
     pod spec, read as before the record carried them (``legacy_policies``)."""
-    meta = pod.get("metadata") or {}
-    text = (meta.get("annotations") or {}).get(ANN_ALLOCATION)
+    view = KubePod(pod)
+    text = view.annotation(ANN_ALLOCATION)
     if not text:
         return None
     try:
         allocation = Allocation.decode(text)
     except RecordError as exc:
-        log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+        log.warning("pod %s: %s", view.key, exc)
         return None
     priority, compute_policy, oversubscription = (
         allocation.policies or legacy_policies(pod, config))
     return PodShares(
-        namespace=str(meta.get("namespace", "")),
-        pod=str(meta.get("name", "")),
-        pod_uid=str(meta.get("uid", "")),
+        namespace=view.namespace,
+        pod=view.name,
+        pod_uid=view.uid,
         priority=priority,
         compute_policy=compute_policy,
         memory_oversubscription=oversubscription,
@@ -83,13 +83,13 @@ def pod_shares(pod: Mapping[str, Any], config: Config) -> PodShares | None:
     )
 
 
-def legacy_policies(pod: Mapping[str, Any], config: Config) -> tuple[str, str, bool]:
+def legacy_policies(pod: Mapping[str, Any],
+                    config: Config) -> tuple[Priority, ComputePolicy, bool]:
     """(priority, compute policy, memory oversubscription) of a pod whose allocation record
     does not carry them (written by an extender older than the record's policies): read from
     the pod, the label ``egpu.io/priority`` first, as the agent did before."""
     request = read_pod(pod, config).request
-    label = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_PRIORITY)
-    priority = label if label in PRIORITIES else (
+    priority = Priority.of(KubePod(pod).label(LABEL_PRIORITY)) or (
         request.priority if request else config.defaults.priority)
     return (priority,
             request.compute_policy if request else config.defaults.compute_policy,
@@ -99,10 +99,8 @@ def legacy_policies(pod: Mapping[str, Any], config: Config) -> tuple[str, str, b
 def started_containers(pod: Mapping[str, Any]) -> set[str]:
     """Containers (init and app) whose status shows they were created (running, terminated,
     or restarted): the kubelet has allocated their devices."""
-    status = pod.get("status") or {}
     names: set[str] = set()
-    for entry in [*(status.get("initContainerStatuses") or []),
-                  *(status.get("containerStatuses") or [])]:
+    for entry in KubePod(pod).container_statuses:
         state = entry.get("state") or {}
         if "running" in state or "terminated" in state or entry.get("restartCount", 0) > 0:
             names.add(str(entry.get("name")))
@@ -162,9 +160,9 @@ class PodRegistry:
         Returns its PodShares (None: not an egpu pod of this node). ``only_new``: record the
         pod only when the registry does not know it and it was not deleted (a LIST may be
         older than what the watch delivered); returns None otherwise."""
-        meta = pod.get("metadata") or {}
-        uid = str(meta.get("uid", ""))
-        if (pod.get("spec") or {}).get("nodeName") != self.node or not uid:
+        view = KubePod(pod)
+        uid = view.uid
+        if view.node_name != self.node or not uid:
             return None
         shares = pod_shares(pod, self.config)
         if shares is None:
@@ -177,9 +175,9 @@ class PodRegistry:
                 self._seen[uid] = self._counter
             known = self._pods.get(uid)
             if known is None:
-                shares = self._write_once(uid, shares, meta)
+                shares = self._write_once(uid, shares, view)
             elif _pod_changed(known[1], shares):
-                self._ignored(uid, meta, shares, known[1])
+                self._ignored(uid, view, shares, known[1])
                 shares = known[1]
             self._pods[uid] = (pod, shares)
             self._generation += 1
@@ -204,20 +202,18 @@ class PodRegistry:
             return self._changed.wait_for(lambda: self._generation != generation,
                                           max(timeout_s, 0.0))
 
-    def _ignored(self, uid: str, meta: Mapping[str, Any], seen: PodShares,
-                 kept: PodShares) -> None:
+    def _ignored(self, uid: str, pod: KubePod, seen: PodShares, kept: PodShares) -> None:
         """Log (once per pod and value) that a changed allocation or priority was ignored."""
         text = seen.encode()
         if self._warned.get(uid) == text:
             return
         self._warned[uid] = text
-        log.warning("pod %s/%s (uid %s): its %s annotation or %s label changed after its "
+        log.warning("pod %s (uid %s): its %s annotation or %s label changed after its "
                     "allocation file was written; ignored, the file keeps the first one "
-                    "(allocation %s, priority %s)", meta.get("namespace"), meta.get("name"),
-                    uid, ANN_ALLOCATION, LABEL_PRIORITY, kept.allocation.encode(),
-                    kept.priority)
+                    "(allocation %s, priority %s)", pod.key, uid, ANN_ALLOCATION,
+                    LABEL_PRIORITY, kept.allocation.encode(), kept.priority)
 
-    def _write_once(self, uid: str, shares: PodShares, meta: Mapping[str, Any]) -> PodShares:
+    def _write_once(self, uid: str, shares: PodShares, pod: KubePod) -> PodShares:
         """Write the pod's allocation file unless one exists (an agent restart): the file is
         written once and never replaced. Returns the shares the file holds."""
         text = shares.encode()
@@ -228,12 +224,11 @@ class PodRegistry:
                 with open(self._path(uid), encoding="utf-8") as handle:
                     on_disk = PodShares.decode(handle.read())
             except (OSError, RecordError) as exc:
-                log.warning("pod %s/%s (uid %s): allocation file %s unreadable (%s); left as "
-                            "it is", meta.get("namespace"), meta.get("name"), uid,
-                            self._path(uid), exc)
+                log.warning("pod %s (uid %s): allocation file %s unreadable (%s); left as "
+                            "it is", pod.key, uid, self._path(uid), exc)
                 return shares
             if _pod_changed(on_disk, shares):
-                self._ignored(uid, meta, shares, on_disk)
+                self._ignored(uid, pod, shares, on_disk)
             return on_disk
         return shares
 
@@ -256,7 +251,7 @@ class PodRegistry:
         uids = set()
         for pod in pods:
             if self.update(pod) is not None:
-                uids.add(str(pod["metadata"]["uid"]))
+                uids.add(KubePod(pod).uid)
         with self._lock:
             gone = {u for u in self._pods if u not in uids}
         gone.update(u for u in self._files_on_disk() if u not in uids
@@ -279,9 +274,8 @@ class PodRegistry:
         out: list[Pending] = []
         with self._lock:
             for uid, (pod, shares) in self._pods.items():
-                if (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
-                    continue
-                if (pod.get("metadata") or {}).get("deletionTimestamp"):
+                view = KubePod(pod)
+                if view.finished or view.deleting:
                     continue
                 started = started_containers(pod)
                 for entry in shares.allocation.containers:
@@ -299,7 +293,7 @@ class PodRegistry:
         """pod uid -> PodShares of every known pod that has not finished (metrics)."""
         with self._lock:
             return {uid: s for uid, (pod, s) in self._pods.items()
-                    if (pod.get("status") or {}).get("phase") not in FINISHED_PHASES}
+                    if not KubePod(pod).finished}
 
     # --- files --------------------------------------------------------------------------
     def _path(self, uid: str) -> str:
@@ -342,7 +336,8 @@ def watch_pods(core_v1: Any, registry: PodRegistry, stop: threading.Event) -> No
                     break
                 pod = serialize(event["object"])
                 if event["type"] == "DELETED":
-                    registry.delete(str(pod["metadata"]["uid"]))
+                    if uid := KubePod(pod).uid:
+                        registry.delete(uid)
                 elif event["type"] in ("ADDED", "MODIFIED"):
                     registry.update(pod)
         except Exception as exc:  # the watch restarts; never dies

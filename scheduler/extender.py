@@ -35,7 +35,9 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from egpu.config import Config
-from egpu.contract import ANN_ALLOCATION, LABEL_PRIORITY, PRIORITIES
+from egpu.contract import ANN_ALLOCATION, LABEL_PRIORITY
+from egpu.kube import KubeNode, KubePod
+from egpu.policies import Priority
 from egpu.records import Allocation
 from egpu.requests import PodReading, PodRequest, read_pod
 from scheduler import strategies
@@ -82,9 +84,13 @@ class BindApi(Protocol):
         ...
 
 
-def _uid(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata")
-    return str(meta.get("uid", "")) if isinstance(meta, Mapping) else ""
+def _node(item: Any) -> KubeNode:
+    """A node of the arguments' ``Nodes.items``; TypeError (a malformed request: 400) for an
+    item, or its metadata, that is not an object."""
+    if not isinstance(item, Mapping) or not isinstance(item.get("metadata", {}), Mapping):
+        raise TypeError(f"Nodes.items: a {type(item).__name__} is not a Node object (an "
+                        "object with an object metadata)")
+    return KubeNode(item)
 
 
 def _errors_text(reading: PodReading) -> str:
@@ -99,13 +105,11 @@ def placed_record(allocation: Allocation, request: PodRequest,
     priority (the webhook's label ``egpu.io/priority`` where valid, else the request's: what
     the node agent resolved before the record carried it), compute policy and memory
     oversubscription."""
-    meta = pod.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    label = labels.get(LABEL_PRIORITY) if isinstance(labels, Mapping) else None
+    label = KubePod(pod).label(LABEL_PRIORITY)
     kinds = {c.name: c.kind.value for c in request.containers}
     return allocation.replace(
         containers=tuple(c.replace(kind=kinds.get(c.name)) for c in allocation.containers),
-        priority=label if label in PRIORITIES else request.priority,
+        priority=Priority.of(label) or request.priority,
         compute_policy=request.compute_policy,
         memory_oversubscription=request.memory_oversubscription,
     )
@@ -139,7 +143,7 @@ class Extender:
         holds two flat dicts per demand (view and answer by node name, answers as plain
         floats when the pod fits): few objects for the garbage collector to walk.
         """
-        uid = _uid(pod)
+        uid = KubePod(pod).uid
         now = self.clock()
         excluding = uid if uid and self.state.booking(uid) is not None else None
         key = (demand, excluding or "")
@@ -171,7 +175,7 @@ class Extender:
         if names is not None:
             return list(names)
         nodes = args.get("Nodes") or {}
-        return [str(n.get("metadata", {}).get("name", "")) for n in nodes.get("items") or []]
+        return [_node(n).name for n in nodes.get("items") or []]
 
     @staticmethod
     def _result(args: ExtenderArgs, passed: list[str], failed: dict[str, str],
@@ -184,8 +188,7 @@ class Extender:
         else:
             keep = set(passed)
             items = (args.get("Nodes") or {}).get("items") or []
-            result["Nodes"] = {"items": [n for n in items
-                                         if n.get("metadata", {}).get("name") in keep]}
+            result["Nodes"] = {"items": [n for n in items if KubeNode(n).name in keep]}
         return result
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
@@ -257,7 +260,7 @@ class Extender:
         try:
             if pod is None:
                 pod = await self.api.get_pod(namespace, name)
-            if pod is None or _uid(pod) != uid:
+            if pod is None or KubePod(pod).uid != uid:
                 return {"Error": f"pod {namespace}/{name} (uid {uid}) not found"}
             reading = read_pod(pod, self.config)
             if not reading.is_egpu_pod:

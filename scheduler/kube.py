@@ -29,6 +29,7 @@ from urllib.parse import quote
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from egpu.kube import KubeNode, KubeObject, KubePod
 from scheduler.extender import BindError
 from scheduler.state import ClusterState
 
@@ -100,9 +101,10 @@ class RawApi:
         while True:
             page = self.json("GET", path, query={"limit": LIST_PAGE, "continue": token})
             items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
+            listing = KubeObject(page)  # a List: its metadata has continue, resourceVersion
+            token = listing.metadata.get("continue")
             if not token:
-                return items, str((page.get("metadata") or {}).get("resourceVersion", ""))
+                return items, listing.resource_version
 
     def watch(self, path: str, resource_version: str) -> Iterator[dict[str, Any]]:
         """Events of a watch from ``resource_version`` until the server ends it."""
@@ -142,9 +144,9 @@ class Watcher:
         """Start the node and pod threads."""
         for name, path, replace, upsert, delete in (
             ("nodes", "/api/v1/nodes", self.state.replace_nodes, self.state.upsert_node,
-             lambda obj: self.state.delete_node(obj["metadata"]["name"])),
+             lambda obj: self.state.delete_node(KubeNode(obj).name)),
             ("pods", "/api/v1/pods", self.state.replace_pods, self.state.observe_pod,
-             lambda obj: self.state.delete_pod(obj["metadata"]["uid"])),
+             lambda obj: self.state.delete_pod(KubePod(obj).uid)),
         ):
             thread = threading.Thread(target=self._run, name=f"egpu-watch-{name}", daemon=True,
                                       args=(name, path, replace, upsert, delete))
@@ -179,7 +181,7 @@ class Watcher:
                             gone = obj.get("code") == 410
                             log.info("watch %s: %s", name, obj.get("message"))
                             break
-                        version = str(obj.get("metadata", {}).get("resourceVersion", version))
+                        version = KubeObject(obj).resource_version or version
                         if kind in ("ADDED", "MODIFIED"):
                             self._post(upsert, obj)
                         elif kind == "DELETED":

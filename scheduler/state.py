@@ -44,33 +44,17 @@ from egpu.contract import (
     ANN_INVENTORY,
     ANN_INVENTORY_HEARTBEAT,
 )
+from egpu.kube import KubeNode, KubePod
 from egpu.records import Allocation, Card, Inventory, RecordError
 from egpu.requests import PodReading, read_pod
 from scheduler.placement import CardState, NodeState
 
 log = logging.getLogger("egpu.scheduler")
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-def _section(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    """``obj[key]`` when it is a mapping, else an empty one (API objects are read, not trusted)."""
-    value = obj.get(key)
-    return value if isinstance(value, Mapping) else {}
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return _section(obj, "metadata")
-
-
-def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return _section(_meta(obj), "annotations")
-
 
 def pod_key(pod: Mapping[str, Any]) -> str:
     """``namespace/name`` of a pod object."""
-    meta = _meta(pod)
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    return KubePod(pod).key
 
 
 def parse_heartbeat(text: Any) -> float | None:
@@ -105,12 +89,12 @@ class NodeRecord:
 
 def node_record(node: Mapping[str, Any]) -> NodeRecord:
     """Read a Node object's egpu annotations; never raises (problems land in ``problem``)."""
-    name = str(_meta(node).get("name", ""))
-    annotations = _annotations(node)
-    heartbeat = parse_heartbeat(annotations.get(ANN_INVENTORY_HEARTBEAT))
-    if annotations.get(ANN_ALLOCATION_MODE) == ALLOCATION_MODE_DRA:
+    view = KubeNode(node)
+    name = view.name
+    heartbeat = parse_heartbeat(view.annotation(ANN_INVENTORY_HEARTBEAT))
+    if view.annotation(ANN_ALLOCATION_MODE) == ALLOCATION_MODE_DRA:
         return NodeRecord(name, (), heartbeat, DRA_NODE)
-    text = annotations.get(ANN_INVENTORY)
+    text = view.annotation(ANN_INVENTORY)
     if text is None:
         return NodeRecord(name, (), heartbeat,
                           "no egpu inventory on this node (annotation egpu.io/inventory missing)")
@@ -139,24 +123,22 @@ def booking_from_pod(pod: Mapping[str, Any], config: Config,
     on egpu pods).
 
     ``reading``: ``read_pod(pod, config)`` when the caller has it already."""
-    meta = _meta(pod)
-    uid = str(meta.get("uid", ""))
-    text = _annotations(pod).get(ANN_ALLOCATION)
-    status = _section(pod, "status")
-    if not uid or text is None or status.get("phase") in TERMINAL_PHASES:
+    view = KubePod(pod)
+    uid = view.uid
+    text = view.annotation(ANN_ALLOCATION)
+    if not uid or text is None or view.finished:
         return None
     try:
         allocation = Allocation.decode(text)
     except RecordError:
         return None
-    spec = _section(pod, "spec")
-    node = allocation.node or str(spec.get("nodeName") or "")
+    node = allocation.node or view.node_name
     if not node:
         return None
     request = (reading or read_pod(pod, config)).request
     if request is None:  # not an egpu pod (or an invalid one): a hand-written annotation
         return None  # books nothing
-    return Booking(uid, pod_key(pod), node, allocation, allocation_bookings(allocation, request))
+    return Booking(uid, view.key, node, allocation, allocation_bookings(allocation, request))
 
 
 @dataclass
@@ -197,7 +179,7 @@ class ClusterState:
         seen = set()
         for node in nodes:
             self.upsert_node(node)
-            seen.add(str(_meta(node).get("name", "")))
+            seen.add(KubeNode(node).name)
         for name in set(self._nodes) - seen:
             self.delete_node(name)
 
@@ -242,7 +224,8 @@ class ClusterState:
 
     def observe_pod(self, pod: Mapping[str, Any]) -> None:
         """A pod was added or changed: record (or release) the booking its annotation holds."""
-        uid = str(_meta(pod).get("uid", ""))
+        view = KubePod(pod)
+        uid = view.uid
         if not uid:
             return
         reading = read_pod(pod, self.config)
@@ -251,8 +234,7 @@ class ClusterState:
         booking = booking_from_pod(pod, self.config, reading)
         reservation = self._reserved.get(uid)
         prior = self._observed.get(uid)
-        status = _section(pod, "status")
-        finished = status.get("phase") in TERMINAL_PHASES
+        finished = view.finished
         confirmed = (reservation is not None and booking is not None
                      and booking.allocation == reservation.booking.allocation)
         if (not confirmed and reservation is not None and not reservation.in_flight
@@ -271,11 +253,12 @@ class ClusterState:
     def _ignored(self, uid: str, pod: Mapping[str, Any], seen: Booking | None,
                  kept: Booking) -> None:
         """Log (once per pod and value) that a changed allocation annotation was ignored."""
-        text = str(_annotations(pod).get(ANN_ALLOCATION))
+        annotation = KubePod(pod).annotation(ANN_ALLOCATION)
+        text = str(annotation)
         if self._warned.get(uid) == text:
             return
         self._warned[uid] = text
-        what = "removed" if seen is None and ANN_ALLOCATION not in _annotations(pod) else (
+        what = "removed" if seen is None and annotation is None else (
             "changed to an unreadable value" if seen is None else "changed")
         log.warning("pod %s (uid %s): annotation %s %s after it was set; ignored, the pod "
                     "keeps booking %s on node %s (the annotation is written once, by the "
@@ -293,7 +276,7 @@ class ClusterState:
         seen = set()
         for pod in pods:
             self.observe_pod(pod)
-            seen.add(str(_meta(pod).get("uid", "")))
+            seen.add(KubePod(pod).uid)
         for uid in (set(self._observed) | set(self.pods)) - seen:
             self.delete_pod(uid)
         for uid, reservation in list(self._reserved.items()):

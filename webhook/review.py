@@ -77,6 +77,7 @@ from egpu.contract import (
     RUNTIME_DIR,
 )
 from egpu.dra.claims import ClaimPlan, ClaimPlanError, needs_card_sizes, plan_claims
+from egpu.kube import KubePod
 from egpu.podshape import ContainerView, PodView, SpecView, check_pod, clip
 from egpu.requests import PodRequest, read_checked
 from webhook.reviews import (
@@ -337,6 +338,24 @@ def _imply_card_count(container: dict[str, Any]) -> None:
             _copied(resources, key, dict)[RES_GPU] = "1"
 
 
+def informational_env(request: PodRequest) -> dict[str, str]:
+    """The env the webhook writes on each container with a share: ``EGPU_PRIORITY``,
+    ``EGPU_COMPUTE_POLICY``, ``EGPU_MEMORY_OVERSUBSCRIPTION``, the pod's resolved policies
+    as the pod's processes may read them.
+
+    Informational only (CONTRACT.md section 2: "for reading; the authoritative copy is the
+    config file"): no part of egpu reads them back. The share is enforced from the record
+    carried from placement (``egpu.io/allocation`` -> the allocation file ->
+    ``/run/egpu/config.json``); the interposer reads these variables only where no config
+    file exists (a raw node, ``egpu run``), so a container that changes them changes nothing
+    (tests/runtime_hook/test_env_policies.py)."""
+    return {
+        ENV_PRIORITY: str(request.priority),
+        ENV_COMPUTE_POLICY: str(request.compute_policy),
+        ENV_MEMORY_OVERSUBSCRIPTION: "true" if request.memory_oversubscription else "false",
+    }
+
+
 def scheduler_warning(current: str, config: Config) -> str:
     """The warning for a pod that names another scheduler (kept as written)."""
     return (f"spec.schedulerName {clip(current)!r} kept: egpu shares are placed only by "
@@ -355,9 +374,10 @@ def mutate_pod(
     becomes ``config.scheduler_name``; another name is kept with a warning); label
     ``egpu.io/priority``; env ``EGPU_PRIORITY``, ``EGPU_COMPUTE_POLICY``,
     ``EGPU_MEMORY_OVERSUBSCRIPTION`` on every container with a share (init containers and
-    sidecars included); alias resource names rewritten to ``egpu.io/`` names; ``egpu.io/gpu:
-    1`` written where memory or cores are asked without a card count. No volume: the
-    runtime hook mounts each container's own accounting folder and card region files.
+    sidecars included; informational: ``informational_env``); alias resource names
+    rewritten to ``egpu.io/`` names; ``egpu.io/gpu: 1`` written where memory or cores are
+    asked without a card count. No volume: the runtime hook mounts each container's own
+    accounting folder and card region files.
     """
     new = dict(pod)
     warnings: list[str] = []
@@ -371,13 +391,9 @@ def mutate_pod(
         warnings.append(scheduler_warning(str(current), config))
 
     labels = _copied(metadata, "labels", dict)
-    labels[LABEL_PRIORITY] = request.priority
+    labels[LABEL_PRIORITY] = str(request.priority)
 
-    env = {
-        ENV_PRIORITY: request.priority,
-        ENV_COMPUTE_POLICY: request.compute_policy,
-        ENV_MEMORY_OVERSUBSCRIPTION: "true" if request.memory_oversubscription else "false",
-    }
+    env = informational_env(request)
     for key in ("initContainers", "containers"):
         items = spec.get(key)
         if isinstance(items, list):
@@ -414,20 +430,16 @@ def mutate_pod_dra(
     spec = _copied(new, "spec", dict)
     metadata = _copied(new, "metadata", dict)
     labels = _copied(metadata, "labels", dict)
-    labels[LABEL_PRIORITY] = request.priority
+    labels[LABEL_PRIORITY] = str(request.priority)
     claims = _copied(spec, "resourceClaims", list)
     claims.append({"name": DRA_POD_CLAIM, "resourceClaimTemplateName": plan.template_name})
-    env = {
-        ENV_PRIORITY: request.priority,
-        ENV_COMPUTE_POLICY: request.compute_policy,
-        ENV_MEMORY_OVERSUBSCRIPTION: "true" if request.memory_oversubscription else "false",
-    }
+    env = informational_env(request)
     for key in ("initContainers", "containers"):
         items = spec.get(key)
         if isinstance(items, list):
             spec[key] = [_claiming_container(c, env, config, plan)
                          if isinstance(c, dict) and has_share(c, config) else c for c in items]
-    annotations = metadata.get("annotations") or {}
+    annotations = KubePod(pod).annotations
     warnings = [f"pod annotation {key} is not applied in DRA mode (the kube-scheduler chooses "
                 "the node and the card)" for key in (ANN_GPU_POLICY, ANN_NODE_POLICY)
                 if key in annotations]
@@ -585,8 +597,8 @@ def _denied(messages: list[str], denials: list[str], invalid: bool) -> Decision:
 def _decide_dra(pod: Mapping[str, Any], request: PodRequest, config: Config, namespace: str,
                 card_sizes: CardSizes) -> Decision:
     """DRA mode: the claim plan, the patch and the template to create (or a denial)."""
-    taken = [entry for entry in (pod.get("spec") or {}).get("resourceClaims") or []
-             if isinstance(entry, dict) and entry.get("name") == DRA_POD_CLAIM]
+    taken = [entry for entry in KubePod(pod).resource_claims
+             if entry.get("name") == DRA_POD_CLAIM]
     if taken:
         return _denied([
             f"spec.resourceClaims[].name={DRA_POD_CLAIM!r} is not allowed in a pod with an egpu "
@@ -669,9 +681,7 @@ def _namespace(request: Mapping[str, Any], pod: Mapping[str, Any]) -> str:
     namespace = request.get("namespace")
     if isinstance(namespace, str) and namespace:
         return namespace
-    metadata = pod.get("metadata")
-    namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
-    return namespace if isinstance(namespace, str) else ""
+    return KubePod(pod).namespace
 
 
 def response_for(api_version: str, uid: str, decision: Decision) -> AdmissionReview:

@@ -348,6 +348,9 @@ static int load_env(egpu_config *c, char *err, size_t errlen)
     c->env_limit_bytes = has_mib ? (uint64_t)mib * MIB : 0;
     c->env_percent = has_pct ? (int)pct : 0;
     c->env_cores = (int)cores;
+    /* Read only here, where no config file exists (raw node, egpu run): in a pod the webhook's
+     * EGPU_PRIORITY / _COMPUTE_POLICY / _MEMORY_OVERSUBSCRIPTION are informational copies and
+     * the node's file decides (tests/runtime_hook/test_env_policies.py). */
     if (env_choice(ENV_PRIORITY, "high", "low", &c->priority, err, errlen) ||
         env_choice(ENV_COMPUTE_POLICY, "strict", "elastic", &c->compute_policy, err, errlen) ||
         env_choice(ENV_MEMORY_OVERSUBSCRIPTION, "false", "true", &c->oversubscription, err, errlen))

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import grpc
@@ -60,28 +61,79 @@ CdiNames = Callable[[Sequence[str], Sequence[Card]], list[str]]
 empty when the agent's CDI spec is not in place (node_agent.cdi.CdiPublisher.names)."""
 
 
-class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
-    """The DevicePlugin service. ``cards()``: the current cards (with health);
-    ``pending()``: the pending containers; ``consume(uid, container)``: called after a
-    unique match; ``node``: this node's name (messages); ``catch_up``: called while no
-    pending container fits a request, for at most ``pod_wait_s`` seconds per RPC (None: no
-    waiting); ``cdi``: the CDI device names of a container's cards (None: no CDI)."""
+class AgentSide(Protocol):
+    """What the device plugin needs from the node agent: the one boundary between them
+    (node_agent.main passes an ``AgentFunctions`` of its card state, pod registry, catch-up
+    and CDI publisher; tests pass their own)."""
 
-    def __init__(self, cards: Callable[[], tuple[Card, ...]], shares_per_card: int,
-                 pending: Callable[[], list[Pending]], consume: Callable[[str, str], None],
-                 node: str = "", *, catch_up: CatchUp | None = None,
-                 pod_wait_s: float = ALLOCATE_POD_WAIT_S, cdi: CdiNames | None = None) -> None:
-        self._cards = cards
+    def cards(self) -> tuple[Card, ...]:
+        """The node's cards, with their current health (node_agent.main.CardState.get)."""
+        ...
+
+    def pending(self) -> list[Pending]:
+        """The containers with a share whose devices the kubelet has not allocated yet
+        (node_agent.pods.PodRegistry.pending)."""
+        ...
+
+    def consume(self, pod_uid: str, container: str) -> None:
+        """A unique match handed out that container's share (PodRegistry.consume)."""
+        ...
+
+    @property
+    def catch_up(self) -> CatchUp | None:
+        """Called while no pending container fits a kubelet request (None: no waiting, the
+        agent has no API server)."""
+        ...
+
+    @property
+    def cdi_names(self) -> CdiNames | None:
+        """The CDI device names of a container's cards (None: the agent writes no CDI
+        spec)."""
+        ...
+
+
+@dataclass(frozen=True)
+class AgentFunctions:
+    """An ``AgentSide`` made of functions: ``cards``, ``pending``, ``consume``, and the
+    optional ``catch_up`` and ``cdi_names`` (see ``AgentSide``)."""
+
+    cards: Callable[[], tuple[Card, ...]]
+    pending: Callable[[], list[Pending]]
+    consume: Callable[[str, str], None]
+    catch_up: CatchUp | None = None
+    cdi_names: CdiNames | None = None
+
+
+class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
+    """The DevicePlugin service over ``agent`` (``AgentSide``: the cards, the pending
+    containers, ``consume`` after a unique match, the catch-up, called while no pending
+    container fits a request for at most ``pod_wait_s`` seconds per RPC, and the CDI names);
+    ``node``: this node's name (messages)."""
+
+    def __init__(self, agent: AgentSide, shares_per_card: int, node: str = "", *,
+                 pod_wait_s: float = ALLOCATE_POD_WAIT_S) -> None:
+        self._agent = agent
+        self._cards = agent.cards
         self._shares_per_card = shares_per_card
-        self._pending = pending
-        self._consume = consume
+        self._pending = agent.pending
+        self._consume = agent.consume
         self._node = node
-        self._catch_up = catch_up
+        self._catch_up = agent.catch_up
         self._pod_wait_s = pod_wait_s
-        self._cdi = cdi
+        self._cdi = agent.cdi_names
         self._changed = threading.Condition()
         self._generation = 0
         self._stopped = False
+
+    @classmethod
+    def from_functions(cls, cards: Callable[[], tuple[Card, ...]], shares_per_card: int,
+                       pending: Callable[[], list[Pending]], consume: Callable[[str, str], None],
+                       node: str = "", *, catch_up: CatchUp | None = None,
+                       pod_wait_s: float = ALLOCATE_POD_WAIT_S,
+                       cdi: CdiNames | None = None) -> EgpuDevicePlugin:
+        """The plugin over an ``AgentFunctions`` of these functions."""
+        return cls(AgentFunctions(cards, pending, consume, catch_up, cdi), shares_per_card,
+                   node, pod_wait_s=pod_wait_s)
 
     def notify(self) -> None:
         """Card health changed: every ListAndWatch stream sends a new list."""

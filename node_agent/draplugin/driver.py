@@ -5,11 +5,12 @@
 1. a claim prepared before (its state file, ``state.ClaimStore``) answers the same again
    (the kubelet retries; restarts keep it) after rewriting any of its files that is missing;
 2. otherwise the ResourceClaim and the pods of its ``status.reservedFor`` are read from the
-   API server (``ApiReader``) and ``claims.prepare`` makes the ``PreparedClaim``; a claim whose
-   UID differs (deleted and created again under the same name) is refused;
+   API server (``ApiReader``) and the shared core's ``egpu.dra.allocation.prepare`` makes the
+   ``PreparedClaim``; a claim whose UID differs (deleted and created again under the same
+   name) is refused;
 3. each of its pods' allocation file is composed from all of the pod's prepared claims
-   (``claims.pod_shares``; conflicts refuse the claim before anything is written), then the
-   state, the pods' allocation files and the claim's CDI spec are written
+   (``egpu.dra.allocation.pod_shares``; conflicts refuse the claim before anything is
+   written), then the state, the pods' allocation files and the claim's CDI spec are written
    (``CdiPublisher.publish_claim``);
 4. the answer: per device (allocation result) its request, pool, device, share ID and CDI
    device IDs: the card's (``egpu.io/gpu=<uuid>``, and ``nvidia.com/gpu=...`` where the
@@ -34,10 +35,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from egpu.dra import allocation
+from egpu.dra.allocation import ClaimError, PreparedClaim
 from egpu.records import Card, PodShares
 from node_agent.cdi import CdiPublisher
-from node_agent.draplugin import claims
-from node_agent.draplugin.claims import ClaimError, PreparedClaim
+from node_agent.draplugin.cdienv import claim_request_device, request_envs
 from node_agent.draplugin.state import ClaimStore
 from node_agent.pods import remove_pod_files
 
@@ -97,7 +99,7 @@ class DraDriver:
         out = {}
         for uid in {p.uid for c in prepared for p in c.pods}:
             try:
-                shares = claims.pod_shares(uid, prepared, self.low_priority_floor)
+                shares = allocation.pod_shares(uid, prepared, self.low_priority_floor)
             except ClaimError:
                 continue
             if shares is not None:
@@ -117,7 +119,7 @@ class DraDriver:
             pod = self.reader.pod(namespace, str(ref.get("name")))
             if pod is not None and (pod.get("metadata") or {}).get("uid") == ref.get("uid"):
                 pods.append(pod)
-        return claims.prepare(claim, pods, self.node, self.cards())
+        return allocation.prepare(claim, pods, self.node, self.cards())
 
     def prepare(self, namespace: str, uid: str, name: str) -> list[PreparedDevice]:
         """Prepare one claim (module docstring). Raises ClaimError, ShareConfigError,
@@ -130,7 +132,8 @@ class DraDriver:
             others = [c for c in self.store.all() if c.uid != uid]
             pod_files = []
             for use in prepared.pods:
-                shares = claims.pod_shares(use.uid, [*others, prepared], self.low_priority_floor)
+                shares = allocation.pod_shares(use.uid, [*others, prepared],
+                                               self.low_priority_floor)
                 if shares is not None:
                     pod_files.append(shares)
             cards = self.cards()
@@ -142,8 +145,8 @@ class DraDriver:
             self._pods.update(p.uid for p in prepared.pods)
             for shares in pod_files:
                 self.store.write_pod_file(shares)
-            envs = claims.request_envs(prepared)
-            names = {r: claims.claim_request_device(uid, r) for r in envs}
+            envs = request_envs(prepared)
+            names = {r: claim_request_device(uid, r) for r in envs}
             ids = self.cdi.publish_claim(uid, {names[r]: env for r, env in envs.items()})
         if fresh:
             log.info("prepared ResourceClaim %s/%s (%s): cards %s, pods %s, %s", namespace,
@@ -152,7 +155,7 @@ class DraDriver:
                      ", ".join(f"{p.namespace}/{p.name}" for p in prepared.pods) or "none",
                      prepared.config)
         return [PreparedDevice(d.request, d.pool, d.device, d.share_id,
-                               (*per_card[d.uuid], ids[names[claims.base_request(d.request)]]))
+                               (*per_card[d.uuid], ids[names[allocation.base_request(d.request)]]))
                 for d in prepared.devices]
 
     def unprepare(self, uid: str) -> None:
@@ -166,7 +169,7 @@ class DraDriver:
             others = [c for c in self.store.all() if c.uid != uid]
             for use in prepared.pods:
                 try:
-                    shares = claims.pod_shares(use.uid, others, self.low_priority_floor)
+                    shares = allocation.pod_shares(use.uid, others, self.low_priority_floor)
                 except ClaimError:
                     shares = None
                 if shares is not None:

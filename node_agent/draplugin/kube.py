@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from node_agent.draplugin.claims import ClaimError
+from egpu.dra.allocation import ClaimError
 
 GROUP = "resource.k8s.io"
 VERSION = "v1"

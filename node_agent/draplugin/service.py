@@ -34,8 +34,8 @@ from typing import Any, Protocol
 import grpc
 
 from egpu.contract import DRA_DRIVER
+from egpu.dra.allocation import ClaimError
 from egpu.dra.shareconfig import ShareConfigError
-from node_agent.draplugin.claims import ClaimError
 from node_agent.draplugin.driver import PreparedDevice
 from node_agent.draplugin.proto import (
     dra_v1_pb2,

@@ -13,9 +13,9 @@ import logging
 import os
 
 from egpu.contract import ALLOCATIONS_SUBDIR, allocation_file_name
+from egpu.dra.allocation import ClaimError, PreparedClaim
 from egpu.records import PodShares
 from node_agent.cdi import write_spec
-from node_agent.draplugin.claims import ClaimError, PreparedClaim
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from egpu.booking import CardBooking, book_card
+from egpu.policies import PlacementPolicy
 from scheduler import strategies
 from scheduler.placement.model import (
     CardState,
@@ -158,6 +159,6 @@ def utilization_checker(demand: PodDemand, limits: Limits,
     return run
 
 
-def score(placement: Placement | Fits, node_policy: str) -> int:
+def score(placement: Placement | Fits, node_policy: PlacementPolicy) -> int:
     """Node score 0..10 of a placement under the node strategy ``node_policy``."""
     return strategies.get(node_policy).node_score(placement.utilization)

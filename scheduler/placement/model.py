@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from egpu.booking import CardBooking
 from egpu.config import Config
+from egpu.policies import PlacementPolicy
 from egpu.records import Allocation
 from egpu.requests import ContainerKind, PodRequest, Share
 
@@ -105,8 +106,8 @@ class PodDemand:
     nouse_types: tuple[str, ...] = ()
     use_uuids: frozenset[str] = frozenset()
     nouse_uuids: frozenset[str] = frozenset()
-    gpu_policy: str = "binpack"
-    node_policy: str = "binpack"
+    gpu_policy: PlacementPolicy = PlacementPolicy.BINPACK
+    node_policy: PlacementPolicy = PlacementPolicy.BINPACK
 
     @classmethod
     def from_request(cls, request: PodRequest) -> PodDemand:

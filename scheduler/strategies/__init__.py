@@ -1,9 +1,9 @@
 """Placement strategies: which card of a node, and how a node scores (one small module each).
 
 A strategy orders the cards of a node that fit a share (the first is taken) and scores a node
-0..10 from how full its cards would be after the pod is placed. ``get(name)`` returns one by
-its contract name (``binpack`` or ``spread``, the values of the ``egpu.io/gpu-policy`` and
-``egpu.io/node-policy`` annotations and of the config defaults).
+0..10 from how full its cards would be after the pod is placed. ``get(policy)`` returns one by
+its ``egpu.policies.PlacementPolicy`` (``binpack`` or ``spread``, the values of the
+``egpu.io/gpu-policy`` and ``egpu.io/node-policy`` annotations and of the config defaults).
 
 Fullness (``card_fullness``): booked MiB / capacity MiB of one card (may exceed 1 with memory
 oversubscription); node utilization: booked MiB / capacity MiB summed over the node's healthy
@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from egpu.policies import PlacementPolicy
 from scheduler.strategies import binpack, spread
 
 MAX_SCORE = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
@@ -33,7 +34,7 @@ class _Module(Protocol):
 class Strategy:
     """A named pair of functions: ``card_key`` (sort key, smallest first) and ``node_score``."""
 
-    name: str
+    name: PlacementPolicy
     module: _Module
 
     @property
@@ -50,12 +51,13 @@ class Strategy:
         return max(0, min(MAX_SCORE, self.module.node_score(utilization)))
 
 
-STRATEGIES: dict[str, Strategy] = {m.NAME: Strategy(m.NAME, m) for m in (binpack, spread)}
+STRATEGIES: dict[PlacementPolicy, Strategy] = {
+    PlacementPolicy(m.NAME): Strategy(PlacementPolicy(m.NAME), m) for m in (binpack, spread)}
 
 
-def get(name: str) -> Strategy:
-    """The strategy called ``name``; raises KeyError naming the allowed ones."""
-    try:
-        return STRATEGIES[name]
-    except KeyError:
-        raise KeyError(f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}") from None
+def get(name: PlacementPolicy | str) -> Strategy:
+    """The strategy of the policy ``name``; raises KeyError naming the allowed ones."""
+    policy = PlacementPolicy.of(name)
+    if policy is None:
+        raise KeyError(f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}")
+    return STRATEGIES[policy]

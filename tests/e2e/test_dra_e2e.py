@@ -36,6 +36,7 @@ from egpu.contract import (
     DRA_DRIVER,
     RES_GPU,
 )
+from egpu.dra.shareconfig import ShareConfig
 from egpu.dra.slices import MIB, node_slices, parse_quantity
 from egpu.records import Card, Inventory
 from tests.e2e.conftest import E2ECluster
@@ -101,8 +102,10 @@ class Dra:
         return False
 
     # pods and claims
-    def share_pod(self, name: str, node: str | None, memory: str, cores: str) -> dict[str, Any]:
-        """A pod with one container and a claim (from its own template) for one share."""
+    def share_pod(self, name: str, node: str | None, memory: str, cores: str,
+                  config: ShareConfig | None = None) -> dict[str, Any]:
+        """A pod with one container and a claim (from its own template) for one share, with
+        ``config`` as its opaque ShareConfig when given."""
         template = {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": name, "namespace": NAMESPACE},
@@ -110,6 +113,8 @@ class Dra:
                 "deviceClassName": DEVICE_CLASS_SHARE,
                 "capacity": {"requests": {"memory": memory, "cores": cores}}}}]}}},
         }
+        if config is not None:
+            template["spec"]["spec"]["devices"]["config"] = [{"opaque": config.opaque()}]
         self.api("POST", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/"
                          "resourceclaimtemplates", template)
         pod = _pod(name, node)
@@ -328,6 +333,43 @@ def test_a_share_claim_is_placed_on_a_simulated_card_and_books_what_it_asks(dra:
     assert result.get("shareID"), "a device allocated more than once has a share ID"
     devices = {d["name"] for s in dra.slices(node) for d in s["spec"]["devices"]}
     assert result["device"] in devices
+
+
+def test_kubectl_egpu_shows_a_placed_claims_share(dra: Dra) -> None:
+    """``kubectl egpu`` (the plugin's own entry point, against the dev cluster's API): a
+    share claim placed by the kube-scheduler shows under its pod and container on the card its
+    device names, with the MiB and cores it consumes and the ShareConfig's policies, and the
+    card's booking counts it; one LIST of resourceclaims serves it (no per-pod GET)."""
+    cards = dra.add_node("view", 1)
+    node = NODE_PREFIX + "view"
+    dra.share_pod("view-8gi-30", node, "8Gi", "30",
+                  ShareConfig(priority="low", compute_policy="elastic"))
+    pod = devcluster.wait_until("view-8gi-30 scheduled", lambda: (
+        p := dra.pod("view-8gi-30")) and _scheduled(p) and p, timeout=SCHEDULE_S)
+    claim = dra.claim_of(pod)["metadata"]["name"]
+    plugin = str(Path(sys.executable).parent / "kubectl-egpu")
+
+    def egpu(*args: str) -> str:
+        done = subprocess.run([plugin, "--kubeconfig", dra.cluster.kubeconfig, "--node", node,
+                               *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "egpu top:" not in done.stderr, (done.stdout, done.stderr)
+        return done.stdout
+
+    [view] = json.loads(egpu("-o", "json"))
+    [card] = view["cards"]
+    assert card["card"]["uuid"] == cards[0].uuid and card["card"]["model"] == A10[0]
+    assert (card["booked_mib"], card["booked_cores"]) == (8192, 30)
+    assert (card["dra_booked_mib"], card["dra_booked_cores"]) == (8192, 30)
+    [share] = card["shares"]
+    assert {k: share[k] for k in ("namespace", "pod", "container", "memory_mib", "cores",
+                                  "priority", "compute_policy", "path", "claim")} == {
+        "namespace": NAMESPACE, "pod": "view-8gi-30", "container": "c", "memory_mib": 8192,
+        "cores": 30, "priority": "low", "compute_policy": "elastic", "path": "dra",
+        "claim": claim}
+    text = egpu()
+    assert f"{NAMESPACE}/view-8gi-30/c: 8192 MiB, 30% cores, priority low, elastic, " \
+        f"DRA claim {claim}" in text, text
+    assert "1 (DRA 8192 MiB, 30%)" in text, text
 
 
 # --- (c) never past a card's capacity --------------------------------------------------------

@@ -49,8 +49,8 @@ class Agent:
         self.stop = threading.Event()
         threading.Thread(target=watch_pods, args=(core, self.registry, self.stop),
                          daemon=True).start()
-        self.plugin = EgpuDevicePlugin(lambda: self.cards, SHARES, self.registry.pending,
-                                       self.registry.consume, node)
+        self.plugin = EgpuDevicePlugin.from_functions(
+            lambda: self.cards, SHARES, self.registry.pending, self.registry.consume, node)
         self.kubelet = KubeletStub(f"{self.folder}/plugins")
         self.kubelet.start()
         self.server = PluginServer(self.plugin, f"{self.folder}/plugins")

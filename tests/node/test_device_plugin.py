@@ -21,8 +21,9 @@ from node_fixtures import CARD_UUIDS, pod_manifest
 from egpu.config import Config
 from egpu.records import Card, PodShares
 from node_agent.cdi import CdiPublisher
+from node_agent.deviceplugin import api_pb2
 from node_agent.deviceplugin.kubelet_stub import KubeletStub
-from node_agent.deviceplugin.service import EgpuDevicePlugin, PluginServer
+from node_agent.deviceplugin.service import AgentSide, EgpuDevicePlugin, PluginServer
 from node_agent.deviceplugin.slots import card_of, slot_id
 from node_agent.pods import PodCatchUp, PodRegistry
 
@@ -48,8 +49,9 @@ def make_rig(**options: Any) -> Iterator[Rig]:
     registry = PodRegistry(NODE, Config(shares_per_card=SHARES), f"{folder}/private",
                            f"{folder}/runtime")
     build = options.pop("options", None)
-    plugin = EgpuDevicePlugin(lambda: tuple(cards), SHARES, registry.pending, registry.consume,
-                              NODE, **(build(registry, folder) if build else {}))
+    plugin = EgpuDevicePlugin.from_functions(
+        lambda: tuple(cards), SHARES, registry.pending, registry.consume, NODE,
+        **(build(registry, folder) if build else {}))
     kubelet = KubeletStub(f"{folder}/plugins")
     kubelet.start()
     server = PluginServer(plugin, f"{folder}/plugins")
@@ -340,3 +342,40 @@ def test_without_an_egpu_cdi_spec_allocate_names_no_cdi_device(options: Any) -> 
     with make_rig(options=options) as rig:
         names = cdi_names(rig, two_card_pod(rig))
     assert names == []
+
+
+class _Agent:
+    """An ``AgentSide`` of its own (methods, not ``AgentFunctions``): the plugin's one
+    boundary with the node agent."""
+
+    catch_up = None
+    cdi_names = None
+
+    def __init__(self, registry: PodRegistry, cards: list[Card]) -> None:
+        self.registry, self._cards = registry, tuple(cards)
+        self.consumed: list[tuple[str, str]] = []
+
+    def cards(self) -> tuple[Card, ...]:
+        return self._cards
+
+    def pending(self) -> list[Any]:
+        return self.registry.pending()
+
+    def consume(self, pod_uid: str, container: str) -> None:
+        self.consumed.append((pod_uid, container))
+        self.registry.consume(pod_uid, container)
+
+
+def test_the_plugin_takes_what_it_needs_through_one_agent_side(tmp_path: Any) -> None:
+    registry = PodRegistry(NODE, Config(shares_per_card=SHARES), str(tmp_path / "private"),
+                           str(tmp_path / "runtime"))
+    agent = _Agent(registry, [Card(u, i, "NVIDIA A10", 24576) for i, u in enumerate(CARD_UUIDS)])
+    side: AgentSide = agent
+    plugin = EgpuDevicePlugin(side, SHARES, NODE)
+    assert len(plugin.device_list().devices) == len(CARD_UUIDS) * SHARES
+    registry.update(pod_manifest("p", NODE, {"main": [(1, 4096, 30)]}, uid="uid-p"))
+    ask = api_pb2.ContainerAllocateRequest(devices_ids=[slot_id(CARD_UUIDS[1], 0)])
+    answer = plugin.Allocate(api_pb2.AllocateRequest(container_requests=[ask]), None)  # type: ignore[arg-type]
+    envs = dict(answer.container_responses[0].envs)
+    assert (envs["EGPU_POD_UID"], envs["NVIDIA_VISIBLE_DEVICES"]) == ("uid-p", CARD_UUIDS[1])
+    assert agent.consumed == [("uid-p", "main")] and registry.pending() == []

@@ -1,6 +1,8 @@
-"""The DRA kubelet plugin (node_agent/draplugin): the pure core, the driver on disk, and the
-gRPC edge over unix sockets as the kubelet v1.37 calls it (GetInfo, NotifyRegistrationStatus,
-NodePrepareResources / NodeUnprepareResources in v1 and v1beta1)."""
+"""The DRA kubelet plugin (node_agent/draplugin): the claim's CDI environment, the driver on
+disk, the metrics of its shares, and the gRPC edge over unix sockets as the kubelet v1.37 calls
+it (GetInfo, NotifyRegistrationStatus, NodePrepareResources / NodeUnprepareResources in v1 and
+v1beta1). The decoding of a claim (the shared core egpu.dra.allocation) is tested in
+tests/unit/test_dra_allocation.py."""
 
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ from typing import Any
 import grpc
 import pytest
 
-from egpu.contract import ANN_ALLOCATION
+from egpu.config import Config
+from egpu.dra import allocation
+from egpu.dra.allocation import ClaimError
 from egpu.dra.shareconfig import ShareConfigError
 from egpu.records import Card, PodShares
 from node_agent.cdi import CdiPublisher
-from node_agent.draplugin import claims
-from node_agent.draplugin.claims import ClaimError
+from node_agent.draplugin.cdienv import request_envs
 from node_agent.draplugin.driver import DraDriver
 from node_agent.draplugin.proto import (
     dra_v1_pb2,
@@ -76,81 +79,11 @@ def share_pod(containers: list[dict[str, Any]] | None = None,
     }
 
 
-# --- the pure core ----------------------------------------------------------------------------
-def test_a_share_claim_gives_its_container_the_consumed_capacity() -> None:
-    prepared = claims.prepare(share_claim(), [share_pod()], NODE, CARDS)
-    assert prepared.config == claims.ShareConfig()
-    (device,) = prepared.devices
-    assert (device.uuid, device.memory_mib, device.cores, device.share_id) == (
-        "GPU-AAAA-0001", 4096, 30, "5a5a5a5a-0000-4000-8000-1")
-    shares = claims.pod_shares(POD_UID, [prepared], low_priority_floor=7)
-    assert shares is not None
-    assert [c.name for c in shares.allocation.containers] == ["main"]  # not "logger"
-    card = shares.allocation.containers[0].cards[0]
-    assert (card.uuid, card.index, card.memory_mib, card.cores) == ("GPU-AAAA-0001", 0, 4096, 30)
-    assert (shares.priority, shares.compute_policy, shares.low_priority_floor) == (
-        "high", "strict", 7)
-    assert PodShares.decode(shares.encode()) == shares  # what the hook reads
-    assert claims.request_envs(prepared) == {"gpu": {
+# --- the node's side of a prepared claim (the decoding: tests/unit/test_dra_allocation.py) ---
+def test_each_request_of_a_prepared_claim_gets_its_cdi_environment() -> None:
+    prepared = allocation.prepare(share_claim(), [share_pod()], NODE, CARDS)
+    assert request_envs(prepared) == {"gpu": {
         "EGPU_DEVICES": f"claim-{CLAIM_UID}-gpu", "NVIDIA_VISIBLE_DEVICES": "GPU-AAAA-0001"}}
-
-
-def test_the_opaque_share_config_sets_the_pods_policies() -> None:
-    config = {"apiVersion": "gpu.egpu.io/v1alpha1", "kind": "ShareConfig", "priority": "low",
-              "computePolicy": "elastic", "memoryOversubscription": True}
-    prepared = claims.prepare(share_claim(config=config), [share_pod()], NODE, CARDS)
-    shares = claims.pod_shares(POD_UID, [prepared])
-    assert shares is not None
-    assert (shares.priority, shares.compute_policy, shares.memory_oversubscription) == (
-        "low", "elastic", True)
-
-
-def test_a_bad_share_config_fails_with_its_message() -> None:
-    config = {"apiVersion": "gpu.egpu.io/v1alpha1", "kind": "ShareConfig", "priority": "urgent"}
-    with pytest.raises(ShareConfigError, match=r"ShareConfig\.priority: 'urgent'; allowed: high"):
-        claims.prepare(share_claim(config=config), [share_pod()], NODE, CARDS)
-
-
-@pytest.mark.parametrize(("claim", "message"), [
-    (share_claim(memory="4.5Mi"), "not a whole number of MiB"),
-    (share_claim(cores="101"), "allowed: a whole number 0..100"),
-    (share_claim(device="gpu-cccc-0003"), "no such card"),
-    ({**share_claim(), "status": {}}, "is not allocated"),
-])
-def test_claims_that_cannot_be_prepared(claim: dict[str, Any], message: str) -> None:
-    with pytest.raises(ClaimError, match=message):
-        claims.prepare(claim, [share_pod()], NODE, CARDS)
-
-
-def test_no_consumed_capacity_means_the_whole_card() -> None:
-    claim = share_claim()
-    del claim["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]
-    (device,) = claims.prepare(claim, [share_pod()], NODE, CARDS).devices
-    assert (device.memory_mib, device.cores) == (81559, 0)
-
-
-def test_two_running_containers_on_one_claim_are_refused_an_init_container_is_not() -> None:
-    both = [{"name": "a", "resources": {"claims": [{"name": "gpu"}]}},
-            {"name": "b", "resources": {"claims": [{"name": "gpu"}]}}]
-    with pytest.raises(ClaimError, match="run at the same time"):
-        claims.prepare(share_claim(), [share_pod(both)], NODE, CARDS)
-    pod = share_pod()
-    pod["spec"]["initContainers"] = [{"name": "warmup",
-                                      "resources": {"claims": [{"name": "gpu"}]}}]
-    prepared = claims.prepare(share_claim(), [pod], NODE, CARDS)
-    assert [(c.name, c.init) for c in prepared.pods[0].containers] == [
-        ("warmup", True), ("main", False)]
-
-
-def test_a_pod_of_the_extender_path_is_refused() -> None:
-    with pytest.raises(ClaimError, match="use one or the other"):
-        claims.prepare(share_claim(), [share_pod(annotations={ANN_ALLOCATION: "{}"})], NODE,
-                       CARDS)
-
-
-def test_state_round_trips() -> None:
-    prepared = claims.prepare(share_claim(), [share_pod()], NODE, CARDS)
-    assert claims.PreparedClaim.decode(prepared.encode()) == prepared
 
 
 # --- the driver on disk -----------------------------------------------------------------------
@@ -246,14 +179,55 @@ def test_a_claim_of_another_uid_is_refused(node_dirs: dict[str, Path]) -> None:
 
 def test_the_pod_registry_leaves_the_plugins_pod_files_alone(
         node_dirs: dict[str, Path]) -> None:
-    from egpu.config import Config
-
     driver = make_driver(node_dirs, FakeReader(share_claim(), share_pod()))
     driver.prepare("ml", CLAIM_UID, "share-pod-gpu-x")
     registry = PodRegistry(NODE, Config(), str(node_dirs["private"]), str(node_dirs["runtime"]),
                            owned_elsewhere=driver.owns_pod)
     registry.resync([share_pod()])  # a DRA pod: no egpu.io/allocation
     assert (node_dirs["private"] / "allocations" / f"{POD_UID}.json").exists()
+
+
+def test_the_exporter_labels_a_prepared_claims_share_with_its_pod_and_container(
+        node_dirs: dict[str, Path]) -> None:
+    """A DRA share in the metrics, as the node agent wires them (registry + driver shares):
+    the container's metrics carry the claim's pod (namespace, pod) and the container, its
+    cores the claim's consumed cores, and the card books the claim's MiB and cores."""
+    from node_fixtures import MIB, region_bytes
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from egpu.contract import (
+        METRIC_CARD_CORES_BOOKED,
+        METRIC_CARD_MEMORY_BOOKED,
+        METRIC_CONTAINER_CORES_LIMIT,
+        METRIC_CONTAINER_MEMORY_LIMIT,
+        METRIC_CONTAINER_MEMORY_USED,
+    )
+    from node_agent.metrics.collector import EgpuCollector, Sources, regions_under
+
+    driver = make_driver(node_dirs, FakeReader(share_claim(), share_pod()))
+    driver.prepare("ml", CLAIM_UID, "share-pod-gpu-x")
+    folder = node_dirs["runtime"] / "containers" / f"{POD_UID}_main"  # as the hook makes it
+    folder.mkdir(parents=True)
+    (folder / "region").write_bytes(region_bytes([(CARDS[0].uuid, 4096 * MIB, 100 * MIB)]))
+    registry = CollectorRegistry()
+    registry.register(EgpuCollector(Sources(
+        NODE, lambda: CARDS, lambda: {**PodRegistry(NODE, Config(), str(node_dirs["private"]),
+                                                    str(node_dirs["runtime"])).shares(),
+                                     **driver.shares()},
+        regions_under(str(node_dirs["runtime"])), lambda u: None, lambda u: None)))
+    families = {f.name: f for f in text_string_to_metric_families(
+        generate_latest(registry).decode())}
+    want = {"gpu": "0", "UUID": CARDS[0].uuid, "modelName": CARDS[0].model, "Hostname": NODE,
+            "namespace": "ml", "pod": "share-pod", "container": "main"}
+    for name, value in ((METRIC_CONTAINER_MEMORY_LIMIT, 4096 * MIB),
+                        (METRIC_CONTAINER_MEMORY_USED, 100 * MIB),
+                        (METRIC_CONTAINER_CORES_LIMIT, 30)):
+        assert [(s.labels, s.value) for s in families[name].samples] == [(want, value)], name
+    booked = {s.labels["UUID"]: s.value for s in families[METRIC_CARD_MEMORY_BOOKED].samples}
+    cores = {s.labels["UUID"]: s.value for s in families[METRIC_CARD_CORES_BOOKED].samples}
+    assert (booked, cores) == ({CARDS[0].uuid: 4096 * MIB, CARDS[1].uuid: 0},
+                               {CARDS[0].uuid: 30, CARDS[1].uuid: 0})
 
 
 # --- the gRPC edge, as the kubelet calls it ---------------------------------------------------
@@ -353,83 +327,3 @@ def test_the_plugin_serves_again_when_its_socket_vanishes_and_waits_for_the_kube
         assert os.path.exists(served.registration_socket)
     finally:
         served.stop()
-
-
-# --- the webhook's claims, prepared: one claim per pod, one request per container -------------
-def _allocated(plan_template: dict[str, Any], card_of: dict[str, str]) -> dict[str, Any]:
-    """A ResourceClaim of the template as the scheduler would allocate it: each request on the
-    card ``card_of`` names, consuming what it asks (whole card memory when it asks none)."""
-    results = []
-    for r in plan_template["spec"]["spec"]["devices"]["requests"]:
-        asked = r["exactly"].get("capacity", {}).get("requests", {})
-        results.append({"request": r["name"], "driver": "gpu.egpu.io", "pool": NODE,
-                        "device": card_of[r["name"]],
-                        "consumedCapacity": {"memory": asked.get("memory", "81559Mi"),
-                                             "cores": asked.get("cores", "0")}})
-    claim = share_claim()
-    claim["spec"] = plan_template["spec"]["spec"]
-    claim["status"]["allocation"]["devices"] = {"results": results, "config": []}
-    return claim
-
-
-def _pod_with(plan: Any, pod: dict[str, Any]) -> dict[str, Any]:
-    """``pod`` as the webhook patches it: one pod claim ``egpu``, each container naming its
-    requests."""
-    pod = copy.deepcopy(pod)
-    pod["metadata"].update({"uid": POD_UID})
-    pod["spec"]["nodeName"] = NODE
-    pod["spec"]["resourceClaims"] = [{"name": "egpu", "resourceClaimTemplateName": "t"}]
-    pod["status"] = {"resourceClaimStatuses": [{"name": "egpu",
-                                                "resourceClaimName": "share-pod-gpu-x"}]}
-    for key in ("initContainers", "containers"):
-        for c in pod["spec"].get(key) or []:
-            c["resources"] = {"claims": [{"name": "egpu", "request": r}
-                                         for r in plan.requests_of(c["name"])]}
-    return pod
-
-
-def test_each_container_of_a_webhook_claim_gets_its_own_request() -> None:
-    """FC-11: two app containers, one claim, a request each, on one card: each container's
-    share is its own request's, not the claim's."""
-    from egpu.dra.claims import plan_claims
-    from egpu.requests import read_pod
-
-    pod = {"metadata": {"name": "share-pod", "namespace": "ml"}, "spec": {"containers": [
-        {"name": "embed", "resources": {"limits": {"egpu.io/gpu-memory": "6000",
-                                                   "egpu.io/gpu-cores": "30"}}},
-        {"name": "rerank", "resources": {"limits": {"egpu.io/gpu-memory": "4000",
-                                                    "egpu.io/gpu-cores": "20"}}}]}}
-    plan = plan_claims(read_pod(pod).request)
-    template = plan.template_in("ml")
-    requests = [r["name"] for r in template["spec"]["spec"]["devices"]["requests"]]
-    claim = _allocated(template, dict.fromkeys(requests, "gpu-aaaa-0001"))
-    prepared = claims.prepare(claim, [_pod_with(plan, pod)], NODE, CARDS)
-    shares = {c.name: [(s.memory_mib, s.cores) for s in c.cards]
-              for c in prepared.pods[0].containers}
-    assert shares == {"embed": [(6000, 30)], "rerank": [(4000, 20)]}
-
-
-def test_an_init_container_of_a_webhook_claim_gets_its_partner_and_headroom() -> None:
-    """FC-07 (input 06): the init container names the app container's request and a headroom
-    on the same card: its share is their sum (12000 MiB), the app container's its own."""
-    import yaml
-
-    from egpu.dra.claims import plan_claims
-    from egpu.requests import read_pod
-
-    pod = yaml.safe_load((Path(__file__).resolve().parents[3] / "shared" / "inputs" / "pods"
-                          / "06-init-container-gpu.yaml").read_text())
-    plan = plan_claims(read_pod(pod).request)
-    template = plan.template_in("ml-serving")
-    requests = [r["name"] for r in template["spec"]["spec"]["devices"]["requests"]]
-    claim = _allocated(template, dict.fromkeys(requests, "gpu-aaaa-0001"))
-    prepared = claims.prepare(claim, [_pod_with(plan, pod)], NODE, CARDS)
-    shares = {c.name: [s.memory_mib for s in c.cards] for c in prepared.pods[0].containers}
-    assert shares == {"compile-engine": [12000], "ocr": [8000]}
-
-
-def test_two_running_containers_naming_one_request_are_refused() -> None:
-    both = [{"name": "a", "resources": {"claims": [{"name": "gpu", "request": "gpu"}]}},
-            {"name": "b", "resources": {"claims": [{"name": "gpu", "request": "gpu"}]}}]
-    with pytest.raises(ClaimError, match="both name request 'gpu'"):
-        claims.prepare(share_claim(), [share_pod(both)], NODE, CARDS)

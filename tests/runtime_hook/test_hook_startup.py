@@ -26,7 +26,8 @@ from runtime_hook.plan import Apply, Inputs, Refuse, decide
 # argparse: milliseconds each on a busy node), ctypes (only to mount a share), and the parts of
 # the core it has no use for.
 HEAVY = {"typing", "dataclasses", "inspect", "argparse", "ctypes", "contextlib", "runpy",
-         "egpu.node_records", "egpu.requests", "egpu.config", "yaml"}
+         "egpu.node_records", "egpu.requests", "egpu.config", "egpu.policies", "egpu.kube",
+         "yaml"}
 IMPORT_BUDGET_MS = 30.0  # everything the hook imports, best of IMPORT_RUNS runs
 RECORDS_BUDGET_MS = 5.0  # egpu.records and what it adds to the hook's imports (json is there)
 IMPORT_RUNS = 5

@@ -126,3 +126,168 @@ def test_record_bookings_equal_the_spec_reading_for_a_placed_pod() -> None:
     [old_view] = cluster_view([node()], [pod("p", old, spec)])
     assert [(c.booked_mib, c.booked_cores) for c in new_view.cards] == [
         (c.booked_mib, c.booked_cores) for c in old_view.cards] == [(0, 0), (6000, 35)]
+
+
+# --- DRA shares (ResourceClaims of driver gpu.egpu.io) beside the extender's ------------------
+
+SHARE_CONFIG = {"apiVersion": "gpu.egpu.io/v1alpha1", "kind": "ShareConfig",
+                "priority": "low", "computePolicy": "elastic"}
+
+
+def claim(name: str, results: list[tuple[str, str, str, str]], config: Any = SHARE_CONFIG,
+          namespace: str = "ml", pool: str = "n1") -> dict[str, Any]:
+    """An allocated ResourceClaim: results [(request, device, memory, cores)]."""
+    entries = [] if config is None else [{"source": "FromClaim", "requests": [], "opaque": {
+        "driver": "gpu.egpu.io", "parameters": config}}]
+    return {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+            "status": {"allocation": {"devices": {"config": entries, "results": [
+                {"request": r, "driver": "gpu.egpu.io", "pool": pool, "device": d,
+                 "shareID": f"share-{i}", "consumedCapacity": {"memory": m, "cores": c}}
+                for i, (r, d, m, c) in enumerate(results)]}}}}
+
+
+def claim_pod(name: str, claim_name: str, containers: dict[str, list[str] | None],
+              init: dict[str, list[str] | None] | None = None, phase: str = "Running",
+              namespace: str = "ml") -> dict[str, Any]:
+    """A pod with one pod claim ``egpu`` (from a template, resolved to ``claim_name``);
+    containers: name -> the requests it names (None: the whole claim)."""
+    def spec(entries: dict[str, list[str] | None]) -> list[dict[str, Any]]:
+        return [{"name": n, "resources": {"claims": [{"name": "egpu"}] if rs is None else [
+            {"name": "egpu", "request": r} for r in rs]}} for n, rs in entries.items()]
+
+    return {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+            "spec": {"nodeName": "n1", "initContainers": spec(init or {}),
+                     "containers": spec(containers),
+                     "resourceClaims": [{"name": "egpu", "resourceClaimTemplateName": "t"}]},
+            "status": {"phase": phase, "resourceClaimStatuses": [
+                {"name": "egpu", "resourceClaimName": claim_name}]}}
+
+
+def test_a_dra_share_shows_per_pod_and_card_and_books_beside_the_extenders() -> None:
+    extender = pod("ocr", Allocation((ContainerAllocation(
+        "ocr", False, (CardShare("GPU-a", 0, 8000, 20),), "container"),),
+        "n1", "high", "strict", False), {})
+    dra_pod = claim_pod("share-pod", "share-pod-egpu-x", {"main": None, "logger": []})
+    dra_pod["spec"]["containers"][1]["resources"] = {}  # logger names no claim
+    claims = [claim("share-pod-egpu-x", [("gpu", "gpu-a", "8Gi", "30")])]
+    [view] = cluster_view([node()], [extender, dra_pod], claims=claims)
+    a, b = view.cards
+    assert (a.booked_mib, a.booked_cores, a.dra_booked_mib, a.dra_booked_cores) == (
+        8000 + 8192, 20 + 30, 8192, 30)
+    assert (b.booked_mib, b.booked_cores, b.shares) == (0, 0, [])
+    old, new = a.shares
+    assert (old.path, old.claim, old.priority, old.compute_policy) == (
+        "extender", "", "high", "strict")
+    assert (new.namespace, new.pod, new.container, new.init, new.memory_mib, new.cores) == (
+        "ml", "share-pod", "main", False, 8192, 30)
+    assert (new.path, new.claim, new.priority, new.compute_policy) == (
+        "dra", "share-pod-egpu-x", "low", "elastic")
+    assert view.problems == []
+    text = format_views([view])
+    assert "16192" in text and " 2 (DRA 8192 MiB, 30%)" in text
+    assert ("ml/share-pod/main: 8192 MiB, 30% cores, priority low, elastic, "
+            "DRA claim share-pod-egpu-x") in text
+    assert "ns/ocr/ocr: 8000 MiB, 20% cores, priority high, strict\n" in text
+
+
+def test_the_webhooks_init_headroom_books_the_larger_share_and_each_container_its_own() -> None:
+    """FC-07 on the DRA path: the webhook's plan gives the app container its request and the
+    init container that request plus a headroom on the same card: the card books
+    max(12000, 8000) MiB as on the extender path, the init container shows 12000 MiB."""
+    from egpu.dra.claims import plan_claims
+    from egpu.requests import read_pod
+
+    spec = {"initContainers": [{"name": "compile", **limits(12000, 100)}],
+            "containers": [{"name": "serve", **limits(8000, 20)}]}
+    request = read_pod({"metadata": {"name": "p", "namespace": "ml"}, "spec": spec}).request
+    assert request is not None
+    plan = plan_claims(request)
+    requests = plan.template_in("ml")["spec"]["spec"]["devices"]["requests"]
+    asked = {r["name"]: r["exactly"]["capacity"]["requests"] for r in requests}
+    placed = claim("p-egpu-x", [(name, "gpu-b", a["memory"], a.get("cores", "0"))
+                                for name, a in asked.items()], config=None)
+    the_pod = claim_pod("p", "p-egpu-x", {"serve": list(plan.requests_of("serve"))},
+                        init={"compile": list(plan.requests_of("compile"))})
+    [view] = cluster_view([node()], [the_pod], claims=[placed])
+    b = view.cards[1]
+    assert (b.booked_mib, b.booked_cores) == (12000, 100)
+    assert [(s.container, s.init, s.memory_mib, s.cores, s.priority, s.compute_policy)
+            for s in b.shares] == [("compile", True, 12000, 100, "high", "strict"),
+                                   ("serve", False, 8000, 20, "high", "strict")]
+
+
+def test_a_claim_that_no_active_pod_uses_still_books_its_card() -> None:
+    done = claim_pod("done", "done-egpu-x", {"main": None}, phase="Succeeded")
+    claims = [claim("done-egpu-x", [("gpu", "gpu-a", "4Gi", "10")]),
+              claim("hand-made", [("gpu", "gpu-a", "1Gi", "0")], namespace="other")]
+    [view] = cluster_view([node()], [done], claims=claims)
+    a = view.cards[0]
+    assert (a.booked_mib, a.booked_cores) == (5120, 10)
+    assert [(s.namespace, s.pod, s.claim, s.memory_mib) for s in a.shares] == [
+        ("ml", "", "done-egpu-x", 4096), ("other", "", "hand-made", 1024)]
+    assert "ml/claim done-egpu-x (no pod): 4096 MiB, 10% cores, priority low" in (
+        format_views([view]))
+
+
+def test_a_pod_asking_egpu_io_gpu_through_the_extended_resource_shows_its_whole_card() -> None:
+    whole = {"metadata": {"name": "w", "namespace": "ml"},
+             "spec": {"nodeName": "n1", "containers": [
+                 {"name": "c", "resources": {"limits": {"egpu.io/gpu": "1"}}}]},
+             "status": {"phase": "Running", "extendedResourceClaimStatus": {
+                 "resourceClaimName": "w-extended-resources-abc",
+                 "requestMappings": [{"containerName": "c", "resourceName": "egpu.io/gpu",
+                                      "requestName": "container-0-request-0"}]}}}
+    placed = claim("w-extended-resources-abc",
+                   [("container-0-request-0", "gpu-b", "23028Mi", "0")], config=None)
+    [view] = cluster_view([node()], [whole], claims=[placed])
+    [share] = view.cards[1].shares
+    assert (share.pod, share.container, share.memory_mib, share.cores, share.path) == (
+        "w", "c", 23028, 0, "dra")
+
+
+def test_bad_claims_are_problems_and_other_claims_are_not_egpus() -> None:
+    claims = [
+        claim("bad-config", [("gpu", "gpu-a", "1Gi", "5")], config={**SHARE_CONFIG,
+                                                                    "priority": "urgent"}),
+        claim("gone-card", [("gpu", "gpu-zzz", "1Gi", "5")]),
+        claim("half-mib", [("gpu", "gpu-b", "1.5Mi", "5")]),
+        claim("elsewhere", [("gpu", "gpu-a", "1Gi", "5")], pool="cpu-node"),
+        {"metadata": {"name": "pending", "namespace": "ml"}, "status": {}},
+        {"metadata": {"name": "nic", "namespace": "ml"}, "status": {"allocation": {"devices": {
+            "results": [{"request": "r", "driver": "net.example.com", "pool": "n1",
+                         "device": "eth0"}]}}}},
+    ]
+    both = claim_pod("both", "bad-config", {"main": None})
+    both["metadata"]["annotations"] = {"egpu.io/allocation": Allocation((), "n1").encode()}
+    [view] = cluster_view([node(), {"metadata": {"name": "cpu-node"}}], [both], claims=claims)
+    a, b = view.cards
+    assert (a.booked_mib, a.booked_cores, b.booked_mib) == (1024, 5, 0)  # bad-config books
+    assert [(s.claim, s.priority, s.compute_policy) for s in a.shares] == [
+        ("bad-config", "?", "")]  # shown without its pod: the pod is refused below
+    problems = "\n".join(view.problems)
+    assert "ResourceClaim ml/bad-config: ShareConfig.priority: 'urgent'" in problems
+    assert "ResourceClaim ml/gone-card result 0 (device 'gpu-zzz'): no such card" in problems
+    assert "ResourceClaim ml/half-mib result 0" in problems and "whole number of MiB" in problems
+    assert "pod ml/both has both an egpu.io/allocation" in problems
+    assert len(view.problems) == 4
+
+
+def test_kubectl_egpu_prints_dra_shares_and_says_when_it_cannot_list_claims(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from cli import top_cmd
+
+    dra_pod = claim_pod("share-pod", "share-pod-egpu-x", {"main": None})
+    claims = [claim("share-pod-egpu-x", [("gpu", "gpu-a", "8Gi", "30")])]
+    answers = [([node()], [dra_pod], claims, None),
+               ([node()], [dra_pod], [], "cannot list resourceclaims (resource.k8s.io/v1): "
+                                         "not allowed (403); DRA shares ...")]
+    monkeypatch.setattr(top_cmd, "fetch", lambda *_: answers.pop(0))
+    args = argparse.Namespace(kubeconfig=None, context=None, node=None, output="text")
+    assert top_cmd.run(args) == 0
+    out, err = capsys.readouterr()
+    assert "ml/share-pod/main: 8192 MiB, 30% cores, priority low, elastic" in out and not err
+    assert top_cmd.run(args) == 0
+    out, err = capsys.readouterr()
+    assert "egpu top: cannot list resourceclaims" in err and "share-pod" not in out

@@ -1,41 +1,44 @@
-"""What a prepared ResourceClaim of the DRA driver ``gpu.egpu.io`` gives a pod (pure).
+"""What an allocated ResourceClaim of the DRA driver ``gpu.egpu.io`` books, and for whom (pure).
 
-The kubelet calls NodePrepareResources with claim references only; the plugin reads the
-ResourceClaim and the pods it is reserved for from the API server (Kubernetes JSON objects)
-and this module turns them into a ``PreparedClaim``:
+The one decoder of a claim's allocation into egpu's share records, used by the node agent's
+kubelet plugin (``node_agent.draplugin``: it prepares the claim) and by the cluster-wide view
+(``egpu.cluster_view``: ``kubectl egpu`` / ``egpu top``). Inputs are Kubernetes JSON objects
+(dicts as the API server writes them; the kubernetes client's models would drop
+``consumedCapacity`` and ``shareID``):
 
 - ``claim_devices(claim, node, cards)``: the allocation results of driver ``gpu.egpu.io``
   (``status.allocation.devices.results``): the device name is the card's
-  (``egpu.dra.slices.device_name``), the pool this node's; ``consumedCapacity`` ``memory``
-  (bytes, a Quantity) and ``cores`` (%) are the share of that card (none recorded: the whole
-  card's memory, no cores); ``shareID`` is passed back to the kubelet.
-- ``share_config(claim)``: the opaque config of the driver (``status.allocation.devices.config``,
-  the class's and the claim's as the scheduler copied them; the last that applies wins), each
-  decoded by ``egpu.dra.shareconfig.ShareConfig.decode``: a bad one raises ``ShareConfigError``
-  with its message (the claim is never prepared without its limits).
+  (``egpu.dra.slices.device_name``), the pool the node's; ``consumedCapacity`` ``memory``
+  (bytes, a Quantity, a whole number of MiB) and ``cores`` (% of the card, 0..100) are the
+  share of that card (none recorded: the whole card's memory, no cores); ``shareID`` is
+  passed back to the kubelet. ``claim_pool(claim)`` names the node whose pool holds them.
+- ``share_config(claim, devices)``: the opaque config of the driver
+  (``status.allocation.devices.config``, the class's and the claim's as the scheduler copied
+  them; the last that applies wins), each decoded by
+  ``egpu.dra.shareconfig.ShareConfig.decode``: a bad one raises ``ShareConfigError`` with its
+  message (the claim is never prepared without its limits).
 - ``pod_use(pod, claim_name, devices)``: the containers of a pod that name the claim
   (``spec.resourceClaims`` + ``status.resourceClaimStatuses``, or the scheduler's
   ``status.extendedResourceClaimStatus`` for ``egpu.io/gpu`` through the DeviceClass
   ``whole.gpu.egpu.io``), each given the cards of the requests it names, summed per card
-  (``container_cards``; all of the claim's when it names none).
+  (``container_cards``; all of the claim's when it names none). ``pod_claim_names(pod)``: the
+  ResourceClaims a pod uses.
+- ``prepare(claim, pods, node, cards)``: all of the above for one node (``PreparedClaim``,
+  also the kubelet plugin's state file: ``encode`` / ``decode``).
 - ``pod_shares(pod_uid, claims, floor)``: a pod's allocation file (``egpu.records.PodShares``,
   what the runtime hook reads to write each container's ``ContainerConfig``), composed from
   every prepared claim of the pod.
-- ``request_envs(claim)``: the environment of the claim's CDI device of each request
-  (``claim-<uid>-<request>``): ``NVIDIA_VISIBLE_DEVICES`` (that request's cards) and
-  ``EGPU_DEVICES`` (the mark of a container given egpu devices: the hook refuses it when no
-  allocation entry names it), as the device plugin's Allocate writes them
-  (``node_agent.deviceplugin.matching.allocate_envs``).
 
 Errors: ``ClaimError`` (and ``ShareConfigError``), with a message naming the claim, the pod or
-container and what is wrong; the kubelet shows it in the pod's events.
+container and what is wrong; the kubelet shows it in the pod's events, ``kubectl egpu`` among
+a node's problems.
 Units: memory in MiB (bytes in the API), cores in % of one card.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
@@ -44,14 +47,14 @@ from egpu.contract import ANN_ALLOCATION, DRA_CAPACITY_CORES, DRA_CAPACITY_MEMOR
 from egpu.dra.shareconfig import ShareConfig
 from egpu.dra.slices import SliceError, device_name, parse_quantity
 from egpu.records import Allocation, Card, CardShare, ContainerAllocation, PodShares
-from node_agent.deviceplugin.matching import Ambiguous, allocate_envs
 
 MIB = 1 << 20
 STATE_VERSION = 1
 
 
 class ClaimError(ValueError):
-    """A claim cannot be prepared on this node; the message says which and why."""
+    """A claim's allocation cannot be read as egpu shares (nor prepared on a node); the
+    message names the claim (pod, container) and says why."""
 
 
 @dataclass(frozen=True)
@@ -143,14 +146,32 @@ def _quantity(value: Any, what: str) -> Decimal:
     return parsed
 
 
-def claim_devices(claim: Mapping[str, Any], node: str,
-                  cards: Sequence[Card]) -> tuple[ClaimDevice, ...]:
-    """The claim's devices of driver gpu.egpu.io on ``node`` (module docstring). Raises
-    ClaimError: not allocated, a result on another node's pool, an unknown or unhealthy
-    card, a capacity that is no whole MiB count or outside 0..100 cores."""
+def allocation_results(claim: Mapping[str, Any]) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """(index in ``status.allocation.devices.results``, result) of each result of driver
+    ``gpu.egpu.io``; none when the claim is not allocated."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    for i, result in enumerate((allocation.get("devices") or {}).get("results") or []):
+        if result.get("driver") == DRA_DRIVER:
+            yield i, result
+
+
+def claim_pool(claim: Mapping[str, Any]) -> str | None:
+    """The pool (the node's name, ``egpu.dra.slices``) of the claim's first result of driver
+    ``gpu.egpu.io``; None when it is not allocated or has none."""
+    for _, result in allocation_results(claim):
+        return str(result.get("pool", ""))
+    return None
+
+
+def claim_devices(claim: Mapping[str, Any], node: str, cards: Sequence[Card],
+                  healthy_only: bool = True) -> tuple[ClaimDevice, ...]:
+    """The claim's devices of driver gpu.egpu.io on ``node`` (module docstring), in
+    allocation order; ``cards``: the node's inventory. Raises ClaimError: not allocated, a
+    result on another node's pool, an unknown card (or, with ``healthy_only``, an unhealthy
+    one: the kubelet plugin prepares none; the cluster view shows what it books), a capacity
+    that is no whole MiB count >= 1 or outside 0..100 cores, no device of the driver."""
     ref = claim_ref(claim)
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation:
+    if not (claim.get("status") or {}).get("allocation"):
         raise ClaimError(f"ResourceClaim {ref} is not allocated")
     by_name: dict[str, Card] = {}
     for card in cards:
@@ -159,9 +180,7 @@ def claim_devices(claim: Mapping[str, Any], node: str,
         except SliceError:
             continue  # never published, so never allocated
     out = []
-    for i, result in enumerate((allocation.get("devices") or {}).get("results") or []):
-        if result.get("driver") != DRA_DRIVER:
-            continue
+    for i, result in allocation_results(claim):
         where = f"ResourceClaim {ref} result {i} (device {result.get('device')!r})"
         if result.get("pool") != node:
             raise ClaimError(f"{where}: pool {result.get('pool')!r} is not this node's ({node})")
@@ -169,7 +188,7 @@ def claim_devices(claim: Mapping[str, Any], node: str,
         if found is None:
             raise ClaimError(f"{where}: no such card on node {node}")
         card = found
-        if not card.healthy:
+        if healthy_only and not card.healthy:
             raise ClaimError(f"{where}: card {card.uuid} is unhealthy")
         consumed = result.get("consumedCapacity") or {}
         memory_mib = card.memory_mib
@@ -232,6 +251,18 @@ def _claim_name_in_pod(pod: Mapping[str, Any], pod_claim: Mapping[str, Any]) -> 
             name = status.get("resourceClaimName")
             return str(name) if name else None
     return None
+
+
+def pod_claim_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names of the ResourceClaims (in the pod's namespace) the pod uses: its
+    ``spec.resourceClaims`` (a claim's own name, or the one ``status.resourceClaimStatuses``
+    gives a template's), then the scheduler's ``status.extendedResourceClaimStatus``; a
+    template's claim not yet created is left out."""
+    names = [_claim_name_in_pod(pod, c) for c in (pod.get("spec") or {}).get("resourceClaims")
+             or []]
+    extended = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
+        "resourceClaimName")
+    return tuple(dict.fromkeys(str(n) for n in (*names, extended) if n))
 
 
 def _runs_beside_others(container: Mapping[str, Any], init: bool) -> bool:
@@ -362,23 +393,3 @@ def pod_shares(pod_uid: str, claims: Iterable[PreparedClaim],
                      memory_oversubscription=config.memory_oversubscription,
                      allocation=Allocation(tuple(containers.values())),
                      low_priority_floor=low_priority_floor)
-
-
-def request_envs(claim: PreparedClaim) -> dict[str, dict[str, str]]:
-    """The environment of each of the claim's CDI devices, one per request (its base name;
-    module docstring): a container is given the devices of the requests it names, so it sees
-    only their cards."""
-    uuids: dict[str, list[str]] = {}
-    for d in claim.devices:
-        cards = uuids.setdefault(base_request(d.request), [])
-        if d.uuid not in cards:
-            cards.append(d.uuid)
-    return {request: allocate_envs(Ambiguous(tuple(cards), ()),
-                                   [claim_request_device(claim.uid, request)])
-            for request, cards in uuids.items()}
-
-
-def claim_request_device(claim_uid: str, request: str) -> str:
-    """The CDI device name of one request of a prepared claim: ``claim-<uid>-<request>``."""
-    return f"claim-{claim_uid}-{request}"
-

@@ -1,0 +1,254 @@
+"""The one decoder of an allocated ResourceClaim of driver gpu.egpu.io (egpu/dra/allocation.py):
+its results and ShareConfig -> the cards, MiB and cores each container of its pods gets, the
+pods' allocation files (what the node agent prepares) and the claim state; the same reading
+serves ``kubectl egpu`` (tests/unit/test_cluster_view.py)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from egpu.contract import ANN_ALLOCATION
+from egpu.dra import allocation
+from egpu.dra.allocation import ClaimError
+from egpu.dra.shareconfig import ShareConfig, ShareConfigError
+from egpu.records import Card, PodShares
+
+NODE = "node-a"
+CARDS = (Card("GPU-AAAA-0001", 0, "NVIDIA H100 80GB HBM3", 81559),
+         Card("GPU-BBBB-0002", 1, "NVIDIA H100 80GB HBM3", 81559))
+CLAIM_UID = "c0ffee00-0000-4000-8000-000000000001"
+POD_UID = "90d00000-0000-4000-8000-000000000001"
+
+
+def share_claim(memory: str = "4Gi", cores: str = "30", config: Any = None,
+                device: str = "gpu-aaaa-0001") -> dict[str, Any]:
+    entries = [] if config is None else [{"source": "FromClaim", "requests": [],
+                                          "opaque": {"driver": "gpu.egpu.io",
+                                                     "parameters": config}}]
+    return {
+        "metadata": {"name": "share-pod-gpu-x", "namespace": "ml", "uid": CLAIM_UID},
+        "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+        "status": {
+            "allocation": {"devices": {
+                "results": [{"request": "gpu", "driver": "gpu.egpu.io", "pool": NODE,
+                             "device": device, "shareID": "5a5a5a5a-0000-4000-8000-1",
+                             "consumedCapacity": {"memory": memory, "cores": cores}}],
+                "config": entries}},
+            "reservedFor": [{"resource": "pods", "name": "share-pod", "uid": POD_UID}]},
+    }
+
+
+def share_pod(containers: list[dict[str, Any]] | None = None,
+              annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "share-pod", "namespace": "ml", "uid": POD_UID,
+                     "annotations": annotations or {}},
+        "spec": {"nodeName": NODE,
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "share"}],
+                 "containers": containers if containers is not None else [
+                     {"name": "main", "resources": {"claims": [{"name": "gpu"}]}},
+                     {"name": "logger"}]},
+        "status": {"resourceClaimStatuses": [{"name": "gpu",
+                                              "resourceClaimName": "share-pod-gpu-x"}]},
+    }
+
+
+def test_a_share_claim_gives_its_container_the_consumed_capacity() -> None:
+    prepared = allocation.prepare(share_claim(), [share_pod()], NODE, CARDS)
+    assert prepared.config == ShareConfig()
+    (device,) = prepared.devices
+    assert (device.uuid, device.memory_mib, device.cores, device.share_id) == (
+        "GPU-AAAA-0001", 4096, 30, "5a5a5a5a-0000-4000-8000-1")
+    shares = allocation.pod_shares(POD_UID, [prepared], low_priority_floor=7)
+    assert shares is not None
+    assert [c.name for c in shares.allocation.containers] == ["main"]  # not "logger"
+    card = shares.allocation.containers[0].cards[0]
+    assert (card.uuid, card.index, card.memory_mib, card.cores) == ("GPU-AAAA-0001", 0, 4096, 30)
+    assert (shares.priority, shares.compute_policy, shares.low_priority_floor) == (
+        "high", "strict", 7)
+    assert PodShares.decode(shares.encode()) == shares  # what the hook reads
+
+
+def test_the_opaque_share_config_sets_the_pods_policies() -> None:
+    config = {"apiVersion": "gpu.egpu.io/v1alpha1", "kind": "ShareConfig", "priority": "low",
+              "computePolicy": "elastic", "memoryOversubscription": True}
+    prepared = allocation.prepare(share_claim(config=config), [share_pod()], NODE, CARDS)
+    shares = allocation.pod_shares(POD_UID, [prepared])
+    assert shares is not None
+    assert (shares.priority, shares.compute_policy, shares.memory_oversubscription) == (
+        "low", "elastic", True)
+
+
+def test_a_bad_share_config_fails_with_its_message() -> None:
+    config = {"apiVersion": "gpu.egpu.io/v1alpha1", "kind": "ShareConfig", "priority": "urgent"}
+    with pytest.raises(ShareConfigError, match=r"ShareConfig\.priority: 'urgent'; allowed: high"):
+        allocation.prepare(share_claim(config=config), [share_pod()], NODE, CARDS)
+
+
+@pytest.mark.parametrize(("claim", "message"), [
+    (share_claim(memory="4.5Mi"), "not a whole number of MiB"),
+    (share_claim(cores="101"), "allowed: a whole number 0..100"),
+    (share_claim(device="gpu-cccc-0003"), "no such card"),
+    ({**share_claim(), "status": {}}, "is not allocated"),
+])
+def test_claims_that_cannot_be_prepared(claim: dict[str, Any], message: str) -> None:
+    with pytest.raises(ClaimError, match=message):
+        allocation.prepare(claim, [share_pod()], NODE, CARDS)
+
+
+def test_no_consumed_capacity_means_the_whole_card() -> None:
+    claim = share_claim()
+    del claim["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]
+    (device,) = allocation.prepare(claim, [share_pod()], NODE, CARDS).devices
+    assert (device.memory_mib, device.cores) == (81559, 0)
+
+
+def test_an_unhealthy_card_is_never_prepared_but_still_read_for_the_cluster_view() -> None:
+    """The kubelet plugin refuses a claim on an unhealthy card; ``kubectl egpu`` shows what it
+    books there (``healthy_only=False``), with the same reading of its capacity."""
+    sick = (dataclasses.replace(CARDS[0], healthy=False), CARDS[1])
+    with pytest.raises(ClaimError, match="is unhealthy"):
+        allocation.claim_devices(share_claim(), NODE, sick)
+    (device,) = allocation.claim_devices(share_claim(), NODE, sick, healthy_only=False)
+    assert (device.uuid, device.memory_mib, device.cores) == ("GPU-AAAA-0001", 4096, 30)
+
+
+def test_the_pool_is_the_node_of_the_first_egpu_result() -> None:
+    claim = share_claim()
+    results = claim["status"]["allocation"]["devices"]["results"]
+    results.insert(0, {"request": "nic", "driver": "net.example.com", "pool": "elsewhere",
+                       "device": "eth0"})
+    assert allocation.claim_pool(claim) == NODE
+    assert [i for i, _ in allocation.allocation_results(claim)] == [1]
+    (device,) = allocation.claim_devices(claim, NODE, CARDS)  # the other driver's left out
+    assert device.device == "gpu-aaaa-0001"
+    assert allocation.claim_pool({**claim, "status": {}}) is None
+    with pytest.raises(ClaimError, match="is not this node's"):
+        allocation.claim_devices(claim, "node-b", CARDS)
+
+
+def test_a_pod_names_its_claims_by_template_by_name_and_by_extended_resource() -> None:
+    pod = share_pod()
+    pod["spec"]["resourceClaims"] += [{"name": "own", "resourceClaimName": "hand-written"},
+                                      {"name": "late", "resourceClaimTemplateName": "t"}]
+    pod["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "share-pod-extended-resources-xyz",
+        "requestMappings": [{"containerName": "main", "resourceName": "egpu.io/gpu",
+                             "requestName": "container-0-request-0"}]}
+    # "late": a template whose claim is not created yet (no status entry) is left out
+    assert allocation.pod_claim_names(pod) == (
+        "share-pod-gpu-x", "hand-written", "share-pod-extended-resources-xyz")
+    assert allocation.pod_claim_names({"metadata": {}}) == ()
+
+
+def test_two_running_containers_on_one_claim_are_refused_an_init_container_is_not() -> None:
+    both = [{"name": "a", "resources": {"claims": [{"name": "gpu"}]}},
+            {"name": "b", "resources": {"claims": [{"name": "gpu"}]}}]
+    with pytest.raises(ClaimError, match="run at the same time"):
+        allocation.prepare(share_claim(), [share_pod(both)], NODE, CARDS)
+    pod = share_pod()
+    pod["spec"]["initContainers"] = [{"name": "warmup",
+                                      "resources": {"claims": [{"name": "gpu"}]}}]
+    prepared = allocation.prepare(share_claim(), [pod], NODE, CARDS)
+    assert [(c.name, c.init) for c in prepared.pods[0].containers] == [
+        ("warmup", True), ("main", False)]
+
+
+def test_a_pod_of_the_extender_path_is_refused() -> None:
+    with pytest.raises(ClaimError, match="use one or the other"):
+        allocation.prepare(share_claim(), [share_pod(annotations={ANN_ALLOCATION: "{}"})],
+                           NODE, CARDS)
+
+
+def test_state_round_trips() -> None:
+    prepared = allocation.prepare(share_claim(), [share_pod()], NODE, CARDS)
+    assert allocation.PreparedClaim.decode(prepared.encode()) == prepared
+
+
+def test_two_running_containers_naming_one_request_are_refused() -> None:
+    both = [{"name": "a", "resources": {"claims": [{"name": "gpu", "request": "gpu"}]}},
+            {"name": "b", "resources": {"claims": [{"name": "gpu", "request": "gpu"}]}}]
+    with pytest.raises(ClaimError, match="both name request 'gpu'"):
+        allocation.prepare(share_claim(), [share_pod(both)], NODE, CARDS)
+
+
+# --- the webhook's claims, prepared: one claim per pod, one request per container -------------
+def _allocated(plan_template: dict[str, Any], card_of: dict[str, str]) -> dict[str, Any]:
+    """A ResourceClaim of the template as the scheduler would allocate it: each request on the
+    card ``card_of`` names, consuming what it asks (whole card memory when it asks none)."""
+    results = []
+    for r in plan_template["spec"]["spec"]["devices"]["requests"]:
+        asked = r["exactly"].get("capacity", {}).get("requests", {})
+        results.append({"request": r["name"], "driver": "gpu.egpu.io", "pool": NODE,
+                        "device": card_of[r["name"]],
+                        "consumedCapacity": {"memory": asked.get("memory", "81559Mi"),
+                                             "cores": asked.get("cores", "0")}})
+    claim = share_claim()
+    claim["spec"] = plan_template["spec"]["spec"]
+    claim["status"]["allocation"]["devices"] = {"results": results, "config": []}
+    return claim
+
+
+def _pod_with(plan: Any, pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` as the webhook patches it: one pod claim ``egpu``, each container naming its
+    requests."""
+    pod = copy.deepcopy(pod)
+    pod["metadata"].update({"uid": POD_UID})
+    pod["spec"]["nodeName"] = NODE
+    pod["spec"]["resourceClaims"] = [{"name": "egpu", "resourceClaimTemplateName": "t"}]
+    pod["status"] = {"resourceClaimStatuses": [{"name": "egpu",
+                                                "resourceClaimName": "share-pod-gpu-x"}]}
+    for key in ("initContainers", "containers"):
+        for c in pod["spec"].get(key) or []:
+            c["resources"] = {"claims": [{"name": "egpu", "request": r}
+                                         for r in plan.requests_of(c["name"])]}
+    return pod
+
+
+def test_each_container_of_a_webhook_claim_gets_its_own_request() -> None:
+    """FC-11: two app containers, one claim, a request each, on one card: each container's
+    share is its own request's, not the claim's."""
+    from egpu.dra.claims import plan_claims
+    from egpu.requests import read_pod
+
+    pod = {"metadata": {"name": "share-pod", "namespace": "ml"}, "spec": {"containers": [
+        {"name": "embed", "resources": {"limits": {"egpu.io/gpu-memory": "6000",
+                                                   "egpu.io/gpu-cores": "30"}}},
+        {"name": "rerank", "resources": {"limits": {"egpu.io/gpu-memory": "4000",
+                                                    "egpu.io/gpu-cores": "20"}}}]}}
+    request = read_pod(pod).request
+    assert request is not None
+    plan = plan_claims(request)
+    template = plan.template_in("ml")
+    requests = [r["name"] for r in template["spec"]["spec"]["devices"]["requests"]]
+    claim = _allocated(template, dict.fromkeys(requests, "gpu-aaaa-0001"))
+    prepared = allocation.prepare(claim, [_pod_with(plan, pod)], NODE, CARDS)
+    shares = {c.name: [(s.memory_mib, s.cores) for s in c.cards]
+              for c in prepared.pods[0].containers}
+    assert shares == {"embed": [(6000, 30)], "rerank": [(4000, 20)]}
+
+
+def test_an_init_container_of_a_webhook_claim_gets_its_partner_and_headroom() -> None:
+    """FC-07 (input 06): the init container names the app container's request and a headroom
+    on the same card: its share is their sum (12000 MiB), the app container's its own."""
+    import yaml
+
+    from egpu.dra.claims import plan_claims
+    from egpu.requests import read_pod
+
+    pod = yaml.safe_load((Path(__file__).resolve().parents[3] / "shared" / "inputs" / "pods"
+                          / "06-init-container-gpu.yaml").read_text())
+    request = read_pod(pod).request
+    assert request is not None
+    plan = plan_claims(request)
+    template = plan.template_in("ml-serving")
+    requests = [r["name"] for r in template["spec"]["spec"]["devices"]["requests"]]
+    claim = _allocated(template, dict.fromkeys(requests, "gpu-aaaa-0001"))
+    prepared = allocation.prepare(claim, [_pod_with(plan, pod)], NODE, CARDS)
+    shares = {c.name: [s.memory_mib for s in c.cards] for c in prepared.pods[0].containers}
+    assert shares == {"compile-engine": [12000], "ocr": [8000]}
