@@ -238,14 +238,16 @@ def test_fc14_starvation_floor(node: Node, floor: int, source: str) -> None:
     else:
         extra = {"EGPU_LOW_PRIORITY_FLOOR": floor} if floor else {}
     hi = node.load(node.env("hi", [0], kernel_us=1000), 3, "-s", 1)
-    lo = node.load(
-        node.env("lo", [0], priority="low", kernel_us=1000, **extra), 2.5, "-s", 1, delay=0.3
-    )
+    node.wait_attached(0, hi)  # the low share starts beside a running high share
+    lo = node.load(node.env("lo", [0], priority="low", kernel_us=1000, **extra), 2.5, "-s", 1)
     rl, _ = result(lo)[0], result(hi)[0]
     if floor:
         assert floor / 2 <= rl["use_pct"] <= floor + 3, rl
     else:
-        assert rl["use_pct"] <= 1.5, rl
+        # held off the card once the high share's poller has seen it arrive; before that, its
+        # first launches go through (a few ms; 49 ms seen on two loaded cores)
+        assert max(rl["win_use_pct"][1:]) <= 1.5, rl
+        assert rl["use_pct"] <= 3, rl
 
 
 def test_fc15_oversubscription_never_fails_below_the_cap(node: Node) -> None:

@@ -16,46 +16,8 @@ from egpu.contract import ANN_ALLOCATION
 from egpu.dra import allocation
 from egpu.dra.allocation import ClaimError
 from egpu.dra.shareconfig import ShareConfig, ShareConfigError
-from egpu.records import Card, PodShares
-
-NODE = "node-a"
-CARDS = (Card("GPU-AAAA-0001", 0, "NVIDIA H100 80GB HBM3", 81559),
-         Card("GPU-BBBB-0002", 1, "NVIDIA H100 80GB HBM3", 81559))
-CLAIM_UID = "c0ffee00-0000-4000-8000-000000000001"
-POD_UID = "90d00000-0000-4000-8000-000000000001"
-
-
-def share_claim(memory: str = "4Gi", cores: str = "30", config: Any = None,
-                device: str = "gpu-aaaa-0001") -> dict[str, Any]:
-    entries = [] if config is None else [{"source": "FromClaim", "requests": [],
-                                          "opaque": {"driver": "gpu.egpu.io",
-                                                     "parameters": config}}]
-    return {
-        "metadata": {"name": "share-pod-gpu-x", "namespace": "ml", "uid": CLAIM_UID},
-        "spec": {"devices": {"requests": [{"name": "gpu"}]}},
-        "status": {
-            "allocation": {"devices": {
-                "results": [{"request": "gpu", "driver": "gpu.egpu.io", "pool": NODE,
-                             "device": device, "shareID": "5a5a5a5a-0000-4000-8000-1",
-                             "consumedCapacity": {"memory": memory, "cores": cores}}],
-                "config": entries}},
-            "reservedFor": [{"resource": "pods", "name": "share-pod", "uid": POD_UID}]},
-    }
-
-
-def share_pod(containers: list[dict[str, Any]] | None = None,
-              annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "share-pod", "namespace": "ml", "uid": POD_UID,
-                     "annotations": annotations or {}},
-        "spec": {"nodeName": NODE,
-                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "share"}],
-                 "containers": containers if containers is not None else [
-                     {"name": "main", "resources": {"claims": [{"name": "gpu"}]}},
-                     {"name": "logger"}]},
-        "status": {"resourceClaimStatuses": [{"name": "gpu",
-                                              "resourceClaimName": "share-pod-gpu-x"}]},
-    }
+from egpu.records import PodShares
+from tests.dra_objects import CARDS, NODE, POD_UID, share_claim, share_pod
 
 
 def test_a_share_claim_gives_its_container_the_consumed_capacity() -> None:
