@@ -49,7 +49,24 @@ INTERPOSER = REPO / "libinterpose" / "build" / "libegpu_interpose.so"
 # What the probe containers run (the demo's and the e2e tests'): the CUDA driver API and NVML
 # through ctypes, as any application loads them (the interposer, preloaded by the hook,
 # sees every call).
+# It frees what it allocated and exits on SIGTERM (pod deletion): as pid 1 without a handler
+# it would ignore SIGTERM and be SIGKILLed after the grace period, and the fake driver, which
+# reclaims a dead process's memory by its pid (1 in every container), would keep that memory
+# charged to the fake card for good (a real driver frees it at exit). The handler is set first
+# thing: at PROBE_CPU a container can stay throttled for seconds after printing. Its progress
+# goes to /dev/termination-log (the terminated state's message).
 PROBE = textwrap.dedent('''
+    import os, signal
+    def _note(text):
+        with open("/dev/termination-log", "w") as f:
+            f.write(text)
+    def _release(*_):
+        _note("SIGTERM")
+        g = globals()
+        freed = [g["cuda"].cuMemFree_v2(g[p]) for p in ("ptr", "more") if "cuda" in g and p in g]
+        _note(f"SIGTERM, cuMemFree {freed}")
+        os._exit(0)
+    signal.signal(signal.SIGTERM, _release)
     import ctypes as C, json, os, sys, time
     MIB = 1 << 20
     cuda = C.CDLL("libcuda.so.1")
