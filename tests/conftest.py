@@ -20,5 +20,5 @@ SHARED = Path(os.environ.get("EGPU_SHARED_DIR", REPO.parent / "shared"))
 def shared_dir() -> Path:
     """The shared folder beside the checkout (inputs/, cases/, data/)."""
     if not SHARED.is_dir():
-        pytest.skip(f"shared folder not found at {SHARED} (set EGPU_SHARED_DIR)")
+        pytest.fail(f"shared folder not found at {SHARED} (set EGPU_SHARED_DIR)")
     return SHARED

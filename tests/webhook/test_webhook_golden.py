@@ -61,5 +61,5 @@ def test_golden_inputs_patch_applies_and_second_pass_is_empty(path: Path) -> Non
 def test_every_input_has_a_golden() -> None:
     stems = {p.stem for p in _inputs()}
     if not stems:
-        pytest.skip("shared inputs not found (set EGPU_SHARED_DIR)")
+        pytest.fail("shared inputs not found (set EGPU_SHARED_DIR)")
     assert stems <= {p.stem for p in GOLDEN.glob("*.json")}
