@@ -84,11 +84,14 @@ NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
 
 # --- Files -------------------------------------------------------------------------------
 # On the node. Never mounted whole into a pod: the runtime hook bind-mounts, at the same
-# paths, only the container's own accounting folder and its own cards' region files (the
-# webhook refuses share pods whose hostPath volumes reach this folder or NODE_PRIVATE_DIR).
+# paths, only the container's own accounting folder (rw), its own cards' folders (ro) and its
+# own share file in each (rw) (the webhook refuses share pods whose hostPath volumes reach
+# this folder or NODE_PRIVATE_DIR).
 RUNTIME_DIR: Final = "/var/run/egpu"
 CONTAINERS_SUBDIR: Final = "containers"  # <RUNTIME_DIR>/containers/<pod-uid>_<container>/
-CARDS_SUBDIR: Final = "cards"  # <RUNTIME_DIR>/cards/<uuid>
+# <RUNTIME_DIR>/cards/<uuid>/: the card's roster and one share-<owner> file per share
+# (egpu.card_roster)
+CARDS_SUBDIR: Final = "cards"
 CONTAINER_REGION_FILE: Final = "region"  # the accounting region inside the container folder
 CONTAINER_CONFIG_PATH: Final = "/run/egpu/config.json"  # in the container, read-only
 LD_SO_PRELOAD: Final = "/etc/ld.so.preload"

@@ -10,9 +10,10 @@
   ``egpu.io/allocation`` (an edit after binding; for a record of an older extender, also an
   edited ``egpu.io/priority`` label, which the agent reads then) is ignored with a warning
   naming the pod, and the first shares are kept (in memory too). It removes the
-  files and folders of deleted pods, and answers which containers are still *pending* (for
-  the device plugin, FC-12). Each new or changed pod wakes the threads waiting in
-  ``wait_for_change`` (the device plugin waiting for a pod the watch has not delivered yet).
+  files and folders of deleted pods and their shares from the cards' rosters, and answers
+  which containers are still *pending* (for the device plugin, FC-12). Each new or changed
+  pod wakes the threads waiting in ``wait_for_change`` (the device plugin waiting for a pod
+  the watch has not delivered yet).
 - ``watch_pods``: the Kubernetes watch (fieldSelector spec.nodeName) that feeds the registry.
 - ``list_node_pods`` / ``PodCatchUp``: what the device plugin calls when the kubelet asks for
   a pod's devices before the watch delivered that pod: one LIST of the node's pods (the pods
@@ -31,10 +32,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from egpu import card_roster
 from egpu.config import Config
 from egpu.contract import (
     ALLOCATIONS_SUBDIR,
     ANN_ALLOCATION,
+    CARDS_SUBDIR,
     CONTAINERS_SUBDIR,
     HOOK_SUBDIR,
     LABEL_PRIORITY,
@@ -121,14 +124,64 @@ def _pod_changed(kept: PodShares, seen: PodShares) -> bool:
 
 
 def remove_pod_files(private_dir: str, runtime_dir: str, uid: str) -> None:
-    """Remove a pod's allocation file, hook folders and accounting region folders (absent
-    ones are fine; errors inside the folders are ignored)."""
+    """Remove a pod's allocation file, hook folders and accounting region folders, and its
+    shares from every card's roster with their share files (absent ones are fine; errors
+    inside the folders are ignored, a card whose roster cannot be changed is logged)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(private_dir, ALLOCATIONS_SUBDIR, allocation_file_name(uid)))
-    for folder in (os.path.join(private_dir, HOOK_SUBDIR),
-                   os.path.join(runtime_dir, CONTAINERS_SUBDIR)):
-        for path in glob.glob(os.path.join(glob.escape(folder), f"{glob.escape(uid)}_*")):
-            shutil.rmtree(path, ignore_errors=True)
+    paths = [path for folder in (os.path.join(private_dir, HOOK_SUBDIR),
+                                 os.path.join(runtime_dir, CONTAINERS_SUBDIR))
+             for path in glob.glob(os.path.join(glob.escape(folder), f"{glob.escape(uid)}_*"))]
+    unregister_pod_shares(runtime_dir, uid, {os.path.basename(p) for p in paths})
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_CARD_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def unregister_pod_shares(runtime_dir: str, uid: str, dir_names: set[str]) -> int:
+    """Free pod ``uid``'s shares in every card roster under ``<runtime_dir>/cards`` and remove
+    their share files: the entries named ``<uid>_...`` (a name is cut to 31 bytes: egpu
+    .card_roster.name_matches_prefix) and those of the folders ``dir_names`` (``<uid>_<c>``,
+    by owner), never an entry the interposer registered itself (FLAG_RAW). Returns how many
+    entries were freed. Never follows a link; a card it cannot change is logged."""
+    folder = os.path.join(runtime_dir, CARDS_SUBDIR)
+    known = {card_roster.share_owner(name) for name in dir_names}
+    prefix = f"{uid}_"
+    freed = 0
+    try:
+        cards_fd = os.open(folder, _CARD_DIR_FLAGS)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        log.warning("pod %s: card rosters under %s left as they are: %s", uid, folder, exc)
+        return 0
+    try:
+        for name in os.listdir(cards_fd):
+            path = os.path.join(folder, name)
+            try:
+                card_fd = os.open(name, _CARD_DIR_FLAGS, dir_fd=cards_fd)
+            except OSError:
+                continue  # not a card folder (an old region file, a link): nothing of ours
+            try:
+                roster = card_roster.read_roster(card_fd, where=path)
+                owners = {e.owner for e in roster.shares().values()
+                          if not e.flags & card_roster.FLAG_RAW
+                          and (e.owner in known or card_roster.name_matches_prefix(e.name,
+                                                                                   prefix))}
+                if owners or known:
+                    freed += len(card_roster.unregister(card_fd, owners | known, where=path))
+            except FileNotFoundError:
+                continue  # no roster
+            except OSError as exc:
+                log.warning("pod %s: its shares on card folder %s are left in the roster: %s",
+                            uid, path, exc)
+            finally:
+                os.close(card_fd)
+    finally:
+        os.close(cards_fd)
+    return freed
 
 
 class PodRegistry:

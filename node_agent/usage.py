@@ -5,10 +5,10 @@ Built at each inventory heartbeat and sent in the same PATCH (node_agent.invento
 
 - per card: memory_used_mib from NVML (all processes; where NVML cannot tell, the sum of the
   shares' accounting regions), compute_used_percent from NVML (else the shares' measured use
-  in the card's region, else 0);
+  in the card's folder, else 0);
 - per share (a container's accounting region, one entry per card it uses): pod_uid, container,
   uuid, memory_used_mib (the region), compute_used_percent (the share's slot in the card's
-  region; 0 where there is none: no card region, or the share never launched work).
+  folder; 0 where there is none: no card folder, or its roster does not list the share).
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Host folders and files under the hook's runtime and private folders, never through a symlink.
 
 The hook runs as root on the host. The folders it creates under ``RUNTIME_DIR`` (the
-accounting folder ``containers/<pod-uid>_<container>/``, writable by the container) and the
-files it creates there (the per-card regions) must never be reached through a symlink or a
-hard link that someone planted: a ``chmod`` or a bind mount by path would then act on whatever
-host object the link names (``containers/<uid>_app -> /`` made the host's root folder 0777 and
-mounted it into the container).
+accounting folder ``containers/<pod-uid>_<container>/``, writable by the container, and the
+card folders ``cards/<uuid>/``) and the files it creates there (a share's file in its card's
+folder) must never be reached through a symlink or a hard link that someone planted: a
+``chmod`` or a bind mount by path would then act on whatever host object the link names
+(``containers/<uid>_app -> /`` made the host's root folder 0777 and mounted it into the
+container).
 
 So every path below a *base* folder (``--runtime-dir``, ``--private-dir``, trusted: the
 node's configuration) is walked one component at a time from the base's file descriptor:
@@ -153,14 +154,32 @@ def create_file(folder: int, folder_path: str, name: str, mode: int) -> int:
     path = os.path.join(folder_path, name)
     fd = _open_file(folder, name, path, os.O_RDWR | os.O_CREAT, mode)
     try:
-        # In a sticky, world-writable folder (cards/) another user could have made the file;
-        # its owner could later chmod it and lock every share out of the card.
+        # Another user's file (a folder once world-writable, a raw node's interposer): its
+        # owner could later chmod it and lock the share out.
         _owned(fd, path, "file")
         os.fchmod(fd, mode)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def remove_regular_file(folder: int, folder_path: str, name: str) -> bool:
+    """Unlink ``name`` in ``folder`` if it is a regular file (whatever its owner or links:
+    unlinking a name changes no file's content); anything else is left for the caller to
+    refuse. Returns whether it removed one. Never follows a symlink."""
+    _check_name(name, folder_path)
+    try:
+        info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(info.st_mode):
+        return False
+    try:
+        os.unlink(name, dir_fd=folder)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def read_file(folder: int, folder_path: str, name: str, limit: int = 1 << 20) -> bytes | None:

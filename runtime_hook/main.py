@@ -8,15 +8,22 @@ passes the container state JSON on stdin. The hook reads the bundle's config.jso
 - writes ``<private>/hook/<pod-uid>_<container>/config.json`` (records.ContainerConfig) and
   ``ld.so.preload`` (the image's own lines, then the interposer), creates the accounting
   folder ``<runtime>/containers/<pod-uid>_<container>/`` (0777) and, for each of the
-  container's cards, the card region file ``<runtime>/cards/<uuid>`` (empty until the
-  interposer initialises it; 0666). Every host path under the runtime and private folders is
-  created and opened without following symlinks (runtime_hook.hostfs): a symlink, FIFO or
-  hard link planted there is refused, never followed;
+  container's cards, the card folder ``<runtime>/cards/<uuid>/`` (root's, 0755; a card region
+  file of the previous version at that path is unlinked first: running containers keep their
+  mapping). There it registers the share in the card's ``roster`` (egpu.card_roster: slot,
+  priority, compute policy, booked cores, floor; the owner is the share's key, FNV-1a 64 of
+  its container region path) and creates its file ``share-<owner>`` (4096 bytes, 0666). Every
+  host path under the runtime and private folders is created and opened without following
+  symlinks (runtime_hook.hostfs, egpu.card_roster): a symlink, FIFO or hard link planted
+  there is refused, never followed;
 - in the container's mount namespace, bind-mounts (from those file descriptors): the
   interposer at ``/usr/lib/egpu/libegpu_interpose.so`` (ro), the config at
   ``/run/egpu/config.json`` (ro), the preload list at ``/etc/ld.so.preload`` (ro), the
-  accounting folder and the container's own card region files at the same paths under
-  ``/var/run/egpu`` (rw). Nothing else of the host's ``/var/run/egpu`` is visible.
+  accounting folder at the same path under ``/var/run/egpu`` (rw), and for each card its
+  folder at ``/var/run/egpu/cards/<uuid>`` (ro: the roster and every co-tenant's share file
+  can be read, none written, nothing created) with the share's own file on top of
+  ``/var/run/egpu/cards/<uuid>/share-<owner>`` (rw, this container only). Nothing else of the
+  host's ``/var/run/egpu`` is visible.
 
 Other containers pass untouched. Reruns are idempotent (existing mount points are kept).
 Exit status: 0 done or untouched; 1 refused (the message on stderr names the container and
@@ -171,8 +178,9 @@ def load_shares(private_dir: str, pod_uid: str) -> tuple[PodShares | None, str |
 RUNTIME_DIR_MODE = 0o755  # <runtime>: root's; nothing of it is mounted into a container
 CONTAINERS_DIR_MODE = 0o755  # <runtime>/containers: root's
 REGION_DIR_MODE = 0o777  # <runtime>/containers/<dir>: every uid of the container writes it
-CARDS_DIR_MODE = 0o1777  # <runtime>/cards: raw-node shares (``egpu run``) create theirs too
-CARD_REGION_MODE = 0o666  # <runtime>/cards/<uuid>: every share of the card maps it
+CARDS_DIR_MODE = 0o755  # <runtime>/cards: root's, never mounted
+CARD_DIR_MODE = 0o755  # <runtime>/cards/<uuid>: root's, mounted read-only (egpu.card_roster)
+SHARE_FILE_MODE = 0o666  # <runtime>/cards/<uuid>/share-<owner>: any uid of its container
 PRIVATE_DIR_MODE = 0o711  # <private> and its hook folders: root's
 PRIVATE_FILE_MODE = 0o444
 
@@ -181,16 +189,19 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
     """Write the host files and bind-mount them into the container (module docstring).
 
     Every host path under the runtime and private folders is created and opened without
-    following a symlink (runtime_hook.hostfs), and mounted from its file descriptor; only
-    the container's own accounting folder and its own cards' region files are mounted.
-    Raises OSError (MountError, EscapeError, HostPathError) on failure."""
+    following a symlink (runtime_hook.hostfs, egpu.card_roster), and mounted from its file
+    descriptor; only the container's own accounting folder and share files are mounted
+    writable. Raises OSError (MountError, EscapeError, HostPathError, RosterError: a full
+    card names it) on failure."""
+    from egpu import card_roster
     from runtime_hook import hostfs, mounts, rootfs  # ctypes and libc: only for shares
+    from runtime_hook.plan import card_shares
 
     if not os.path.isfile(args.interposer):
         raise FileNotFoundError(f"interposer library {args.interposer} is missing on the node")
     root = spec.rootfs
     runtime, private = args.runtime_dir, args.private_dir
-    uuids = [c.uuid for c in plan.config.cards] if plan.config is not None else []
+    shares = card_shares(plan, spec.env, spec.uid)
 
     def inside() -> None:
         # In the container's mount namespace (a copy of the host's, not yet pivoted): the
@@ -202,15 +213,21 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
             region = hostfs.make_dirs(base, runtime, [CONTAINERS_SUBDIR, plan.dir_name],
                                       [CONTAINERS_DIR_MODE, REGION_DIR_MODE])
             fds.append(region)
-            card_files: list[tuple[str, int]] = []
-            if uuids:
+            card_mounts: list[tuple[str, int, str, int]] = []  # uuid, folder, share file
+            if shares:
                 cards = hostfs.make_dirs(base, runtime, [CARDS_SUBDIR], [CARDS_DIR_MODE])
                 fds.append(cards)
                 cards_path = os.path.join(runtime, CARDS_SUBDIR)
-                for uuid in uuids:
-                    card = hostfs.create_file(cards, cards_path, uuid, CARD_REGION_MODE)
+                for uuid, entry in shares:
+                    hostfs.remove_regular_file(cards, cards_path, uuid)  # the old layout's
+                    card = hostfs.make_dirs(cards, cards_path, [uuid], [CARD_DIR_MODE])
                     fds.append(card)
-                    card_files.append((uuid, card))
+                    card_path = os.path.join(cards_path, uuid)
+                    card_roster.register(card, uuid, entry, where=card_path)
+                    name = card_roster.share_file_name(entry.owner)
+                    share = hostfs.create_file(card, card_path, name, SHARE_FILE_MODE)
+                    fds.append(share)
+                    card_mounts.append((uuid, card, name, share))
             pbase = hostfs.open_base(private, PRIVATE_DIR_MODE)
             fds.append(pbase)
             hook_dir = hostfs.make_dirs(pbase, private, [HOOK_SUBDIR, plan.dir_name],
@@ -240,11 +257,14 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
             rootfs.make_dirs_in_root(root, region_in)
             mounts.bind(region, root, region_in, read_only=False,
                         label=os.path.join(runtime, CONTAINERS_SUBDIR, plan.dir_name))
-            for uuid, card in card_files:
+            for uuid, card, name, share in card_mounts:
                 card_in = f"{RUNTIME_DIR}/{CARDS_SUBDIR}/{uuid}"
-                rootfs.make_file_in_root(root, card_in)
-                mounts.bind(card, root, card_in, read_only=False,
-                            label=os.path.join(runtime, CARDS_SUBDIR, uuid))
+                card_path = os.path.join(runtime, CARDS_SUBDIR, uuid)
+                rootfs.make_dirs_in_root(root, card_in)
+                mounts.bind(card, root, card_in, read_only=True, label=card_path)
+                # the share's own file, on top, inside the read-only folder: it exists there
+                mounts.bind(share, root, f"{card_in}/{name}", read_only=False,
+                            label=os.path.join(card_path, name))
         finally:
             for fd in fds:
                 os.close(fd)

@@ -13,8 +13,11 @@
 5. Not named but given devices -> Refuse (ambiguous: never guess a share).
 6. Not named, no devices, ``EGPU_MEMORY_LIMIT_MIB`` / ``EGPU_MEMORY_PERCENTAGE`` /
    ``EGPU_CORES`` in the env -> a raw-node share (``egpu run``): the interposer reads the env;
-   no config file is written.
+   no config file is written; its cards are the UUIDs ``NVIDIA_VISIBLE_DEVICES`` names.
 7. Anything else -> Skip: the container is left untouched.
+
+``card_shares(plan, env, uid)`` gives the roster entry of an applied share on each of its
+cards (egpu.card_roster; docs/security.md, "Node-side state").
 """
 
 from __future__ import annotations
@@ -24,12 +27,16 @@ from egpu.contract import (
     CONTAINER_REGION_FILE,
     CONTAINERS_SUBDIR,
     ENV_ALLOCATION_ERROR,
+    ENV_COMPUTE_POLICY,
     ENV_CONTAINER,
+    ENV_CONTAINER_REGION,
     ENV_CORES,
     ENV_DEVICES,
     ENV_MEMORY_LIMIT_MIB,
     ENV_MEMORY_PERCENTAGE,
     ENV_POD_UID,
+    ENV_PRIORITY,
+    ENV_RUNTIME_DIR,
     INTERPOSER_PATH_IN_CONTAINER,
     NVIDIA_VISIBLE_DEVICES,
     OCI_ANN_CONTAINER_NAME,
@@ -45,6 +52,7 @@ TYPE_CHECKING = False  # plain classes, no dataclasses/typing: the hook's startu
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from egpu.card_roster import RosterEntry
     from egpu.records import ContainerConfig, PodShares
 
 RAW_CONTAINER: str = "raw"  # container part of a raw share's folder name: <oci-id>_raw
@@ -215,6 +223,67 @@ def decide(inputs: Inputs) -> Decision:
     if any(env.get(k) for k in (ENV_MEMORY_LIMIT_MIB, ENV_MEMORY_PERCENTAGE, ENV_CORES)):
         return Apply(container_dir_name(inputs.container_id, RAW_CONTAINER), None)
     return Skip("no egpu share")
+
+
+def raw_card_uuids(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The cards of a raw share (``Apply`` without a config): the card UUIDs that
+    ``NVIDIA_VISIBLE_DEVICES`` names; ``all``, ``none``, ``void``, indexes and entries that
+    are no file name are left out (the hook cannot tell which card they are)."""
+    return tuple(v for v in visible_uuids(env.get(NVIDIA_VISIBLE_DEVICES, ""))
+                 if v not in ("all", "none", "void") and not v.replace(":", "").isdigit()
+                 and "/" not in v and v not in (".", "..") and "\0" not in v)
+
+
+def raw_container_region(env: Mapping[str, str], uid: int) -> str:
+    """The accounting region path the interposer of a raw share computes (config.c,
+    load_env): ``EGPU_CONTAINER_REGION``, else ``<EGPU_RUNTIME_DIR or RUNTIME_DIR>/containers/
+    local-uid<uid>/region`` with the uid its processes run as (the spec's process.user.uid)."""
+    region = env.get(ENV_CONTAINER_REGION, "")
+    if region:
+        return region
+    runtime = env.get(ENV_RUNTIME_DIR, "") or RUNTIME_DIR
+    return (f"{runtime}/{CONTAINERS_SUBDIR}/local-uid{uid & 0xFFFFFFFF}/"
+            f"{CONTAINER_REGION_FILE}")
+
+
+def _env_choice(env: Mapping[str, str], name: str, codes: dict[str, int]) -> int:
+    return codes.get(env.get(name, ""), 0)
+
+
+def _env_cores(env: Mapping[str, str]) -> int:
+    """``EGPU_CORES`` as the interposer reads it (strtoll: blanks, a sign, decimal digits),
+    0 when unset or invalid (the interposer then keeps CUDA off anyway)."""
+    text = env.get(ENV_CORES, "").lstrip(" \t\n\v\f\r")
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits.isascii() or not digits.isdigit():
+        return 0
+    cores = int(text)
+    return cores if 0 <= cores <= 100 else 0
+
+
+def card_shares(plan: Apply, env: Mapping[str, str], uid: int) -> list[tuple[str, RosterEntry]]:
+    """(card UUID, its roster entry) for each card of the share, in order: what the node
+    says of the share (docs/security.md, "Node-side state"). Owner: the share's key as its
+    interposer computes it (its config's ``container_region``; raw: ``raw_container_region``);
+    name: ``plan.dir_name``. Terms: the config's priority, compute policy, card cores and
+    low-priority floor; a raw share's from its environment (``EGPU_PRIORITY``,
+    ``EGPU_COMPUTE_POLICY``, ``EGPU_CORES``: what its interposer reads; high, strict and 0
+    when unset or invalid), floor 0, on the cards ``raw_card_uuids`` names."""
+    from egpu.card_roster import POLICY_CODES, PRIORITY_CODES, RosterEntry, region_owner
+
+    config = plan.config
+    if config is not None:
+        owner = region_owner(config.container_region)
+        priority = PRIORITY_CODES[config.priority]
+        policy = POLICY_CODES[config.compute_policy]
+        return [(c.uuid, RosterEntry(owner, priority, policy, c.cores,
+                                     config.low_priority_floor, 0, plan.dir_name))
+                for c in config.cards]
+    entry = RosterEntry(region_owner(raw_container_region(env, uid)),
+                        _env_choice(env, ENV_PRIORITY, PRIORITY_CODES),
+                        _env_choice(env, ENV_COMPUTE_POLICY, POLICY_CODES), _env_cores(env),
+                        0, 0, plan.dir_name)
+    return [(uuid, entry) for uuid in raw_card_uuids(env)]
 
 
 def preload_text(existing: bytes | None) -> bytes:

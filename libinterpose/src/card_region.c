@@ -1,5 +1,6 @@
-/* card_region.c: open, initialise and lock the per-card region (card_region.h). Free of
- * CUDA calls so that it runs in CPU unit tests. */
+/* card_region.c: a process's view of its card (card_region.h): the roster, its own share file
+ * mapped over its slot, co-tenants' slots copied in with bounded preads. Free of CUDA calls so
+ * that it runs in CPU unit tests. */
 #define _GNU_SOURCE
 #include "card_region.h"
 
@@ -7,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -15,9 +17,14 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Open regions keep their file open for the pid cells' liveness locks (EGPU_SLOT_PID_OFD). */
-static struct { egpu_card_region *r; int fd; } g_fds[64];
-static pthread_mutex_t g_fds_mu = PTHREAD_MUTEX_INITIALIZER;
+#define PPM 1000000ULL
+#define ROSTER_FLOCK_MS 5000              /* a roster writer (the hook, a raw share) holds it for a few writes */
+#define SHARE_FLOCK_MS 5000               /* the share's own processes initialise its file under this */
+#define QUEUED_AHEAD_MAX_NS 1000000000ULL /* a co-tenant's predicted queue end: at most 1 s ahead */
+#define INFLIGHT_MAX 1000000ULL           /* a co-tenant's launches in flight: at most this many */
+#define OTHER_FD_ABSENT (-2)              /* the share file could not be opened: retried with the roster */
+#define RAW_CARD_DIR_MODE 01777           /* raw nodes: every user's processes register themselves */
+#define RAW_FILE_MODE 0666
 
 uint64_t egpu_owner_id(const char *key)
 {
@@ -29,142 +36,151 @@ uint64_t egpu_owner_id(const char *key)
     return h ? h : 1;
 }
 
-void egpu_card_region_init(egpu_card_region *r, const char *uuid, uint64_t now_ns)
+static uint64_t mono_ns(void)
 {
-    memset(r, 0, sizeof *r);
-    r->version = EGPU_CARD_VERSION;
-    r->size = (uint32_t)sizeof *r;
-    r->nslots = EGPU_CARD_SLOTS;
-    r->slot_size = (uint32_t)sizeof(egpu_card_slot);
-    snprintf(r->uuid, sizeof r->uuid, "%s", uuid ? uuid : "");
-    r->created_ns = now_ns;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static void mutex_init_shared(pthread_mutex_t *mu)
+{
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
     pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init(&r->mu, &a);
+    pthread_mutex_init(mu, &a);
     pthread_mutexattr_destroy(&a);
-    __atomic_store_n(&r->magic, EGPU_CARD_MAGIC, __ATOMIC_RELEASE); /* last: marks it ready */
 }
 
-/* The runtime hook pre-creates the file EMPTY (mode 0666) and bind-mounts just that file into
- * the container, so it is initialised in place: ftruncate + init under an flock on the file
- * itself, never a temporary file renamed over it. Anything but a regular file of size 0 (new)
- * or exactly sizeof(egpu_card_region) is refused (a link, a FIFO, a short or foreign file):
- * never a SIGBUS or a hang. */
-egpu_card_region *egpu_card_region_open(const char *path, const char *uuid)
+static void header_init(egpu_card_region *r, const char *uuid)
 {
-    if (!path || !*path) { errno = EINVAL; return NULL; }
-    egpu_mkdirs_for(path);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
-    if (fd < 0) {
-        if (errno == ELOOP) fprintf(stderr, "egpu: card region %s is a symbolic link: refused\n", path);
-        return NULL;
-    }
-    struct stat st;
-    int locked = 0;
-    egpu_card_region *r = MAP_FAILED;
-    if (fstat(fd, &st) != 0) goto fail;
-    if (!S_ISREG(st.st_mode)) {
-        fprintf(stderr, "egpu: card region %s is not a regular file: refused\n", path);
-        errno = EINVAL;
-        goto fail;
-    }
-    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) goto fail;
-    if (egpu_flock_bounded(fd, 5000) != 0) {
-        fprintf(stderr, "egpu: card region %s is locked by another process: refused\n", path);
-        goto fail;
-    }
-    locked = 1;
-    if (fstat(fd, &st) != 0) goto fail; /* again, under the lock */
-    if (st.st_size == 0) {
-        if (ftruncate(fd, (off_t)sizeof *r) != 0) goto fail;
-    } else if ((size_t)st.st_size != sizeof *r) {
-        fprintf(stderr, "egpu: card region %s has size %lld, expected %zu: refused\n", path, (long long)st.st_size,
-                sizeof *r);
-        errno = EPROTO;
-        goto fail;
-    }
-    (void)fchmod(fd, 0666); /* shares of other containers (other uids) open it too */
-    r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (r == MAP_FAILED) goto fail;
-    if (r->magic == 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        egpu_card_region_init(r, uuid, (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec);
-    } else if (r->magic != EGPU_CARD_MAGIC || r->version != EGPU_CARD_VERSION || r->size != sizeof *r) {
-        /* Another egpu version (or something else) owns this card: never reinterpret it. */
-        fprintf(stderr, "egpu: card region %s has magic %#llx version %u (size %u), this library speaks %u: refused\n",
-                path, (unsigned long long)r->magic, r->version, r->size, EGPU_CARD_VERSION);
-        munmap(r, sizeof *r);
-        r = MAP_FAILED;
-        errno = EPROTO;
-        goto fail;
-    }
-    flock(fd, LOCK_UN);
-    pthread_mutex_lock(&g_fds_mu);
-    int kept = 0;
-    for (int i = 0; i < 64 && !kept; i++)
-        if (!g_fds[i].r) { g_fds[i].r = r; g_fds[i].fd = fd; kept = 1; }
-    pthread_mutex_unlock(&g_fds_mu);
-    if (!kept) close(fd); /* pid cells of this process then fall back to pid liveness */
-    return r;
-fail:;
-    int e = errno;
-    if (locked) flock(fd, LOCK_UN);
-    close(fd);
-    errno = e;
-    return NULL;
+    snprintf(r->uuid, sizeof r->uuid, "%s", uuid ? uuid : "");
+    r->self = -1;
+    r->dir_fd = -1;
+    r->own_fd = -1;
+    for (int j = 0; j < EGPU_CARD_SLOTS; j++) r->other_fd[j] = -1;
+    pthread_mutex_init(&r->refresh_mu, NULL);
 }
 
-void egpu_card_region_close(egpu_card_region *r)
+void egpu_card_region_init(egpu_card_region *r, const char *uuid, uint64_t now_ns)
 {
-    if (!r) return;
-    pthread_mutex_lock(&g_fds_mu);
-    for (int i = 0; i < 64; i++)
-        if (g_fds[i].r == r) { close(g_fds[i].fd); g_fds[i].r = NULL; }
-    pthread_mutex_unlock(&g_fds_mu);
-    munmap(r, sizeof *r);
+    (void)now_ns;
+    memset(r, 0, sizeof *r);
+    header_init(r, uuid);
+    for (int i = 0; i < EGPU_CARD_SLOTS; i++) {
+        mutex_init_shared(&r->slot[i].mu);
+        r->slot[i].share_magic = EGPU_SHARE_MAGIC;
+        r->slot[i].share_version = EGPU_SHARE_VERSION;
+    }
 }
+
+/* ---- the share's own lock --------------------------------------------------------------- */
+
+/* A slot's lock is held for a few stores at a time. A holder that never lets go (stopped, or
+ * the share's own hostile process) must not hang the share's other launches: after
+ * EGPU_SLOT_LOCK_WAIT_MS the caller gets ETIMEDOUT and goes on uncoordinated (logged once). */
+#define EGPU_SLOT_LOCK_WAIT_MS 200
+int egpu_card_lock(egpu_card_region *r, int slot)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += (long)EGPU_SLOT_LOCK_WAIT_MS * 1000000L;
+    dl.tv_sec += dl.tv_nsec / 1000000000L;
+    dl.tv_nsec %= 1000000000L;
+    int e = pthread_mutex_timedlock(&r->slot[slot].mu, &dl);
+    if (e == ETIMEDOUT) {
+        static int logged;
+        if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
+            fprintf(stderr,
+                    "egpu: warning: the share's lock on card %s is held by another of its processes for over %d ms: "
+                    "compute is not coordinated for such launches\n",
+                    r->uuid, EGPU_SLOT_LOCK_WAIT_MS);
+        return e;
+    }
+    if (e == EOWNERDEAD) { /* a process died mid-update: every update leaves the slot usable */
+        pthread_mutex_consistent(&r->slot[slot].mu);
+        e = 0;
+    }
+    return e;
+}
+
+void egpu_card_unlock(egpu_card_region *r, int slot) { pthread_mutex_unlock(&r->slot[slot].mu); }
+
+/* ---- liveness of a share's processes ----------------------------------------------------- */
 
 static int pid_dead(int32_t pid) { return pid > 0 && kill(pid, 0) == -1 && errno == ESRCH; }
 
-
-static int region_fd(const egpu_card_region *r)
+static off_t cell_off(const egpu_card_slot *s, const int32_t *cell)
 {
-    int fd = -1;
-    pthread_mutex_lock(&g_fds_mu);
-    for (int i = 0; i < 64; i++)
-        if (g_fds[i].r == r) fd = g_fds[i].fd;
-    pthread_mutex_unlock(&g_fds_mu);
-    return fd;
+    return (off_t)((const char *)cell - (const char *)s);
 }
 
-static off_t cell_off(const egpu_card_region *r, const int32_t *cell) { return (off_t)((const char *)cell - (const char *)r); }
-
-static int cell_lock(const egpu_card_region *r, const int32_t *cell, short type)
+static int cell_lock(int fd, const egpu_card_slot *s, const int32_t *cell, short type)
 {
-    int fd = region_fd(r);
-    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = cell_off(r, cell), .l_len = 1};
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = cell_off(s, cell), .l_len = 1};
     return fd >= 0 ? fcntl(fd, F_OFD_SETLK, &fl) : -1;
 }
 
-/* 1: another open file description holds the cell's lock; 0: nobody; -1: cannot tell. */
-static int cell_held(const egpu_card_region *r, const int32_t *cell)
+/* 1: another open file description holds the range's lock; 0: nobody; -1: cannot tell. */
+static int range_held(int fd, off_t start, off_t len)
 {
-    int fd = region_fd(r);
-    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = cell_off(r, cell), .l_len = 1};
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = start, .l_len = len};
     if (fd < 0 || fcntl(fd, F_OFD_GETLK, &fl) != 0) return -1;
     return fl.l_type != F_UNLCK;
 }
 
-static int cell_dead(const egpu_card_region *r, const egpu_card_slot *s, int p)
+static int cell_dead(int fd, const egpu_card_slot *s, int p)
 {
-    if (EGPU_SLOT_PID_OFD(s) & (1ull << p)) return cell_held(r, &s->pids[p]) == 0;
+    if (EGPU_SLOT_PID_OFD(s) & (1ull << p)) return range_held(fd, cell_off(s, &s->pids[p]), 1) == 0;
     return pid_dead(s->pids[p]);
 }
 
-static void recount_locked(egpu_card_region *r)
+/* A fresh controller state for a share whose processes all exited (or a new one). */
+static void slot_reset_locked(egpu_card_slot *s, uint64_t owner, uint64_t now_ns)
+{
+    memset(s, 0, EGPU_SLOT_PUBLIC_BYTES);
+    s->owner = owner;
+    s->refill_ns = now_ns;
+    s->win_start_ns = now_ns;
+}
+
+/* Joins process pid to slot s (its lock held): forgets dead processes, resets the state when
+ * none is left, records pid (with a liveness lock on its cell when fd >= 0). */
+static void join_locked(egpu_card_slot *s, int fd, const egpu_share_terms *t, int32_t pid, uint64_t now_ns)
+{
+    int live = 0;
+    for (int p = 0; p < EGPU_CARD_SLOT_PIDS; p++) {
+        if (!s->pids[p]) continue;
+        if (s->pids[p] != pid && cell_dead(fd, s, p)) {
+            s->pids[p] = 0;
+            EGPU_SLOT_PID_OFD(s) &= ~(1ull << p);
+        } else {
+            live++;
+        }
+    }
+    if (!live || s->owner != t->owner) slot_reset_locked(s, t->owner, now_ns);
+    /* The config of the share is the same for all its processes; the last one wins. */
+    s->priority = t->priority;
+    s->policy = t->policy;
+    s->cores = t->cores;
+    s->floor_pct = t->floor_pct;
+    s->flags = (t->cores > 0 && t->cores < 100) ? (s->flags | EGPU_SLOT_CAPPED) : (s->flags & ~EGPU_SLOT_CAPPED);
+    int have = 0, cell = -1;
+    for (int p = 0; p < EGPU_CARD_SLOT_PIDS; p++) {
+        if (s->pids[p] == pid) have = 1;
+        if (!s->pids[p] && cell < 0) cell = p;
+    }
+    /* More processes than pid cells: the share still works; its state is then reset only
+     * when the tracked ones exit and a later process joins. */
+    if (!have && cell >= 0) {
+        if (cell_lock(fd, s, &s->pids[cell], F_WRLCK) == 0) EGPU_SLOT_PID_OFD(s) |= 1ull << cell;
+        else EGPU_SLOT_PID_OFD(s) &= ~(1ull << cell);
+        s->pids[cell] = pid;
+    }
+}
+
+static void count_priorities(egpu_card_region *r)
 {
     uint32_t lo = 0, hi = 0;
     for (int i = 0; i < EGPU_CARD_SLOTS; i++) {
@@ -177,122 +193,401 @@ static void recount_locked(egpu_card_region *r)
     r->generation++;
 }
 
-/* The card lock is held for a few stores at a time. A holder that never lets go (stopped,
- * or hostile: the file is shared by every container on the card) must not hang launches:
- * after EGPU_CARD_LOCK_WAIT_MS the caller gets ETIMEDOUT and treats this launch as not
- * coordinated (logged once per process). */
-#define EGPU_CARD_LOCK_WAIT_MS 200
-int egpu_card_lock(egpu_card_region *r)
+int egpu_card_claim(egpu_card_region *r, uint64_t owner, int32_t pid, uint32_t priority, uint32_t policy,
+                    uint32_t cores, uint32_t floor_pct, uint64_t now_ns)
 {
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_nsec += (long)EGPU_CARD_LOCK_WAIT_MS * 1000000L;
-    dl.tv_sec += dl.tv_nsec / 1000000000L;
-    dl.tv_nsec %= 1000000000L;
-    int e = pthread_mutex_timedlock(&r->mu, &dl);
-    if (e == ETIMEDOUT) {
-        static int logged;
-        if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
-            fprintf(stderr, "egpu: warning: the card region lock of %s is held by another process for over %d ms: "
-                            "compute is not coordinated for such launches\n", r->uuid, EGPU_CARD_LOCK_WAIT_MS);
-        return e;
-    }
-    if (e == EOWNERDEAD) {
-        /* A process died holding the lock mid-update. Every update leaves the slot usable;
-         * recount the card-wide counters and go on. */
-        recount_locked(r);
-        pthread_mutex_consistent(&r->mu);
-        e = 0;
-    }
-    return e;
-}
-
-void egpu_card_unlock(egpu_card_region *r) { pthread_mutex_unlock(&r->mu); }
-
-/* Frees slots whose processes have all exited (lock held). */
-static void reap_locked(egpu_card_region *r, int32_t self)
-{
-    int changed = 0;
-    for (int i = 0; i < EGPU_CARD_SLOTS; i++) {
-        egpu_card_slot *s = &r->slot[i];
-        if (!s->owner) continue;
-        int live = 0;
-        for (int p = 0; p < EGPU_CARD_SLOT_PIDS; p++) {
-            if (!s->pids[p]) continue;
-            if (s->pids[p] != self && cell_dead(r, s, p)) {
-                s->pids[p] = 0;
-                EGPU_SLOT_PID_OFD(s) &= ~(1ull << p);
-            } else {
-                live++;
-            }
-        }
-        if (!live) { memset(s, 0, sizeof *s); changed = 1; }
-    }
-    if (changed) recount_locked(r);
-}
-
-int egpu_card_claim(egpu_card_region *r, uint64_t owner, int32_t pid, uint32_t priority,
-                    uint32_t policy, uint32_t cores, uint32_t floor_pct, uint64_t now_ns)
-{
-    if (egpu_card_lock(r) != 0) return -1;
-    reap_locked(r, pid);
     int idx = -1, free_idx = -1;
     for (int i = 0; i < EGPU_CARD_SLOTS; i++) {
-        if (r->slot[i].owner == owner) { idx = i; break; }
+        if (r->slot[i].owner == owner) {
+            idx = i;
+            break;
+        }
         if (!r->slot[i].owner && free_idx < 0) free_idx = i;
     }
-    if (idx < 0 && free_idx >= 0) {
-        idx = free_idx;
-        egpu_card_slot *s = &r->slot[idx];
-        memset(s, 0, sizeof *s);
-        s->owner = owner;
-        s->refill_ns = now_ns;
-        s->win_start_ns = now_ns;
-    }
-    if (idx >= 0) {
-        egpu_card_slot *s = &r->slot[idx];
-        /* The config of the share is the same for all its processes; the last one wins. */
-        s->priority = priority;
-        s->policy = policy;
-        s->cores = cores;
-        s->floor_pct = floor_pct;
-        s->flags = (cores > 0 && cores < 100) ? (s->flags | EGPU_SLOT_CAPPED) : (s->flags & ~EGPU_SLOT_CAPPED);
-        int have = 0, slot_free = -1;
-        for (int p = 0; p < EGPU_CARD_SLOT_PIDS; p++) {
-            if (s->pids[p] == pid) have = 1;
-            if (!s->pids[p] && slot_free < 0) slot_free = p;
-        }
-        /* More processes than pid cells: the share still works; its slot is then freed
-         * only when the tracked ones exit and a later claim reaps it. */
-        if (!have && slot_free >= 0) {
-            if (cell_lock(r, &s->pids[slot_free], F_WRLCK) == 0) EGPU_SLOT_PID_OFD(s) |= 1ull << slot_free;
-            else EGPU_SLOT_PID_OFD(s) &= ~(1ull << slot_free);
-            s->pids[slot_free] = pid;
-        }
-        recount_locked(r);
-    }
-    egpu_card_unlock(r);
+    if (idx < 0) idx = free_idx;
+    if (idx < 0) return -1;
+    egpu_share_terms t = {
+        .owner = owner, .priority = priority, .policy = policy, .cores = cores, .floor_pct = floor_pct};
+    if (egpu_card_lock(r, idx) != 0) return -1;
+    join_locked(&r->slot[idx], -1, &t, pid, now_ns);
+    egpu_card_unlock(r, idx);
+    count_priorities(r);
     return idx;
 }
 
-void egpu_card_release(egpu_card_region *r, int slot, int32_t pid)
+/* ---- the roster ---------------------------------------------------------------------------- */
+
+static int roster_valid(const egpu_card_roster *ro)
 {
-    if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS) return;
-    if (egpu_card_lock(r) != 0) return;
-    egpu_card_slot *s = &r->slot[slot];
-    int live = 0;
-    for (int p = 0; p < EGPU_CARD_SLOT_PIDS; p++) {
-        if (s->pids[p] == pid) {
-            if (EGPU_SLOT_PID_OFD(s) & (1ull << p)) cell_lock(r, &s->pids[p], F_UNLCK);
-            EGPU_SLOT_PID_OFD(s) &= ~(1ull << p);
-            s->pids[p] = 0;
-        } else if (s->pids[p]) {
-            live++;
+    return ro->magic == EGPU_ROSTER_MAGIC && ro->version == EGPU_ROSTER_VERSION && ro->nslots == EGPU_CARD_SLOTS &&
+           ro->entry_size == sizeof(egpu_roster_entry) && ro->header_size == offsetof(egpu_card_roster, entry);
+}
+
+static int open_regular_at(int dir_fd, const char *name, int flags, mode_t mode)
+{
+    int fd = openat(dir_fd, name, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, mode);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    return fd;
+}
+
+/* Reads the roster into *ro: 0, or -1 (missing, unreadable, short or foreign: errno). */
+static int roster_read_fd(int fd, egpu_card_roster *ro)
+{
+    ssize_t n = pread(fd, ro, sizeof *ro, 0);
+    if (n != (ssize_t)sizeof *ro || !roster_valid(ro)) {
+        errno = n == 0 ? ENOENT : EPROTO;
+        return -1;
+    }
+    return 0;
+}
+
+static int roster_read(int dir_fd, egpu_card_roster *ro)
+{
+    int fd = open_regular_at(dir_fd, EGPU_ROSTER_FILE, O_RDONLY, 0);
+    if (fd < 0) return -1;
+    int rc = roster_read_fd(fd, ro);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+static int roster_find(const egpu_card_roster *ro, uint64_t owner)
+{
+    for (int i = 0; i < EGPU_CARD_SLOTS; i++)
+        if (ro->entry[i].owner == owner) return i;
+    return -1;
+}
+
+static void share_file_name(uint64_t owner, char *out, size_t n)
+{
+    snprintf(out, n, "%s%016llx", EGPU_SHARE_FILE_PREFIX, (unsigned long long)owner);
+}
+
+/* A raw entry whose share has no live process (no liveness lock on its pid cells). */
+static int raw_entry_dead(int dir_fd, const egpu_roster_entry *e)
+{
+    if (!(e->flags & EGPU_ROSTER_RAW)) return 0;
+    char name[64];
+    share_file_name(e->owner, name, sizeof name);
+    int fd = open_regular_at(dir_fd, name, O_RDONLY, 0);
+    if (fd < 0) return 1;
+    int held = range_held(fd, offsetof(egpu_card_slot, pids), sizeof(((egpu_card_slot *)0)->pids));
+    close(fd);
+    return held == 0;
+}
+
+/* Raw nodes: adds the share to the roster itself (the folder is writable: no hook made it
+ * read-only). Returns the roster fd, still flocked (the caller joins the share before it lets
+ * go, so that no one reaps it in between), or -1. */
+static int roster_register(int dir_fd, const char *uuid, const egpu_share_terms *t, egpu_card_roster *ro, int *idx)
+{
+    int fd = openat(dir_fd, EGPU_ROSTER_FILE, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, RAW_FILE_MODE);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || egpu_flock_bounded(fd, ROSTER_FLOCK_MS) != 0) {
+        int e = errno ? errno : EINVAL;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    (void)fchmod(fd, RAW_FILE_MODE);
+    if (roster_read_fd(fd, ro) != 0) {
+        if (fstat(fd, &st) != 0 || st.st_size != 0) { /* something else lives here: never overwrite it */
+            flock(fd, LOCK_UN);
+            close(fd);
+            errno = EPROTO;
+            return -1;
+        }
+        memset(ro, 0, sizeof *ro);
+        ro->magic = EGPU_ROSTER_MAGIC;
+        ro->version = EGPU_ROSTER_VERSION;
+        ro->nslots = EGPU_CARD_SLOTS;
+        ro->entry_size = sizeof(egpu_roster_entry);
+        ro->header_size = offsetof(egpu_card_roster, entry);
+        snprintf(ro->uuid, sizeof ro->uuid, "%s", uuid ? uuid : "");
+    }
+    int dirty = 0;
+    for (int j = 0; j < EGPU_CARD_SLOTS; j++) { /* raw shares whose processes all exited */
+        egpu_roster_entry *e = &ro->entry[j];
+        if (!e->owner || e->owner == t->owner || !raw_entry_dead(dir_fd, e)) continue;
+        char old[64];
+        share_file_name(e->owner, old, sizeof old);
+        unlinkat(dir_fd, old, 0);
+        memset(e, 0, sizeof *e);
+        dirty = 1;
+    }
+    int i = roster_find(ro, t->owner);
+    if (i < 0)
+        for (int j = 0; j < EGPU_CARD_SLOTS && i < 0; j++)
+            if (!ro->entry[j].owner) i = j;
+    if (i < 0) {
+        flock(fd, LOCK_UN);
+        close(fd);
+        errno = ENOSPC;
+        return -1;
+    }
+    egpu_roster_entry *e = &ro->entry[i];
+    if (e->owner != t->owner || (e->flags & EGPU_ROSTER_RAW)) { /* the node's own entries stay as it wrote them */
+        memset(e, 0, sizeof *e);
+        e->owner = t->owner;
+        e->priority = t->priority;
+        e->policy = t->policy;
+        e->cores = t->cores;
+        e->floor_pct = t->floor_pct;
+        e->flags = EGPU_ROSTER_RAW;
+        snprintf(e->name, sizeof e->name, "%s", t->name ? t->name : "");
+        dirty = 1;
+    }
+    if (dirty) {
+        ro->generation++;
+        if (pwrite(fd, ro, sizeof *ro, 0) != (ssize_t)sizeof *ro) {
+            flock(fd, LOCK_UN);
+            close(fd);
+            errno = EIO;
+            return -1;
         }
     }
-    if (!live && s->owner) {
-        memset(s, 0, sizeof *s);
-        recount_locked(r);
+    *idx = i;
+    return fd;
+}
+
+/* ---- attach / detach --------------------------------------------------------------------- */
+
+static int open_card_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0 || errno != ENOENT) return fd;
+    /* raw nodes: nobody made the folder; make it (fails where the parent is read-only) */
+    char probe[600];
+    snprintf(probe, sizeof probe, "%s/x", dir);
+    if (egpu_mkdirs_for(probe) != 0) return -1;
+    (void)chmod(dir, RAW_CARD_DIR_MODE);
+    return open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+/* The share's own file, opened read-write, sized (it is ours: a wrong size hurts only us). */
+static int open_own_file(int dir_fd, uint64_t owner, int create)
+{
+    char name[64];
+    share_file_name(owner, name, sizeof name);
+    int fd = open_regular_at(dir_fd, name, O_RDWR | (create ? O_CREAT : 0), RAW_FILE_MODE);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 ||
+        (st.st_size != (off_t)sizeof(egpu_card_slot) && ftruncate(fd, sizeof(egpu_card_slot)) != 0)) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
     }
-    egpu_card_unlock(r);
+    if (create) (void)fchmod(fd, RAW_FILE_MODE);
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+egpu_card_region *egpu_card_attach(const char *dir, const char *uuid, const egpu_share_terms *t, int32_t pid, int *slot)
+{
+    *slot = -1;
+    if (!dir || !*dir || !t || !t->owner) {
+        errno = EINVAL;
+        return NULL;
+    }
+    int dir_fd = open_card_dir(dir), roster_fd = -1, own_fd = -1, idx = -1;
+    egpu_card_region *r = MAP_FAILED;
+    egpu_card_roster ro_buf;
+    egpu_card_roster *ro = &ro_buf;
+    if (dir_fd < 0) {
+        if (errno == ENOTDIR || errno == ELOOP)
+            fprintf(stderr, "egpu: card folder %s is not a folder (a link, or an older egpu's region file): refused\n",
+                    dir);
+        goto fail;
+    }
+    /* a writable folder is a raw node's: register (or refresh) the share there; a container
+     * sees the folder read-only and finds what the hook registered */
+    roster_fd = roster_register(dir_fd, uuid, t, ro, &idx);
+    if (roster_fd < 0) {
+        int e = errno;
+        if (roster_read(dir_fd, ro) == 0) idx = roster_find(ro, t->owner);
+        if (idx < 0) {
+            fprintf(stderr, "egpu: share is not in the roster of card %s and cannot be added (%s)%s\n", dir,
+                    strerror(e), e == EROFS || e == EACCES ? ": the runtime hook did not register this container" : "");
+            errno = e;
+            goto fail;
+        }
+    }
+    own_fd = open_own_file(dir_fd, t->owner, roster_fd >= 0);
+    if (own_fd < 0 && errno == ENOENT && roster_fd < 0)
+        fprintf(stderr, "egpu: the share's file is missing in %s: the runtime hook did not mount it\n", dir);
+    if (own_fd < 0) {
+        fprintf(stderr, "egpu: cannot open this share's file in %s (%s)\n", dir, strerror(errno));
+        goto fail;
+    }
+    r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) goto fail;
+    header_init(r, uuid);
+    egpu_card_slot *s = &r->slot[idx];
+    if (mmap(s, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, own_fd, 0) == MAP_FAILED) goto fail;
+    if (egpu_flock_bounded(own_fd, SHARE_FLOCK_MS) != 0) goto fail;
+    if (s->share_magic != EGPU_SHARE_MAGIC || s->share_version != EGPU_SHARE_VERSION) {
+        memset(s, 0, sizeof *s);
+        mutex_init_shared(&s->mu);
+        s->share_version = EGPU_SHARE_VERSION;
+        __atomic_store_n(&s->share_magic, EGPU_SHARE_MAGIC, __ATOMIC_RELEASE);
+    }
+    int locked = egpu_card_lock(r, idx) == 0;
+    join_locked(s, own_fd, t, pid, mono_ns());
+    if (locked) egpu_card_unlock(r, idx);
+    flock(own_fd, LOCK_UN);
+    if (roster_fd >= 0) {
+        flock(roster_fd, LOCK_UN);
+        close(roster_fd);
+    }
+    r->self = idx;
+    r->dir_fd = dir_fd;
+    r->own_fd = own_fd;
+    egpu_card_refresh(r, mono_ns(), 0);
+    *slot = idx;
+    return r;
+fail:;
+    int e = errno;
+    if (r != MAP_FAILED) munmap(r, sizeof *r);
+    if (own_fd >= 0) close(own_fd);
+    if (roster_fd >= 0) {
+        flock(roster_fd, LOCK_UN);
+        close(roster_fd);
+    }
+    if (dir_fd >= 0) close(dir_fd);
+    errno = e;
+    return NULL;
+}
+
+void egpu_card_detach(egpu_card_region *r, int slot, int32_t pid)
+{
+    if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS || egpu_card_lock(r, slot) != 0) return;
+    egpu_card_slot *s = &r->slot[slot];
+    for (int p = 0; p < EGPU_CARD_SLOT_PIDS; p++) {
+        if (s->pids[p] != pid) continue;
+        if (EGPU_SLOT_PID_OFD(s) & (1ull << p)) cell_lock(r->own_fd, s, &s->pids[p], F_UNLCK);
+        EGPU_SLOT_PID_OFD(s) &= ~(1ull << p);
+        s->pids[p] = 0;
+    }
+    egpu_card_unlock(r, slot);
+}
+
+/* ---- co-tenants ---------------------------------------------------------------------------- */
+
+static uint64_t u64min(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* What a co-tenant's file says, bounded by what the roster booked and by the clock. */
+static void sanitise(egpu_card_slot *o, const egpu_roster_entry *e, uint64_t now)
+{
+    o->owner = e->owner;
+    o->priority = e->priority;
+    o->policy = e->policy;
+    o->cores = e->cores;
+    o->floor_pct = e->floor_pct;
+    o->use_ppm = u64min(o->use_ppm, PPM);
+    o->demand_ppm = u64min(o->demand_ppm, PPM);
+    o->last_active_ns = u64min(o->last_active_ns, now);
+    o->busy_until_ns = u64min(o->busy_until_ns, now);
+    o->inflight_since_ns = u64min(o->inflight_since_ns, now);
+    o->inflight_n = u64min(o->inflight_n, INFLIGHT_MAX);
+    o->queued_until_ns = u64min(o->queued_until_ns, now + QUEUED_AHEAD_MAX_NS);
+    o->hi_mark_ns = e->priority == EGPU_CARD_PRIO_HIGH ? u64min(o->hi_mark_ns, now) : 0;
+}
+
+static void reread_roster(egpu_card_region *r, uint64_t now)
+{
+    egpu_card_roster ro;
+    int first = r->roster_read_ns == 0;
+    r->roster_read_ns = now;
+    if (roster_read(r->dir_fd, &ro) != 0) return; /* keep the last good one */
+    int changed = first || ro.generation != r->roster_generation;
+    for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
+        if (r->other_fd[j] == OTHER_FD_ABSENT) r->other_fd[j] = -1; /* try again */
+        if (j == r->self || ro.entry[j].owner == r->other_owner[j]) continue;
+        if (r->other_fd[j] >= 0) close(r->other_fd[j]);
+        r->other_fd[j] = -1;
+        r->other_owner[j] = ro.entry[j].owner;
+        changed = 1;
+    }
+    memcpy(r->roster, ro.entry, sizeof r->roster);
+    r->roster_generation = ro.generation;
+    if (!changed) return;
+    uint32_t lo = 0, hi = 0;
+    for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
+        if (!r->roster[j].owner) continue;
+        if (r->roster[j].priority == EGPU_CARD_PRIO_LOW) lo++;
+        else hi++;
+    }
+    __atomic_store_n(&r->n_low, lo, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->n_high, hi, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&r->generation, 1, __ATOMIC_RELAXED);
+}
+
+/* One co-tenant's public slot into buf (zeroed when it cannot be read or lies about whose it is). */
+static void read_other(egpu_card_region *r, int j, unsigned char *buf)
+{
+    memset(buf, 0, EGPU_SLOT_PUBLIC_BYTES);
+    if (r->other_fd[j] == -1) {
+        char name[64];
+        share_file_name(r->other_owner[j], name, sizeof name);
+        int fd = open_regular_at(r->dir_fd, name, O_RDONLY, 0);
+        r->other_fd[j] = fd >= 0 ? fd : OTHER_FD_ABSENT;
+    }
+    if (r->other_fd[j] < 0) return;
+    ssize_t n = pread(r->other_fd[j], buf, EGPU_SLOT_PUBLIC_BYTES, 0);
+    uint64_t owner;
+    memcpy(&owner, buf, sizeof owner);
+    if (n != EGPU_SLOT_PUBLIC_BYTES || owner != r->other_owner[j]) memset(buf, 0, EGPU_SLOT_PUBLIC_BYTES);
+}
+
+static void refresh_locked(egpu_card_region *r, uint64_t now, uint64_t roster_every_ns)
+{
+    if (!roster_every_ns || now - r->roster_read_ns >= roster_every_ns) reread_roster(r, now);
+    uint64_t hi = 0;
+    _Alignas(8) unsigned char buf[EGPU_SLOT_PUBLIC_BYTES];
+    for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
+        if (j == r->self) continue;
+        egpu_card_slot *o = &r->slot[j];
+        if (!r->roster[j].owner) {
+            if (o->owner) memset(o, 0, EGPU_SLOT_PUBLIC_BYTES);
+            continue;
+        }
+        read_other(r, j, buf);
+        memcpy(o, buf, EGPU_SLOT_PUBLIC_BYTES);
+        sanitise(o, &r->roster[j], now);
+        if (o->hi_mark_ns > hi) hi = o->hi_mark_ns;
+    }
+    __atomic_store_n(&r->refreshed_ns, now, __ATOMIC_RELAXED);
+    uint64_t old = __atomic_load_n(&r->hi_active_ns, __ATOMIC_RELAXED);
+    while (old < hi &&
+           !__atomic_compare_exchange_n(&r->hi_active_ns, &old, hi, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+}
+
+void egpu_card_refresh(egpu_card_region *r, uint64_t now_ns, uint64_t roster_every_ns)
+{
+    if (!r || r->dir_fd < 0) return; /* plain memory: every slot is already here */
+    pthread_mutex_lock(&r->refresh_mu);
+    refresh_locked(r, now_ns, roster_every_ns);
+    pthread_mutex_unlock(&r->refresh_mu);
+}
+
+void egpu_card_try_refresh(egpu_card_region *r, uint64_t now_ns, uint64_t older_than_ns)
+{
+    if (!r || r->dir_fd < 0 || now_ns < __atomic_load_n(&r->refreshed_ns, __ATOMIC_RELAXED) + older_than_ns ||
+        pthread_mutex_trylock(&r->refresh_mu) != 0)
+        return;
+    refresh_locked(r, now_ns, UINT64_MAX);
+    pthread_mutex_unlock(&r->refresh_mu);
 }

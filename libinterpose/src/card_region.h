@@ -1,15 +1,27 @@
-/* card_region.h: the per-card shared region, /var/run/egpu/cards/<uuid>.
+/* card_region.h: the per-card state of the compute controller, and the files behind it.
  *
- * Every share (container) on a card maps this file. It holds, under one robust
- * process-shared mutex, the compute controller of each share (token bucket, measured GPU
- * time) and the card-wide priority state (when high-priority work was last active). The
- * node agent reads it (read-only, no lock) for the compute-used metrics: the layout is
- * documented byte by byte in docs/compute.md; change both together and bump the version.
+ * On the node (docs/security.md, "Node-side state"), per card, a folder
+ * <runtime>/cards/<uuid>/ that the runtime hook makes (root's, 0755) and mounts READ-ONLY
+ * into every container with a share of the card:
+ *   roster               written only by the node (the hook; the node agent removes pods'
+ *                        entries): one entry per share, its slot index, priority, policy,
+ *                        booked cores and floor. Layout: egpu_card_roster below.
+ *   share-<owner:016x>   one share's slot (egpu_card_slot, 4096 bytes), written by that share
+ *                        alone: the hook mounts it read-write into its own container only.
+ * A process maps its own share file and reads the others' with bounded preads into a
+ * process-private copy (egpu_card_region, never a file): a co-tenant that truncates, grows,
+ * rewrites or locks its own file can only mislead the others about itself, within what the
+ * roster booked for it, and never crash, hang or hold them. Priority, caps and floors of
+ * others come only from the roster.
+ *
+ * Raw nodes (egpu run, tests) without the hook: a process whose folder is writable
+ * registers its share in the roster itself (flag EGPU_ROSTER_RAW), under an flock on the
+ * roster; such entries are freed when no process of the share holds its liveness lock.
  *
  * Rules: fixed-width fields only, little-endian (x86_64 / aarch64), no pointers. Times are
  * CLOCK_MONOTONIC nanoseconds, which every process on a node shares. Never sleep holding
- * the mutex. Fields written outside the mutex (marked "atomic") are aligned 64-bit words
- * read and written with relaxed atomics. */
+ * a slot's mutex. Fields written outside the mutex (marked "atomic") are aligned 64-bit
+ * words read and written with relaxed atomics. */
 #ifndef EGPU_CARD_REGION_H
 #define EGPU_CARD_REGION_H
 
@@ -17,10 +29,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#define EGPU_CARD_MAGIC 0x4452414355504745ULL /* "EGPUCARD" as little-endian bytes */
-#define EGPU_CARD_VERSION 1u
-#define EGPU_CARD_SLOTS 32      /* shares (containers) per card */
-#define EGPU_CARD_SLOT_PIDS 16  /* processes per share tracked for liveness */
+#define EGPU_CARD_SLOTS 32     /* shares (containers) per card */
+#define EGPU_CARD_SLOT_PIDS 16 /* processes per share tracked for liveness */
 
 enum { EGPU_CARD_PRIO_HIGH = 0, EGPU_CARD_PRIO_LOW = 1 };
 enum { EGPU_CARD_STRICT = 0, EGPU_CARD_ELASTIC = 1 };
@@ -29,116 +39,195 @@ enum { EGPU_CARD_STRICT = 0, EGPU_CARD_ELASTIC = 1 };
 #define EGPU_SLOT_CAPPED 0x1u  /* the share has a token bucket (0 < cores < 100) */
 #define EGPU_SLOT_WAITING 0x2u /* a launch of the share waited in the current window */
 
-/* One share on the card: 512 bytes. */
+/* ---- the roster: <card folder>/roster, written by the node ---------------------------- */
+
+#define EGPU_ROSTER_FILE "roster"
+#define EGPU_SHARE_FILE_PREFIX "share-"
+#define EGPU_ROSTER_MAGIC 0x54534F5255504745ULL /* "EGPUROST" as little-endian bytes */
+#define EGPU_ROSTER_VERSION 1u
+#define EGPU_ROSTER_RAW 0x1u /* registered by the interposer itself (raw node, no hook) */
+
+typedef struct {        /* 64 bytes */
+    uint64_t owner;     /* 0 = free; else the share's key, FNV-1a 64 of its container region path */
+    uint32_t priority;  /* EGPU_CARD_PRIO_* */
+    uint32_t policy;    /* EGPU_CARD_STRICT or EGPU_CARD_ELASTIC */
+    uint32_t cores;     /* booked %, 0..100 */
+    uint32_t floor_pct; /* low priority: % kept while high-priority work is active */
+    uint32_t flags;     /* EGPU_ROSTER_* */
+    uint32_t reserved;
+    char name[32]; /* the share's folder name, <pod-uid>_<container>, NUL-padded */
+} egpu_roster_entry;
+
+typedef struct {          /* 128 + 32 * 64 = 2176 bytes */
+    uint64_t magic;       /* EGPU_ROSTER_MAGIC */
+    uint32_t version;     /* EGPU_ROSTER_VERSION */
+    uint32_t nslots;      /* EGPU_CARD_SLOTS */
+    uint32_t entry_size;  /* sizeof(egpu_roster_entry) */
+    uint32_t header_size; /* 128 */
+    uint64_t generation;  /* bumped by every change */
+    char uuid[64];        /* the card's UUID, NUL-terminated */
+    uint8_t pad[32];
+    egpu_roster_entry entry[EGPU_CARD_SLOTS]; /* index = the share's slot */
+} egpu_card_roster;
+
+static_assert(sizeof(egpu_roster_entry) == 64, "roster entry layout changed: update docs/security.md");
+static_assert(sizeof(egpu_card_roster) == 128 + 64 * EGPU_CARD_SLOTS, "roster layout changed");
+
+/* One share on the card: 4096 bytes, its share file. The first 512 are the controller's
+ * (what others and the node agent read: docs/compute.md); then the share's own mutex. */
 typedef struct {
-    uint64_t owner;            /* 0 = free; else FNV-1a 64 of the share key (container region path) */
+    uint64_t owner;                    /* 0 = free; else FNV-1a 64 of the share key (container region path) */
     int32_t pids[EGPU_CARD_SLOT_PIDS]; /* attached processes, 0 = empty; all dead => slot is freed */
-    uint32_t priority;         /* EGPU_CARD_PRIO_* */
-    uint32_t policy;           /* EGPU_CARD_STRICT or EGPU_CARD_ELASTIC */
-    uint32_t cores;            /* booked %, 0..100 (0: nothing booked, runs on idle compute) */
-    uint32_t flags;            /* EGPU_SLOT_* */
-    uint32_t floor_pct;        /* low priority: % kept even while high-priority work is active */
-    uint32_t rate_ppm;         /* current refill rate, parts per million of wall time */
+    uint32_t priority;                 /* EGPU_CARD_PRIO_* */
+    uint32_t policy;                   /* EGPU_CARD_STRICT or EGPU_CARD_ELASTIC */
+    uint32_t cores;                    /* booked %, 0..100 (0: nothing booked, runs on idle compute) */
+    uint32_t flags;                    /* EGPU_SLOT_* */
+    uint32_t floor_pct;                /* low priority: % kept even while high-priority work is active */
+    uint32_t rate_ppm;                 /* current refill rate, parts per million of wall time */
     /* token bucket, GPU nanoseconds (shared by the share's processes; under the mutex) */
-    int64_t level_ns;          /* may go negative (debt) after a kernel longer than estimated */
-    uint64_t refill_ns;        /* last refill */
-    int64_t floor_level_ns;    /* the floor's own bucket (low priority only) */
-    int64_t pi_integral_ppm;   /* PI controller's integral term */
-    uint64_t est_ns;           /* EWMA of measured GPU time per launch (pre-charge estimate) */
-    uint64_t inflight_ns;      /* estimated GPU time of recorded groups not yet measured */
+    int64_t level_ns;        /* may go negative (debt) after a kernel longer than estimated */
+    uint64_t refill_ns;      /* last refill */
+    int64_t floor_level_ns;  /* the floor's own bucket (low priority only) */
+    int64_t pi_integral_ppm; /* PI controller's integral term */
+    uint64_t est_ns;         /* EWMA of measured GPU time per launch (pre-charge estimate) */
+    uint64_t inflight_ns;    /* estimated GPU time of recorded groups not yet measured */
     /* measurement (under the mutex) */
-    uint64_t win_start_ns;     /* current window began */
-    uint64_t win_busy_ns;      /* GPU time measured in the current window */
-    uint64_t last_win_busy_ns; /* the previous complete window: GPU time ... */
-    uint64_t last_win_len_ns;  /* ... over this wall time (use = busy / len) */
-    uint64_t busy_total_ns;    /* monotonic counter of measured GPU time (exporter: rate) */
-    uint64_t launches_total;   /* monotonic counter of gated launches (the poller adds them) */
-    uint64_t wait_total_ns;    /* monotonic counter of time launches spent waiting */
-    uint64_t last_active_ns;   /* last launch, to within a poll (atomic) */
-    uint64_t busy_until_ns;    /* end of the latest measured GPU interval (merging) */
-    uint64_t use_ppm;          /* smoothed measured use, ppm of wall time (for others' elastic) */
-    uint64_t demand_ppm;       /* smoothed time with work outstanding or waiting, ppm */
-    uint64_t tick_start_ns;    /* controller tick (smoothing, PI, elastic rate) began */
-    uint64_t tick_busy_ns;     /* GPU time measured in the current tick */
-    uint64_t tick_wait_ns;     /* launch wait time in the current tick */
-    uint64_t inflight_n;       /* launches of recorded groups not yet measured (the poller
+    uint64_t win_start_ns;      /* current window began */
+    uint64_t win_busy_ns;       /* GPU time measured in the current window */
+    uint64_t last_win_busy_ns;  /* the previous complete window: GPU time ... */
+    uint64_t last_win_len_ns;   /* ... over this wall time (use = busy / len) */
+    uint64_t busy_total_ns;     /* monotonic counter of measured GPU time (exporter: rate) */
+    uint64_t launches_total;    /* monotonic counter of gated launches (the poller adds them) */
+    uint64_t wait_total_ns;     /* monotonic counter of time launches spent waiting */
+    uint64_t last_active_ns;    /* last launch, to within a poll (atomic) */
+    uint64_t busy_until_ns;     /* end of the latest measured GPU interval (merging) */
+    uint64_t use_ppm;           /* smoothed measured use, ppm of wall time (for others' elastic) */
+    uint64_t demand_ppm;        /* smoothed time with work outstanding or waiting, ppm */
+    uint64_t tick_start_ns;     /* controller tick (smoothing, PI, elastic rate) began */
+    uint64_t tick_busy_ns;      /* GPU time measured in the current tick */
+    uint64_t tick_wait_ns;      /* launch wait time in the current tick */
+    uint64_t inflight_n;        /* launches of recorded groups not yet measured (the poller
                                 * counts a group in when it sees its event recorded) */
     uint64_t inflight_since_ns; /* first launch of the groups that began the outstanding period */
-    uint64_t est_graph_ns;     /* as est_ns, for graph launches */
-    uint64_t solo_ns[2];       /* one launch's own GPU time (kernel, graph), from one-launch
+    uint64_t est_graph_ns;      /* as est_ns, for graph launches */
+    uint64_t solo_ns[2];        /* one launch's own GPU time (kernel, graph), from one-launch
                                 * groups: the bound of an overlapped group, the unit of the
                                 * launch meters' prediction */
-    uint64_t overlapped_total; /* monotonic counter of groups measured while others were active */
-    uint64_t last_complete_ns; /* last measured completion (in-flight expiry) */
-    uint64_t reserved[1];      /* reserved[0]: EGPU_SLOT_PID_OFD */
-    uint64_t events_total;     /* monotonic counter of the events the gate recorded to measure
+    uint64_t overlapped_total;  /* monotonic counter of groups measured while others were active */
+    uint64_t last_complete_ns;  /* last measured completion (in-flight expiry) */
+    uint64_t reserved[1];       /* reserved[0]: EGPU_SLOT_PID_OFD */
+    uint64_t events_total;      /* monotonic counter of the events the gate recorded to measure
                                 * the share's launches (one per group of launches) */
-    uint64_t queued_until_ns;  /* predicted end of the share's queued work, as its processes'
+    uint64_t queued_until_ns;   /* predicted end of the share's queued work, as its processes'
                                 * pollers last saw it (others' overlap test; atomic) */
-    uint32_t solo_n[2];        /* one-launch samples taken into solo_ns (kernel, graph) */
-    uint64_t reserved2[21];
+    uint32_t solo_n[2];         /* one-launch samples taken into solo_ns (kernel, graph) */
+    uint64_t hi_mark_ns;        /* high priority: last time its work was launched or outstanding
+                                * (atomic; others read it, if the roster books the share high) */
+    uint64_t reserved2[20];
+    /* offset 512: the share's own (not the card's) lock, robust and process-shared */
+    union {
+        pthread_mutex_t mu;
+        uint8_t mu_bytes[64];
+    };
+    uint64_t share_magic;   /* EGPU_SHARE_MAGIC once the file is initialised */
+    uint32_t share_version; /* EGPU_SHARE_VERSION */
+    uint32_t pad_share;
+    uint8_t tail[4096 - 592];
 } egpu_card_slot;
 
+#define EGPU_SHARE_MAGIC 0x4552414855504745ULL /* "EGPUHARE" */
+#define EGPU_SHARE_VERSION 2u
+#define EGPU_SLOT_PUBLIC_BYTES 512 /* what is read of a co-tenant's share file */
+
 /* Bit p set: the process in pids[p] holds an OFD write lock (fcntl F_OFD_SETLK) on the first
- * byte of its pids[p] cell in the region file, which the kernel drops when it dies; a peer
+ * byte of its pids[p] cell in the share file, which the kernel drops when it dies; a peer
  * frees the cell iff no other open file description holds that lock: liveness across pid
  * namespaces (containers). Bit clear: the pid, judged in the peer's own pid namespace. */
 #define EGPU_SLOT_PID_OFD(s) ((s)->reserved[0])
 
-/* The region: a 4096-byte header followed by the slots. */
+/* A process's view of the card: process-private memory, never a file. slot[self] is the
+ * share's own file mapped over it (MAP_SHARED|MAP_FIXED: page-aligned); the other slots are
+ * copies refreshed from their files by egpu_card_refresh, validated against the roster.
+ * (compute_sim uses one region for all its shares, in plain memory.) */
 typedef struct {
-    uint64_t magic;            /* EGPU_CARD_MAGIC */
-    uint32_t version;          /* EGPU_CARD_VERSION */
-    uint32_t size;             /* sizeof(egpu_card_region) */
-    uint32_t nslots;           /* EGPU_CARD_SLOTS */
-    uint32_t slot_size;        /* sizeof(egpu_card_slot) */
-    char uuid[64];             /* the card's UUID, NUL-terminated */
-    uint64_t created_ns;
-    uint8_t pad0[32];
-    union {                    /* offset 128 */
-        pthread_mutex_t mu;    /* robust, process-shared */
-        uint8_t mu_bytes[64];
+    union {
+        struct {
+            char uuid[64];                         /* the card's UUID */
+            int32_t self;                          /* the slot of this process's share, -1 in plain memory */
+            int32_t dir_fd;                        /* the card folder; -1 in plain memory */
+            int32_t own_fd;                        /* the share file (liveness locks); -1 in plain memory */
+            int32_t other_fd[EGPU_CARD_SLOTS];     /* co-tenants' share files, opened read-only */
+            uint64_t other_owner[EGPU_CARD_SLOTS]; /* whom other_fd[j] belongs to */
+            uint64_t roster_generation;
+            uint64_t roster_read_ns;                   /* last full read of the roster */
+            uint64_t refreshed_ns;                     /* last read of the co-tenants' slots (atomic) */
+            egpu_roster_entry roster[EGPU_CARD_SLOTS]; /* the node's word on each slot */
+            /* card-wide priority state (atomic words) */
+            uint64_t hi_active_ns;      /* last time high-priority work was launched or outstanding */
+            uint64_t hi_launches;       /* monotonic counter of high-priority launches seen */
+            uint32_t n_low;             /* low-priority shares on the card (the roster's) */
+            uint32_t n_high;            /* high-priority shares on the card */
+            uint64_t generation;        /* bumped when the card's shares change */
+            pthread_mutex_t refresh_mu; /* process-private: one refresh at a time */
+        };
+        uint8_t header_bytes[4096];
     };
-    /* card-wide priority state, offset 192 (atomic words) */
-    uint64_t hi_active_ns;     /* last time high-priority work was launched or outstanding */
-    uint64_t hi_launches;      /* monotonic counter of high-priority launches seen */
-    uint32_t n_low;            /* live low-priority slots (under the mutex) */
-    uint32_t n_high;           /* live high-priority slots (under the mutex) */
-    uint64_t generation;       /* bumped on every slot claim/free (under the mutex) */
-    uint8_t pad1[4096 - 224];
     egpu_card_slot slot[EGPU_CARD_SLOTS];
 } egpu_card_region;
 
 static_assert(sizeof(pthread_mutex_t) <= 64, "mutex must fit its 64-byte cell");
-static_assert(sizeof(egpu_card_slot) == 512, "card slot layout changed: update docs/compute.md");
-static_assert(sizeof(egpu_card_region) == 4096 + 512 * EGPU_CARD_SLOTS,
-              "card region layout changed: update docs/compute.md");
-static_assert(__builtin_offsetof(egpu_card_region, mu) == 128, "mutex offset");
-static_assert(__builtin_offsetof(egpu_card_region, hi_active_ns) == 192, "hi_active_ns offset");
-static_assert(__builtin_offsetof(egpu_card_region, slot) == 4096, "slots offset");
+static_assert(sizeof(egpu_card_slot) == 4096, "share file layout changed: update docs/compute.md");
+static_assert(__builtin_offsetof(egpu_card_region, slot) == 4096, "slots must be page-aligned");
 static_assert(__builtin_offsetof(egpu_card_slot, level_ns) == 96, "slot level offset");
 static_assert(__builtin_offsetof(egpu_card_slot, busy_total_ns) == 176, "slot busy_total offset");
+static_assert(__builtin_offsetof(egpu_card_slot, hi_mark_ns) == 344, "slot hi mark offset");
+static_assert(__builtin_offsetof(egpu_card_slot, mu) == 512, "slot mutex offset");
+
+/* What the node (or a raw share's own config) says of a share. */
+typedef struct {
+    uint64_t owner;
+    uint32_t priority, policy, cores, floor_pct;
+    const char *name; /* the folder name (roster entry), may be NULL */
+} egpu_share_terms;
 
 /* card_region.c */
-/* Opens the region at path, creating it, or initialising in place an existing EMPTY regular
- * file (the runtime hook pre-creates it), under an flock on the file. Refuses (NULL, errno,
- * a line on stderr) a link, a non-regular file, a file of another size or layout. */
-egpu_card_region *egpu_card_region_open(const char *path, const char *uuid);
-/* Initialises a region in caller memory (unit tests; process-private memory works too). */
+/* Attaches process pid to share t->owner on the card whose folder is dir (module comment):
+ * finds the share in the roster (registering it there when the folder is writable: raw
+ * nodes), maps its share file over its slot of a new private region and joins it. Returns
+ * the region and *slot, or NULL (errno, a line on stderr): no folder, no roster entry and
+ * no right to add one, a full card, a share file that is a link or not a regular file. */
+egpu_card_region *egpu_card_attach(const char *dir, const char *uuid, const egpu_share_terms *t, int32_t pid,
+                                   int *slot);
+/* Detaches pid from its share (process exit); the mapping stays (other threads may still
+ * read it while the process exits). */
+void egpu_card_detach(egpu_card_region *r, int slot, int32_t pid);
+/* Refreshes the copies of the co-tenants' slots from their files (bounded preads), the
+ * roster at most every roster_every_ns (0: now), and the card-wide priority state. A file
+ * that is short, foreign or lying is read as an idle share with what the roster booked:
+ * values are clamped (use and demand to 100%, times to now, a high-priority mark only from
+ * a share the roster books high). Never blocks, never maps a co-tenant's file. */
+void egpu_card_refresh(egpu_card_region *r, uint64_t now_ns, uint64_t roster_every_ns);
+/* As egpu_card_refresh (the roster aside), when the copies are older than older_than_ns
+ * and no other thread is refreshing them (a low-priority launch: its view of high-priority
+ * work must be fresh). */
+void egpu_card_try_refresh(egpu_card_region *r, uint64_t now_ns, uint64_t older_than_ns);
+/* Whether the copies of the co-tenants' slots are older than older_than_ns (plain memory:
+ * never). */
+static inline int egpu_card_stale(const egpu_card_region *r, uint64_t now_ns, uint64_t older_than_ns)
+{
+    return r->dir_fd >= 0 && now_ns > __atomic_load_n(&r->refreshed_ns, __ATOMIC_RELAXED) + older_than_ns;
+}
+/* Plain-memory regions (compute_sim, unit tests): every slot's mutex ready, no files. */
 void egpu_card_region_init(egpu_card_region *r, const char *uuid, uint64_t now_ns);
-void egpu_card_region_close(egpu_card_region *r);
-/* Robust lock: recovers a dead owner's lock (the data is kept: every update is a few
- * stores that leave it consistent enough; counters may lose one update). 0 on success;
- * ETIMEDOUT when another process held it for over 200 ms (logged once): the caller then
- * goes on uncoordinated, never waits forever. */
-int egpu_card_lock(egpu_card_region *r);
-void egpu_card_unlock(egpu_card_region *r);
-/* Claims (or joins) the slot of share `owner` for process pid; frees slots whose processes
- * all died. Returns the slot index or -1 when the card has no free slot. Takes the lock. */
-int egpu_card_claim(egpu_card_region *r, uint64_t owner, int32_t pid, uint32_t priority,
-                    uint32_t policy, uint32_t cores, uint32_t floor_pct, uint64_t now_ns);
-/* Detaches pid from its slot (process exit); frees the slot when no process is left. */
-void egpu_card_release(egpu_card_region *r, int slot, int32_t pid);
+/* Joins (or claims) the slot of share `owner` in a plain-memory region (compute_sim). */
+int egpu_card_claim(egpu_card_region *r, uint64_t owner, int32_t pid, uint32_t priority, uint32_t policy,
+                    uint32_t cores, uint32_t floor_pct, uint64_t now_ns);
+/* The share's own lock (slot's mutex). Robust: recovers a dead owner's lock (the data is
+ * kept: every update is a few stores that leave it consistent enough). 0 on success;
+ * ETIMEDOUT when another process of the SAME share held it for over 200 ms (logged once):
+ * the caller then goes on uncoordinated, never waits forever. No co-tenant can take it. */
+int egpu_card_lock(egpu_card_region *r, int slot);
+void egpu_card_unlock(egpu_card_region *r, int slot);
 /* FNV-1a 64 of a string; never 0. */
 uint64_t egpu_owner_id(const char *key);
 

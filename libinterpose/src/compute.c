@@ -172,11 +172,17 @@ void tick_locked(egpu_card_region *r, int i, const egpu_ctl_params *p, uint64_t 
     s->tick_start_ns = now;
 }
 
+static void atomic_raise(uint64_t *word, uint64_t to)
+{
+    uint64_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
+    while (old < to && !__atomic_compare_exchange_n(word, &old, to, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+}
+
 void egpu_ctl_hi_touch(egpu_card_region *r, uint64_t now)
 {
-    uint64_t old = __atomic_load_n(&r->hi_active_ns, __ATOMIC_RELAXED);
-    while (old < now &&
-           !__atomic_compare_exchange_n(&r->hi_active_ns, &old, now, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    atomic_raise(&r->hi_active_ns, now);
+    /* the mark co-tenants read: in the share's own file (card_region.h) */
+    if (r->self >= 0) atomic_raise(&r->slot[r->self].hi_mark_ns, now);
 }
 
 int egpu_ctl_hi_active(const egpu_card_region *r, const egpu_ctl_params *p, uint64_t now)
@@ -233,6 +239,9 @@ static uint64_t low_queue_wait(const egpu_ctl_params *p, int hi_recent, uint64_t
 int egpu_ctl_low_may_go(const egpu_card_region *r, const egpu_ctl_params *p, uint64_t est, uint64_t queued_ns,
                         uint64_t now)
 {
+    /* a view of co-tenants older than an eighth of the hold may miss high-priority work: the slow
+     * path reads it again */
+    if (egpu_card_stale(r, now, p->hi_hold_ns / LOW_VIEW_FRESH_DIV)) return 0;
     uint64_t hi = __atomic_load_n(&r->hi_active_ns, __ATOMIC_RELAXED);
     if (hi && now < hi + p->hi_hold_ns) return 0;
     return !low_queue_full(p, hi && now < hi + HI_RECENT_NS, est, queued_ns);
@@ -259,7 +268,7 @@ int egpu_ctl_admit(egpu_card_region *r, int slot, const egpu_ctl_params *p, int 
     *est = 0;
     *wait_ns = 0;
     if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS) return EGPU_ADMIT_GO; /* released (exit) */
-    if (egpu_card_lock(r) != 0) return EGPU_ADMIT_GO;                    /* never block work on a broken lock */
+    if (egpu_card_lock(r, slot) != 0) return EGPU_ADMIT_GO;                    /* never block work on a broken lock */
     egpu_card_slot *s = &r->slot[slot];
     tick_locked(r, slot, p, now);
     refill_locked(s, p, now);
@@ -312,7 +321,7 @@ int egpu_ctl_admit(egpu_card_region *r, int slot, const egpu_ctl_params *p, int 
         __atomic_store_n(&s->last_active_ns, now, __ATOMIC_RELAXED);
         *est = e;
     }
-    egpu_card_unlock(r);
+    egpu_card_unlock(r, slot);
     if (why == EGPU_ADMIT_GO && s->priority == EGPU_CARD_PRIO_HIGH) egpu_ctl_hi_touch(r, now);
     *wait_ns = why == EGPU_ADMIT_GO ? 0 : u64max(hint, MIN_WAIT_NS);
     return why;

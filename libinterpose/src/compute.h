@@ -27,6 +27,11 @@
 #include "card_region.h"
 #include "egpu_cuda.h"
 
+/* A low-priority share's copies of its co-tenants' slots (card_region.h) are read again when
+ * older than hi_hold / this (0.25 ms by default): a high-priority mark seen late lets low
+ * launches slip in front of high-priority work. */
+#define LOW_VIEW_FRESH_DIV 8
+
 /* ---- controller core ---------------------------------------------------------------- */
 
 typedef struct {

@@ -195,10 +195,15 @@ static uint64_t admit_slow(card_ent *c, gate_thread *th, gate_stream *gs, int de
     uint64_t est = 0, wait = 0, waited_from = 0;
     int why;
     for (;;) {
+        /* a low-priority launch decides on a fresh view of high-priority work (card_region.h) */
+        if (g_c.cfg.priority == EGPU_CARD_PRIO_LOW)
+            egpu_card_try_refresh(c->r, *now, g_c.p.hi_hold_ns / LOW_VIEW_FRESH_DIV);
         uint64_t queued = gs ? egpu_meter_queued(&gs->m, *now) : 0;
         why = egpu_ctl_admit(c->r, c->slot, &g_c.p, kind, *now, queued, th ? &th->lease[dev] : NULL, &est, &wait);
         if (why == EGPU_ADMIT_GO || __atomic_load_n(&g_c.stop, __ATOMIC_RELAXED)) break;
         if (!waited_from) waited_from = *now;
+        /* held by a co-tenant's high-priority work: look at its mark again, not the poller's copy */
+        if (why == EGPU_ADMIT_WAIT_PRIO) egpu_card_try_refresh(c->r, *now, 0);
         /* groups that settled while we wait refund the bucket: take them in */
         if (pthread_mutex_trylock(&g_c.mu) == 0) {
             poll_locked(ctx, 0, NULL);
@@ -330,6 +335,8 @@ void atfork_child(void)
     g_c.nctx = 0;
     t_gate = NULL; /* the child's one thread; the parent's states stay the parent's */
     for (int i = 0; i < g_c.nthreads; i++) g_c.threads[i]->live = 0;
+    for (int d = 0; d < EGPU_COMPUTE_MAX_DEVS; d++) /* the parent's poller may have held it */
+        if (g_c.card[d].r) pthread_mutex_init(&g_c.card[d].r->refresh_mu, NULL);
 }
 
 void egpu_compute_shutdown(void)
@@ -356,7 +363,7 @@ void egpu_compute_shutdown(void)
         if (!c->r || c->slot < 0) continue;
         if (th) lease_return(d, th->lease[d]);
         if (th) th->lease[d] = 0;
-        egpu_card_release(c->r, c->slot, (int32_t)getpid());
+        egpu_card_detach(c->r, c->slot, (int32_t)getpid());
         c->slot = -1;
     }
     pthread_mutex_unlock(&g_c.mu);

@@ -252,8 +252,12 @@ static int poll_pass(uint64_t *last_launches)
     int busy_mask = 0;
     uint64_t now = egpu_now_ns(), launches = 0;
     uint64_t per_dev[EGPU_COMPUTE_MAX_DEVS] = {0};
-    for (int d = 0; d < g_c.cfg.ndev && d < EGPU_COMPUTE_MAX_DEVS; d++)
-        if (g_c.card[d].r && g_c.card[d].slot >= 0) launches += per_dev[d] = batch_card(d, now);
+    for (int d = 0; d < g_c.cfg.ndev && d < EGPU_COMPUTE_MAX_DEVS; d++) {
+        if (!g_c.card[d].r || g_c.card[d].slot < 0) continue;
+        /* co-tenants' slots and marks, read from their files; the roster every quarter tick */
+        egpu_card_refresh(g_c.card[d].r, now, g_c.p.tick_ns / MODES_PER_TICK);
+        launches += per_dev[d] = batch_card(d, now);
+    }
     int n = poll_locked_relaxed(NULL, 1, &busy_mask);
     now = egpu_now_ns();
     for (int d = 0; d < g_c.cfg.ndev && d < EGPU_COMPUTE_MAX_DEVS; d++) {

@@ -171,7 +171,7 @@ void egpu_ctl_settle(egpu_card_region *r, int slot, const egpu_ctl_params *p, co
                      uint64_t end_ns, uint64_t now)
 {
     uint32_t n = group_n(g);
-    if (!n || !r || slot < 0 || slot >= EGPU_CARD_SLOTS || egpu_card_lock(r) != 0) return;
+    if (!n || !r || slot < 0 || slot >= EGPU_CARD_SLOTS || egpu_card_lock(r, slot) != 0) return;
     egpu_card_slot *s = &r->slot[slot];
     refill_locked(s, p, now);
     uint64_t est = group_est(g), charge = est;
@@ -192,13 +192,13 @@ void egpu_ctl_settle(egpu_card_region *r, int slot, const egpu_ctl_params *p, co
     }
     account_locked(s, charge);
     tick_locked(r, slot, p, now);
-    egpu_card_unlock(r);
+    egpu_card_unlock(r, slot);
 }
 
 void egpu_ctl_batch_apply(egpu_card_region *r, int slot, const egpu_ctl_params *p, const egpu_ctl_batch *b,
                           uint64_t now)
 {
-    if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS || egpu_card_lock(r) != 0) return;
+    if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS || egpu_card_lock(r, slot) != 0) return;
     egpu_card_slot *s = &r->slot[slot];
     refill_locked(s, p, now);
     s->launches_total += b->launches;
@@ -213,24 +213,24 @@ void egpu_ctl_batch_apply(egpu_card_region *r, int slot, const egpu_ctl_params *
     if (b->queued_until_ns > s->queued_until_ns)
         __atomic_store_n(&s->queued_until_ns, b->queued_until_ns, __ATOMIC_RELAXED);
     tick_locked(r, slot, p, now);
-    egpu_card_unlock(r);
+    egpu_card_unlock(r, slot);
 }
 
 void egpu_ctl_waited(egpu_card_region *r, int slot, const egpu_ctl_params *p, int why, uint64_t waited_ns, uint64_t now)
 {
     (void)why;
-    if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS || egpu_card_lock(r) != 0) return;
+    if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS || egpu_card_lock(r, slot) != 0) return;
     egpu_card_slot *s = &r->slot[slot];
     s->tick_wait_ns += waited_ns;
     s->wait_total_ns += waited_ns;
     tick_locked(r, slot, p, now);
-    egpu_card_unlock(r);
+    egpu_card_unlock(r, slot);
 }
 
 void egpu_ctl_tick(egpu_card_region *r, int slot, const egpu_ctl_params *p, uint64_t now)
 {
-    if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS || egpu_card_lock(r) != 0) return;
+    if (!r || slot < 0 || slot >= EGPU_CARD_SLOTS || egpu_card_lock(r, slot) != 0) return;
     tick_locked(r, slot, p, now);
     refill_locked(&r->slot[slot], p, now);
-    egpu_card_unlock(r);
+    egpu_card_unlock(r, slot);
 }

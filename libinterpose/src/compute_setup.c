@@ -77,6 +77,17 @@ void refresh_estimates(card_ent *c)
 
 /* ---- set-up ---------------------------------------------------------------------------- */
 
+/* The share's folder name (the roster's name for it): the folder of its container region. */
+static void share_name(const char *key, char *out, size_t n)
+{
+    const char *end = strrchr(key, '/'), *start = end;
+    while (start && start > key && start[-1] != '/') start--;
+    size_t len = end && start ? (size_t)(end - start) : 0;
+    if (len >= n) len = n - 1;
+    memcpy(out, start ? start : "", len);
+    out[len] = 0;
+}
+
 static int open_card(int d, uint64_t owner)
 {
     const egpu_compute_cfg *cfg = &g_c.cfg;
@@ -85,19 +96,16 @@ static int open_card(int d, uint64_t owner)
     c->cores = cfg->dev[d].cores;
     c->bucket = c->cores < 100;
     if (!cfg->dev[d].ours || !cfg->dev[d].region_path[0]) return 0;
-    c->r = egpu_card_region_open(cfg->dev[d].region_path, cfg->dev[d].uuid);
+    char name[32];
+    share_name(cfg->share_key, name, sizeof name);
+    egpu_share_terms t = {.owner = owner, .priority = (uint32_t)cfg->priority, .policy = (uint32_t)cfg->policy,
+                          .cores = (uint32_t)cfg->dev[d].cores, .floor_pct = (uint32_t)cfg->floor_pct,
+                          .name = name};
+    c->r = egpu_card_attach(cfg->dev[d].region_path, cfg->dev[d].uuid, &t, (int32_t)getpid(), &c->slot);
     if (!c->r) {
-        fprintf(stderr, "egpu: cannot open the card region %s (%s): compute on that card is not shared\n",
+        fprintf(stderr, "egpu: cannot join card %s (%s): compute on that card is not shared\n",
                 cfg->dev[d].region_path, strerror(errno));
-        return -1;
-    }
-    c->slot = egpu_card_claim(c->r, owner, (int32_t)getpid(), (uint32_t)cfg->priority, (uint32_t)cfg->policy,
-                              (uint32_t)cfg->dev[d].cores, (uint32_t)cfg->floor_pct, egpu_now_ns());
-    if (c->slot < 0) {
-        fprintf(stderr, "egpu: card region %s has no free slot: compute on that card is not shared\n",
-                cfg->dev[d].region_path);
-        egpu_card_region_close(c->r);
-        c->r = NULL;
+        c->slot = -1;
         return -1;
     }
     refresh_estimates(c);

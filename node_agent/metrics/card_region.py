@@ -1,19 +1,19 @@
-"""Read the per-card regions (libinterpose/src/card_region.h, version 1): each share's measured
-compute use on a card.
+"""Each share's measured compute use on a card, from the card's folder (egpu.card_roster;
+libinterpose/src/card_region.h; docs/security.md, "Node-side state").
 
-``<RUNTIME_DIR>/cards/<uuid>`` is mapped by every share (container) on the card; the interposer
-keeps one 512-byte slot per share, owned by ``owner = FNV-1a 64(the share's container region
-path, as the container sees it)``. The node agent maps the file read-only and takes no lock
-(every field it reads is an aligned 32- or 64-bit word: never torn; two fields may be from two
-moments, fine for a metric). A missing, short or foreign file (other magic, version or sizes)
-is skipped with one log line. Layout, little-endian (offsets in bytes)::
+``<RUNTIME_DIR>/cards/<uuid>/`` holds the node's ``roster`` (which shares the card has, their
+slots and booked cores) and one ``share-<owner>`` file per share, written by that share alone.
+The agent reads the roster (one pread), then the public part of each listed share's file (one
+bounded pread each; never mapped, no lock: a share may truncate, grow or rewrite its own file
+at any moment, and every field read is an aligned word). What a share file says is believed
+only about that share and only within bounds: its owner field must be the roster's (else, as
+for a short, missing or non-regular file, the share counts as idle), its ``use_ppm`` is
+clamped to 100 %, and its booked ``cores`` come from the roster, never from the file.
 
-    header (4096): u64 magic "EGPUCARD" (0x4452414355504745) @0 | u32 version (1) @8
-                   | u32 size (4096 + 512 * 32) @12 | u32 nslots (32) @16 | u32 slot_size (512)
-                   @20 | char uuid[64] @24 | ... mutex @128, priority state @192
-    slot[32] (512 each, from 4096): u64 owner (0 = free) @0 | i32 pids[16] @8 | u32 cores @80
-                   | u64 busy_total_ns @176 | u64 last_active_ns @200 | u64 use_ppm @216
-                   | u64 inflight_n @256 | ... (see card_region.h)
+A card folder without a roster is skipped quietly (the hook is making it); a malformed roster,
+a symlink, FIFO or other file where a card folder or roster should be, and a regular file at
+``cards/<uuid>`` (a card region of the previous version, one file per card) are skipped with
+one log line per path and reason.
 
 Compute used by a share = its ``use_ppm`` (the controller's smoothed measured GPU time, ppm of
 wall time) while it is active (launches in flight, or one within ``IDLE_NS``), else 0: the
@@ -23,40 +23,24 @@ controller only updates ``use_ppm`` on launches, so an idle share keeps its last
 from __future__ import annotations
 
 import logging
-import mmap
 import os
-import struct
+import stat
 from dataclasses import dataclass
 
-from egpu.contract import CARDS_SUBDIR, CONTAINER_REGION_FILE, CONTAINERS_SUBDIR, RUNTIME_DIR
-from node_agent.metrics.region import NotARegionFile, open_regular
+from egpu.card_roster import RosterError, read_roster, read_share_public
+from egpu.contract import CARDS_SUBDIR
 
 log = logging.getLogger("egpu-node-agent.card-region")
 
-CARD_MAGIC = 0x4452414355504745
-CARD_VERSION = 1
-HEADER_SIZE = 4096
-SLOT_SIZE = 512
-NSLOTS = 32
-CARD_REGION_SIZE = HEADER_SIZE + SLOT_SIZE * NSLOTS
-HEADER = struct.Struct("<QIIII64s")  # magic, version, size, nslots, slot_size, uuid
-# (name, offset, struct code) of the slot fields read here; tests check them against the
-# compiler's layout (libinterpose/tests/compute_layout.c) where gcc is available.
-SLOT_FIELDS = (("owner", 0, "Q"), ("cores", 80, "I"), ("busy_total_ns", 176, "Q"),
-               ("last_active_ns", 200, "Q"), ("use_ppm", 216, "Q"), ("inflight_n", 256, "Q"))
-_SLOT = [(name, offset, struct.Struct("<" + code)) for name, offset, code in SLOT_FIELDS]
 PPM = 1_000_000
 IDLE_NS = 1_000_000_000  # a share with no launch for this long (and none in flight) uses 0 %
-
-
-class CardRegionError(ValueError):
-    """The file is not a version-1 card region."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
 class SlotUse:
-    """One share's slot: ``owner`` (FNV-1a of its region path), booked ``cores`` (%), and the
-    measurement (GPU ns, CLOCK_MONOTONIC ns, ppm)."""
+    """One share on a card: ``owner`` (FNV-1a of its region path), booked ``cores`` (%, the
+    roster's), and the measurement (GPU ns, CLOCK_MONOTONIC ns, ppm) from its share file."""
 
     owner: int
     cores: int
@@ -74,7 +58,7 @@ class SlotUse:
 
 @dataclass(frozen=True)
 class CardRegion:
-    """The occupied slots of one card's region, by owner."""
+    """The shares of one card (its roster), by owner, with their measured use."""
 
     uuid: str
     slots: dict[int, SlotUse]
@@ -84,88 +68,49 @@ class CardRegion:
         return min(100.0, round(sum(s.used_percent(now_ns) for s in self.slots.values()), 2))
 
 
-def owner_id(key: str) -> int:
-    """``egpu_owner_id``: FNV-1a 64 of ``key`` (UTF-8), never 0."""
-    h = 0xCBF29CE484222325
-    for byte in key.encode():
-        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h or 1
-
-
-def share_owner(dir_name: str) -> int:
-    """The slot owner of the share whose accounting folder is ``<pod-uid>_<container>``: the
-    interposer keys it by its config's ``container_region`` (the in-container path)."""
-    return owner_id(f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{dir_name}/{CONTAINER_REGION_FILE}")
-
-
-def parse_card_region(data: bytes | mmap.mmap) -> CardRegion:
-    """Parse a whole card region. Raises CardRegionError."""
-    if len(data) < HEADER.size:
-        raise CardRegionError(f"too short: {len(data)} bytes")
-    magic, version, size, nslots, slot_size, raw_uuid = HEADER.unpack_from(data, 0)
-    if magic != CARD_MAGIC:
-        raise CardRegionError(f"bad magic {magic:#x}")
-    if (version, size, nslots, slot_size) != (CARD_VERSION, CARD_REGION_SIZE, NSLOTS,
-                                                SLOT_SIZE):
-        raise CardRegionError(
-            f"version {version} size {size} slots {nslots}x{slot_size}; this agent reads "
-            f"version {CARD_VERSION} size {CARD_REGION_SIZE} slots {NSLOTS}x{SLOT_SIZE}")
-    if len(data) < CARD_REGION_SIZE:
-        raise CardRegionError(f"too short: {len(data)} bytes, need {CARD_REGION_SIZE}")
-    slots = {}
-    for i in range(NSLOTS):
-        base = HEADER_SIZE + i * SLOT_SIZE
-        fields = {name: s.unpack_from(data, base + offset)[0] for name, offset, s in _SLOT}
-        if fields["owner"]:
-            slots[fields["owner"]] = SlotUse(**fields)
-    return CardRegion(raw_uuid.split(b"\0", 1)[0].decode(errors="replace"), slots)
-
-
-class EmptyCardRegion(CardRegionError):
-    """The file is empty: the runtime hook created it and no share has initialised it yet."""
-
-
-def read_card_region(path: str, *, dir_fd: int | None = None) -> CardRegion:
-    """Read ``path`` (relative to ``dir_fd`` when given) and parse it. The file is opened
-    without blocking or following a link and must be a regular file of at least
-    CARD_REGION_SIZE bytes; it is read with pread, not mapped (a share that truncates its
-    bind-mounted file could otherwise kill the agent with SIGBUS). Raises OSError or
-    CardRegionError (EmptyCardRegion for an empty file)."""
-    try:
-        fd = open_regular(path, dir_fd=dir_fd)
-    except NotARegionFile as exc:
-        raise CardRegionError(str(exc)) from None
-    try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            raise EmptyCardRegion("empty (not initialised yet)")
-        if size < CARD_REGION_SIZE:
-            raise CardRegionError(f"too short: {size} bytes")
-        return parse_card_region(os.pread(fd, CARD_REGION_SIZE, 0))
-    finally:
-        os.close(fd)
+def read_card(card_fd: int, path: str) -> CardRegion:
+    """The card folder ``card_fd`` (at ``path``): its roster's shares, each with what its
+    share file says (an idle share when the file is missing, short or lying). Raises
+    FileNotFoundError (no roster yet) or RosterError."""
+    roster = read_roster(card_fd, where=path)
+    slots: dict[int, SlotUse] = {}
+    for entry in roster.shares().values():
+        public = read_share_public(card_fd, entry.owner)
+        if public is None:
+            slots[entry.owner] = SlotUse(entry.owner, entry.cores, 0, 0, 0, 0)
+            continue
+        slots[entry.owner] = SlotUse(
+            owner=entry.owner, cores=entry.cores, busy_total_ns=public["busy_total_ns"],
+            last_active_ns=public["last_active_ns"], use_ppm=min(public["use_ppm"], PPM),
+            inflight_n=public["inflight_n"])
+    return CardRegion(roster.uuid or os.path.basename(path), slots)
 
 
 _reported: dict[str, str] = {}
 
 
+def _report(path: str, reason: str) -> None:
+    """Log ``reason`` for ``path`` once (until the path reads fine again)."""
+    if _reported.get(path) != reason:
+        _reported[path] = reason
+        log.warning("card folder %s skipped: %s", path, reason)
+
+
 def scan_cards(runtime_dir: str) -> dict[str, CardRegion]:
-    """Every readable card region under ``<runtime_dir>/cards``: card UUID -> region. A file
-    that cannot be read or is not a v1 card region is skipped, with one log line (per file
-    and reason)."""
+    """Every readable card folder under ``<runtime_dir>/cards``: card UUID -> its shares.
+    What cannot be read is skipped (module docstring), with one log line per path and
+    reason."""
     folder = os.path.join(runtime_dir, CARDS_SUBDIR)
     out: dict[str, CardRegion] = {}
     try:
-        names = os.listdir(folder)
+        dir_fd = os.open(folder, _DIR_FLAGS)
     except FileNotFoundError:
         return out
-    try:
-        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        log.warning("card regions %s skipped: %s", folder, exc)
+        _report(folder, str(exc))
         return out
     try:
-        for name in names:
+        for name in os.listdir(dir_fd):
             _scan_one(folder, dir_fd, name, out)
     finally:
         os.close(dir_fd)
@@ -173,16 +118,33 @@ def scan_cards(runtime_dir: str) -> dict[str, CardRegion]:
 
 
 def _scan_one(folder: str, dir_fd: int, name: str, out: dict[str, CardRegion]) -> None:
-    """Read one card region into ``out``; errors are logged once per file and reason."""
+    """Read one card folder into ``out``; errors are logged once per path and reason."""
     path = os.path.join(folder, name)
     try:
-        region = read_card_region(name, dir_fd=dir_fd)
-    except EmptyCardRegion:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError as exc:
+        _report(path, str(exc))
         return
-    except (OSError, CardRegionError) as exc:
-        if _reported.get(path) != str(exc):
-            _reported[path] = str(exc)
-            log.warning("card region %s skipped: %s", path, exc)
+    if stat.S_ISREG(info.st_mode):
+        _report(path, "a card region file of the previous version (one file per card); "
+                      "the runtime hook replaces it with a card folder")
         return
+    if not stat.S_ISDIR(info.st_mode):
+        _report(path, f"not a folder (mode {info.st_mode:o})")
+        return
+    try:
+        card_fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        _report(path, str(exc))
+        return
+    try:
+        region = read_card(card_fd, path)
+    except FileNotFoundError:
+        return  # no roster yet: the hook is making the folder
+    except (OSError, RosterError) as exc:
+        _report(path, str(exc))
+        return
+    finally:
+        os.close(card_fd)
     _reported.pop(path, None)
-    out[region.uuid or name] = region
+    out[region.uuid] = region

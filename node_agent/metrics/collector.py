@@ -5,11 +5,12 @@ card metrics carry ``gpu`` (index), ``UUID``, ``modelName``, ``Hostname``; conta
 add ``namespace``, ``pod``, ``container``. Units: bytes and percent.
 
 - Per container share (from its accounting region, and its allocation for the cores):
-  memory limit and used bytes, cores limit %; compute used % from the card's region
-  (card_region: the share's slot, measured GPU time), where the card has one.
+  memory limit and used bytes, cores limit %; compute used % from the card's folder
+  (card_region: the share's file there, measured GPU time), where the card's
+  roster lists the share.
 - Per card (inventory, NVML, allocations of the node's active pods): memory total / used /
   booked bytes, cores booked %, compute used % (NVML; else the shares' measured use from the
-  card region).
+  card's folder).
 - Per node: ``egpu_node_heartbeat_timestamp_seconds{Hostname}``, the last successful
   inventory heartbeat (unix seconds), once there is one.
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from egpu.card_roster import share_owner
 from egpu.contract import (
     LABELS_CARD,
     LABELS_CONTAINER,
@@ -41,7 +43,7 @@ from egpu.contract import (
     METRIC_NODE_HEARTBEAT,
 )
 from egpu.records import Card, PodShares
-from node_agent.metrics.card_region import CardRegion, share_owner
+from node_agent.metrics.card_region import CardRegion
 from node_agent.metrics.region import RegionUsage, scan, split_dir_name
 
 MIB = 1 << 20
@@ -69,7 +71,7 @@ class Sources:
 def share_compute(card_regions: dict[str, CardRegion], dir_name: str, uuid: str,
                   now_ns: int) -> float | None:
     """Compute used by the share of folder ``dir_name`` on card ``uuid``, % of the card; None
-    when the card has no region or the share no slot (it never launched work there)."""
+    when the card has no folder or its roster does not list the share."""
     region = card_regions.get(uuid)
     slot = region.slots.get(share_owner(dir_name)) if region else None
     return slot.used_percent(now_ns) if slot else None

@@ -1,39 +1,20 @@
-"""The per-card region (/var/run/egpu/cards/<uuid>) as Python reads it: struct + mmap, no
-ctypes. This is the description docs/compute.md gives the node agent; the tests check it
-against the C compiler's layout (libinterpose/tests/compute_layout.c).
+"""A card's folder (/var/run/egpu/cards/<uuid>/: the node's roster and one file per share) as
+Python reads it: struct + pread, no ctypes, no mmap (a share may truncate its own file). The
+full slot layout is described here; the tests check it against the C compiler's
+(libinterpose/tests/compute_layout.c). The roster's codec is egpu.card_roster's.
 
-Read without the lock: every field is an aligned 64- or 32-bit word, so one read is never
+Read without a lock: every field is an aligned 64- or 32-bit word, so one read is never
 torn; two fields may come from different moments (fine for metrics).
 """
 
 from __future__ import annotations
 
-import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-MAGIC = 0x4452414355504745  # b"EGPUCARD" little-endian
-VERSION = 1
-HEADER_SIZE = 4096
-SLOT_SIZE = 512
-NSLOTS = 32
-
-# (name, struct code, offset) -- little-endian, natural alignment.
-HEADER_FIELDS = [
-    ("magic", "Q", 0),
-    ("version", "I", 8),
-    ("size", "I", 12),
-    ("nslots", "I", 16),
-    ("slot_size", "I", 20),
-    ("uuid", "64s", 24),
-    ("created_ns", "Q", 88),
-    ("hi_active_ns", "Q", 192),
-    ("hi_launches", "Q", 200),
-    ("n_low", "I", 208),
-    ("n_high", "I", 212),
-    ("generation", "Q", 216),
-]
+SLOT_SIZE = 4096  # a share file
+SLOT_PUBLIC = 512  # what others read of it
 
 SLOT_FIELDS = [
     ("owner", "Q", 0),
@@ -73,6 +54,7 @@ SLOT_FIELDS = [
     ("events_total", "Q", 320),  # events the gate recorded to measure the share (one a group)
     ("queued_until_ns", "Q", 328),
     ("solo_n", "2I", 336),
+    ("hi_mark_ns", "Q", 344),
 ]
 
 
@@ -108,30 +90,28 @@ def _unpack(buf: bytes, base: int, fields: list[tuple[str, str, int]]) -> dict:
 
 
 def read(path: str | Path) -> tuple[dict, list[Share]]:
-    """The header and the occupied slots of a card region."""
-    with open(path, "rb") as f:
-        buf = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-        try:
-            data = bytes(buf[: HEADER_SIZE + SLOT_SIZE * NSLOTS])
-        finally:
-            buf.close()
-    head = _unpack(data, 0, HEADER_FIELDS)
-    if head["magic"] != MAGIC or head["version"] != VERSION:
-        raise ValueError(f"{path}: not a v{VERSION} egpu card region")
-    head["uuid"] = head["uuid"].split(b"\0", 1)[0].decode()
+    """The roster's header and the shares of a card folder (their public slots, with the
+    priority, policy and cores the roster books)."""
+    from egpu.card_roster import read_roster, share_file_name
+
+    folder = Path(path)
+    roster = read_roster(str(folder))
     shares = []
-    for i in range(head["nslots"]):
-        s = _unpack(data, HEADER_SIZE + i * head["slot_size"], SLOT_FIELDS)
-        if not s["owner"]:
-            continue
+    for i, entry in roster.shares().items():
+        try:
+            with open(folder / share_file_name(entry.owner), "rb") as f:
+                data = f.read(SLOT_PUBLIC)
+        except FileNotFoundError:
+            data = b""
+        s = _unpack(data.ljust(SLOT_PUBLIC, b"\0"), 0, SLOT_FIELDS)
         shares.append(
             Share(
                 index=i,
-                owner=s["owner"],
+                owner=entry.owner,
                 pids=[p for p in s["pids"] if p],
-                priority=("high", "low")[s["priority"] & 1],
-                policy=("strict", "elastic")[s["policy"] & 1],
-                cores=s["cores"],
+                priority=("high", "low")[entry.priority & 1],
+                policy=("strict", "elastic")[entry.policy & 1],
+                cores=entry.cores,
                 busy_total_ns=s["busy_total_ns"],
                 last_win_busy_ns=s["last_win_busy_ns"],
                 last_win_len_ns=s["last_win_len_ns"],
@@ -140,4 +120,4 @@ def read(path: str | Path) -> tuple[dict, list[Share]]:
                 raw=s,
             )
         )
-    return head, shares
+    return {"generation": roster.generation, "uuid": roster.uuid}, shares

@@ -383,29 +383,36 @@ def test_region_files_fifo_symlink_short_refused(rig):
     assert (rig.tmp / "bad" / "target").stat().st_size == 0  # the link was not followed
 
 
-def test_region_files_empty_preexisting_initialised_in_place(rig):
+def test_card_folder_made_on_a_raw_node_holds_roster_and_share_file(rig):
+    """Without the hook (egpu run), the interposer makes the card folder and registers its
+    share itself; a second process of the same share joins the same slot."""
+    from egpu.card_roster import ROSTER_SIZE, read_roster, share_file_name
+
     card = rig.tmp / "cards" / "GPU-x"
-    card.parent.mkdir(parents=True)
-    card.write_bytes(b"")
-    card.chmod(0o666)
-    ino = card.stat().st_ino
-    p = rig.run("region_check", "card", card, "card", card, "lock", card, preload=False, timeout=20)
+    p = rig.run("region_check", "card", card, "card", card, "lock-same", card, preload=False,
+                timeout=20)
     rows = parse(p.stdout)
     assert [r["rc"] for r in rows] == [0, 0, 0], p.stdout
-    assert card.stat().st_ino == ino  # the same file (bind mounts cannot be replaced)
-    assert card.stat().st_size == 20480
+    roster = read_roster(str(card))
+    owners = [e.owner for e in roster.shares().values()]
+    assert len(owners) == 1
+    assert (card / "roster").stat().st_size == ROSTER_SIZE
+    assert (card / share_file_name(owners[0])).stat().st_size == 4096
 
 
-def test_card_region_lock_held_forever_does_not_hang(rig):
+def test_co_tenant_cannot_hold_a_shares_lock(rig):
+    """Each share has its own lock, in its own file: a co-tenant that holds its lock forever
+    costs the other shares nothing; a process of the SAME share that does is bounded."""
     card = rig.tmp / "card"
     holder = subprocess.Popen(
         [str(LIB / "region_check"), "hold", str(card)], stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout.readline().startswith("hold rc=0")
-        p = rig.run("region_check", "lock", card, preload=False, timeout=20)
-        row = one(parse(p.stdout), "lock")
-        assert row["rc"] == 110 and row["ms"] < 2000, p.stdout  # ETIMEDOUT, bounded
+        p = rig.run("region_check", "lock", card, "lock-same", card, preload=False, timeout=20)
+        other, same = parse(p.stdout)
+        assert other["rc"] == 0 and other["ms"] < 100, p.stdout  # another share: not held
+        assert same["rc"] == 110 and same["ms"] < 2000, p.stdout  # ETIMEDOUT, bounded
         assert "not coordinated" in p.stderr
     finally:
         holder.kill()
@@ -445,8 +452,8 @@ def _pid_exists(pid: int) -> bool:
 
 
 def test_nested_pid_namespace_card_slot_not_reaped_while_alive(rig):
-    """The same kind in the card region (shared by containers in other pid namespaces): a
-    share's slot is not freed by a peer while its process lives."""
+    """The same kind on a raw node's card folder (processes in other pid namespaces): a
+    share's roster entry is not freed by a peer while its process lives."""
     card = rig.tmp / "card"
     pid = next(p for p in range(77777, 99999) if not _pid_exists(p))  # one free here
     holder = subprocess.Popen(

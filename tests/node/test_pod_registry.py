@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from egpu import card_roster
+from egpu.card_roster import FLAG_RAW, RosterEntry
 from egpu.config import Config
 from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
 from node_agent.pods import PodCatchUp, PodRegistry, list_node_pods
@@ -88,6 +90,39 @@ def test_files_of_pods_deleted_while_the_agent_was_down_are_removed(tmp_path: Pa
     assert restarted.update(_pod()) is not None
     PodRegistry("n1", CFG, *dirs).resync([_pod()])
     assert (tmp_path / "private" / "allocations" / "uid-A.json").exists()
+
+
+def test_a_deleted_pod_leaves_every_cards_roster_with_its_share_files(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The hook registered the pod's containers on their cards; the pod's deletion frees
+    their entries and share files (by name, cut to 31 bytes in the roster, and by the owners
+    of its folders), and nothing of another pod's or of a raw share, even on a card whose
+    roster is broken."""
+    uid = "aaaaaaaa-1111-2222-3333-444444444444"  # a real pod uid: its names are cut
+    cards = tmp_path / "run" / "cards"
+    mine = [RosterEntry(card_roster.share_owner(f"{uid}_{c}"), name=f"{uid}_{c}")
+            for c in ("c0", "sidecar")]
+    theirs = RosterEntry(card_roster.share_owner("uid-B_c0"), name="uid-B_c0")
+    raw = RosterEntry(card_roster.owner_id("/raw/region"), name=f"{uid}_x", flags=FLAG_RAW)
+    layout = {"GPU-0": [mine[0], theirs], "GPU-1": [mine[1], raw], "GPU-2": [theirs]}
+    for uuid, entries in layout.items():
+        (cards / uuid).mkdir(parents=True)
+        for entry in entries:
+            card_roster.register(str(cards / uuid), uuid, entry)
+    (cards / "GPU-old").write_bytes(b"x")  # the previous version's file: not a folder
+    (cards / "GPU-broken").mkdir()
+    (cards / "GPU-broken" / "roster").write_bytes(b"junk")
+    (tmp_path / "run" / "containers" / f"{uid}_c0").mkdir(parents=True)
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    with caplog.at_level(logging.WARNING, logger="node_agent.pods"):
+        registry.delete(uid)
+    left = {uuid: card_roster.read_roster(str(cards / uuid)).shares()
+            for uuid in layout}
+    assert left == {"GPU-0": {1: theirs}, "GPU-1": {1: raw}, "GPU-2": {0: theirs}}
+    files = {p.name for p in cards.glob("GPU-[012]/share-*")}
+    assert files == {card_roster.share_file_name(e.owner) for e in (theirs, raw)}
+    assert not (tmp_path / "run" / "containers" / f"{uid}_c0").exists()
+    assert [r for r in caplog.records if "GPU-broken" in r.getMessage()]
 
 
 # --- catching up with pods the watch has not delivered yet (device plugin, Allocate) ----------

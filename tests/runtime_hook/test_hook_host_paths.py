@@ -20,11 +20,14 @@ from pathlib import Path
 import pytest
 
 from demo.sandbox import HOOK
+from egpu import card_roster
+from egpu.card_roster import RosterEntry
 from egpu.records import Allocation, Card, CardShare, ContainerAllocation, PodShares
 
 UID = "uidX"
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
-
+OWNER = card_roster.share_owner(f"{UID}_app")
+SHARE = card_roster.share_file_name(OWNER)
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +72,8 @@ class World:
 
     def hook(self) -> tuple[int, str, list[tuple[str, str]]]:
         """Run egpu-hook in a private mount namespace: (exit status, stderr, the mounts it
-        made there as (source root, mount point) under the world's base)."""
+        made there as (source root, mount point) under the world's base). ``self.options``:
+        mount point -> its mount options (mountinfo field 6)."""
         state = json.dumps({"ociVersion": "1.1.0", "id": "cid-app", "status": "creating",
                             "pid": 0, "bundle": str(self.bundle)})
         script = (f"{HOOK} --runtime-dir {self.runtime} --private-dir {self.private} "
@@ -80,9 +84,10 @@ class World:
                               check=True)
         lines = done.stdout.splitlines()
         rc_line = next(i for i, line in enumerate(lines) if line.startswith("rc="))
-        mounts = [(f[3], f[4]) for f in (line.split() for line in lines[rc_line + 1:])
+        fields = [f for f in (line.split() for line in lines[rc_line + 1:])
                   if f[4].startswith(str(self.base))]
-        return int(lines[rc_line][3:]), done.stderr, mounts
+        self.options = {f[4]: f[5].split(",") for f in fields}
+        return int(lines[rc_line][3:]), done.stderr, [(f[3], f[4]) for f in fields]
 
     def untouched(self) -> None:
         assert stat.S_IMODE(self.victim.stat().st_mode) == 0o755
@@ -102,14 +107,38 @@ def test_a_clean_node_gets_only_its_own_folder_and_card_files(world: World) -> N
     region = world.runtime / "containers" / f"{UID}_app"
     card = world.runtime / "cards" / UUID
     assert stat.S_IMODE(region.lstat().st_mode) == 0o777
-    info = card.lstat()
-    assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o666
+    for folder in (world.runtime / "cards", card):
+        info = folder.lstat()
+        assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o755
+        assert info.st_uid == 0
+    roster = card_roster.read_roster(str(card))
+    assert roster.shares() == {0: RosterEntry(OWNER, 0, 0, 30, 0, 0, f"{UID}_app")}
+    assert stat.S_IMODE((card / "roster").stat().st_mode) == 0o644
+    share = (card / SHARE).lstat()
+    assert stat.S_ISREG(share.st_mode) and stat.S_IMODE(share.st_mode) == 0o666
+    assert share.st_size == card_roster.SHARE_FILE_SIZE
     targets = {target for _, target in mounts}
     inside = f"{world.rootfs}/var/run/egpu"
     assert f"{inside}/containers/{UID}_app" in targets
-    assert f"{inside}/cards/{UUID}" in targets
+    assert f"{inside}/cards/{UUID}" in targets and f"{inside}/cards/{UUID}/{SHARE}" in targets
     assert f"{inside}/cards" not in targets and inside not in targets  # never the whole folder
+    assert "ro" in world.options[f"{inside}/cards/{UUID}"]  # the folder: read-only
+    assert "rw" in world.options[f"{inside}/cards/{UUID}/{SHARE}"]  # its own file: writable
     assert f"{world.rootfs}/run/egpu/config.json" in targets
+
+
+def test_the_previous_versions_card_region_file_is_replaced_by_a_folder(world: World) -> None:
+    """A card region of the previous version (one file per card, 0666, maybe another user's
+    or linked elsewhere) is unlinked, never written: a running container keeps its mapping."""
+    cards = world.runtime / "cards"
+    cards.mkdir(mode=0o1777)
+    os.link(world.victim_file, cards / UUID)
+    status, err, _ = world.hook()
+    assert status == 0, err
+    assert (cards / UUID).is_dir() and (cards / UUID / SHARE).is_file()
+    assert stat.S_IMODE(cards.stat().st_mode) == 0o755  # no longer world-writable
+    world.untouched()
+    assert world.victim_file.stat().st_nlink == 1
 
 
 def test_the_reviewers_symlinked_region_folder_is_refused(world: World) -> None:
@@ -124,10 +153,11 @@ def test_the_reviewers_symlinked_region_folder_is_refused(world: World) -> None:
 
 
 @pytest.mark.parametrize("trap", [
-    "containers-folder-symlink", "cards-folder-symlink", "card-file-symlink",
-    "card-file-hardlink", "card-file-fifo", "card-file-folder", "runtime-dir-symlink",
+    "containers-folder-symlink", "cards-folder-symlink", "card-folder-symlink",
+    "card-folder-fifo", "card-folder-of-another-user", "roster-symlink", "roster-hardlink",
+    "roster-fifo", "roster-folder", "share-file-symlink", "share-file-hardlink",
+    "share-file-fifo", "share-file-folder", "runtime-dir-symlink",
     "private-hook-folder-symlink", "private-config-symlink", "region-folder-is-a-file",
-    "card-file-of-another-user",
 ])
 def test_every_trap_under_the_hooks_folders_is_refused(world: World, trap: str) -> None:
     runtime, private = world.runtime, world.private
@@ -136,19 +166,27 @@ def test_every_trap_under_the_hooks_folders_is_refused(world: World, trap: str) 
         os.symlink(world.victim, runtime / "containers")
     elif trap == "cards-folder-symlink":
         os.symlink(world.victim, runtime / "cards")
-    elif trap.startswith("card-file"):
+    elif trap.startswith("card-folder"):
         (runtime / "cards").mkdir()
-        if trap == "card-file-symlink":
-            os.symlink(world.victim_file, card)
-        elif trap == "card-file-hardlink":
-            os.link(world.victim_file, card)
-        elif trap == "card-file-fifo":
+        if trap == "card-folder-symlink":
+            os.symlink(world.victim, card)
+        elif trap == "card-folder-fifo":
             os.mkfifo(card)
-        elif trap == "card-file-of-another-user":
-            card.write_text("")
-            os.chown(card, 65534, 65534)  # it could chmod it later and lock the card's shares
         else:
             card.mkdir()
+            os.chown(card, 65534, 65534)  # it could plant links in it or chmod it later
+    elif trap.startswith(("roster", "share-file")):
+        card.mkdir(parents=True)
+        target = card / ("roster" if trap.startswith("roster") else SHARE)
+        kind = trap.rsplit("-", 1)[1]
+        if kind == "symlink":
+            os.symlink(world.victim_file, target)
+        elif kind == "hardlink":
+            os.link(world.victim_file, target)
+        elif kind == "fifo":
+            os.mkfifo(target)
+        else:
+            target.mkdir()
     elif trap == "runtime-dir-symlink":
         runtime.rmdir()
         os.symlink(world.victim, runtime)
@@ -165,20 +203,34 @@ def test_every_trap_under_the_hooks_folders_is_refused(world: World, trap: str) 
     assert status != 0, err
     assert "egpu-hook: container cid-app: cannot install its egpu share" in err
     assert any(word in err for word in ("symlink", "not a folder", "not a regular file",
-                                        "hard links", "is a folder", "belongs to uid")), err
+                                        "hard links", "is a folder", "belongs to uid",
+                                        "regular file")), err
     assert mounts == []
     world.untouched()
-    if trap == "card-file-hardlink":
+    if trap.endswith("hardlink"):
         assert world.victim_file.stat().st_nlink == 2  # left as found
 
 
 def test_a_rerun_keeps_the_files_and_their_modes(world: World) -> None:
     assert world.hook()[0] == 0
     card = world.runtime / "cards" / UUID
-    card.write_bytes(b"x" * 100)  # an initialised region: kept as it is
+    share = card / SHARE
+    state = b"x" * card_roster.SHARE_FILE_SIZE  # the share's own state: kept as it is
+    share.write_bytes(state)
+    roster = (card / "roster").read_bytes()
     status, err, _ = world.hook()
     assert status == 0, err
-    assert card.read_bytes() == b"x" * 100
+    assert share.read_bytes() == state and (card / "roster").read_bytes() == roster
+
+
+def test_a_full_card_is_refused_naming_it(world: World) -> None:
+    card = world.runtime / "cards" / UUID
+    card.mkdir(parents=True)
+    for n in range(card_roster.NSLOTS):
+        card_roster.register(str(card), UUID, RosterEntry(card_roster.share_owner(f"u{n}_c")))
+    status, err, mounts = world.hook()
+    assert status == 2 and mounts == []
+    assert f"card {UUID}: all 32 slots" in err, err
 
 
 def test_a_second_run_for_the_same_container_is_a_no_op_that_succeeds(world: World) -> None:
@@ -197,8 +249,9 @@ def test_a_second_run_for_the_same_container_is_a_no_op_that_succeeds(world: Wor
     base_hook = (f"{HOOK} --runtime-dir {world.runtime} --private-dir {world.private} "
                  "createRuntime")
     hook_dir = world.private / "hook" / f"{UID}_app"
+    card = world.runtime / "cards" / UUID
     files = " ".join(str(p) for p in (hook_dir / "config.json", hook_dir / "ld.so.preload",
-                                      world.runtime / "cards" / UUID))
+                                      card / "roster", card / SHARE))
     report = (f"echo \"rc=$?\"; grep -c ' {world.base}' /proc/self/mountinfo; "
               f"stat -c '%n %i %y %s' {files}")
     script = (f"export EGPU_INTERPOSER={world.interposer}; {cdi_hook} < state.json; {report}; "
@@ -209,9 +262,9 @@ def test_a_second_run_for_the_same_container_is_a_no_op_that_succeeds(world: Wor
     done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                           cwd=world.base, capture_output=True, text=True, timeout=30, check=True)
     lines = done.stdout.splitlines()
-    first, second = lines[0:5], lines[5:10]
+    first, second = lines[0:6], lines[6:12]
     assert first[0] == "rc=0" and second[0] == "rc=0", done.stderr
-    assert int(first[1]) >= 5  # interposer, config, preload, region folder, card file
+    assert int(first[1]) >= 6  # interposer, config, preload, region folder, card, share file
     assert second[1:] == first[1:]  # no new mount; files: same inode, mtime and size
-    assert lines[10:] == ["/usr/lib/egpu/libegpu_interpose.so"]  # listed once
+    assert lines[12:] == ["/usr/lib/egpu/libegpu_interpose.so"]  # listed once
     assert done.stderr == ""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from egpu.card_roster import RosterEntry, owner_id, share_owner
 from egpu.contract import (
     ENV_ALLOCATION_ERROR,
     ENV_CONTAINER,
@@ -10,18 +13,29 @@ from egpu.contract import (
     ENV_POD_UID,
 )
 from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
-from runtime_hook.plan import Apply, Inputs, Refuse, Skip, decide, identify, preload_text
+from runtime_hook.plan import (
+    Apply,
+    Inputs,
+    Refuse,
+    Skip,
+    card_shares,
+    decide,
+    identify,
+    preload_text,
+    raw_card_uuids,
+)
 
 U0, U1 = "GPU-aaaa", "GPU-bbbb"
 ANN = {"io.kubernetes.cri.sandbox-uid": "uid-a", "io.kubernetes.cri.container-name": "main",
        "io.kubernetes.cri.sandbox-name": "pa", "io.kubernetes.cri.sandbox-namespace": "ns"}
 
 
-def shares(*cards: str, container: str = "main", uid: str = "uid-a") -> PodShares:
+def shares(*cards: str, container: str = "main", uid: str = "uid-a",
+           priority: str = "high", policy: str = "strict", floor: int = 0) -> PodShares:
     entry = ContainerAllocation(container, False, tuple(
-        CardShare(u, i, 4096, 30) for i, u in enumerate(cards)))
-    return PodShares("ns", "pa", uid, "high", "strict", False,
-                     Allocation(containers=(entry,), node="n1"))
+        CardShare(u, i, 4096, 30 + 10 * i) for i, u in enumerate(cards)))
+    return PodShares("ns", "pa", uid, priority, policy, False,
+                     Allocation(containers=(entry,), node="n1"), floor)
 
 
 def test_named_container_with_matching_devices_gets_its_config() -> None:
@@ -106,3 +120,47 @@ def test_preload_keeps_image_entries_and_adds_ours_once() -> None:
     text = preload_text(b"/lib/libfoo.so\n")
     assert text == f"/lib/libfoo.so\n{ours}\n".encode()
     assert preload_text(text) == text
+
+
+# --- what the hook writes into each card's roster ----------------------------------------
+def test_a_pods_share_is_registered_with_its_configs_terms() -> None:
+    env = {"NVIDIA_VISIBLE_DEVICES": f"{U0},{U1}", ENV_DEVICES: "x",
+           "EGPU_PRIORITY": "high", "EGPU_CORES": "100"}  # the env's copies decide nothing
+    plan = decide(Inputs("c1", env, ANN, shares(U0, U1, priority="low", policy="elastic",
+                                                floor=15)))
+    assert isinstance(plan, Apply)
+    owner = share_owner("uid-a_main")
+    assert owner == owner_id("/var/run/egpu/containers/uid-a_main/region")
+    assert card_shares(plan, env, 1000) == [
+        (U0, RosterEntry(owner, 1, 1, 30, 15, 0, "uid-a_main")),
+        (U1, RosterEntry(owner, 1, 1, 40, 15, 0, "uid-a_main"))]
+
+
+@pytest.mark.parametrize(("env", "uid", "terms"), [
+    ({}, 0, (0, 0, 0)),
+    ({"EGPU_PRIORITY": "low", "EGPU_COMPUTE_POLICY": "elastic", "EGPU_CORES": "25"}, 7,
+     (1, 1, 25)),
+    ({"EGPU_PRIORITY": "urgent", "EGPU_COMPUTE_POLICY": "x", "EGPU_CORES": "101"}, 0,
+     (0, 0, 0)),  # invalid: the interposer keeps CUDA off; the roster says the defaults
+    ({"EGPU_CORES": " +40"}, 0, (0, 0, 40)),  # as strtoll reads it
+    ({"EGPU_CORES": "4_0"}, 0, (0, 0, 0)),
+])
+def test_a_raw_share_is_registered_with_its_envs_terms_and_region(
+        env: dict[str, str], uid: int, terms: tuple[int, int, int]) -> None:
+    env = {ENV_MEMORY_LIMIT_MIB: "1024", "NVIDIA_VISIBLE_DEVICES": f"{U0},all,0,1:0", **env}
+    plan = decide(Inputs("abc", env, {}))
+    assert isinstance(plan, Apply) and plan.config is None
+    owner = owner_id(f"/var/run/egpu/containers/local-uid{uid}/region")
+    assert card_shares(plan, env, uid) == [(U0, RosterEntry(owner, *terms, 0, 0, "abc_raw"))]
+
+
+def test_a_raw_shares_owner_follows_the_interposers_region_path() -> None:
+    plan = Apply("abc_raw", None)
+    env = {ENV_MEMORY_LIMIT_MIB: "1", "NVIDIA_VISIBLE_DEVICES": U0}
+    ((_, entry),) = card_shares(plan, {**env, "EGPU_RUNTIME_DIR": "/rt"}, 5)
+    assert entry.owner == owner_id("/rt/containers/local-uid5/region")
+    ((_, entry),) = card_shares(plan, {**env, "EGPU_CONTAINER_REGION": "/my/region"}, 5)
+    assert entry.owner == owner_id("/my/region")
+    assert card_shares(plan, {ENV_MEMORY_LIMIT_MIB: "1"}, 0) == []  # no card named: none
+    assert raw_card_uuids({"NVIDIA_VISIBLE_DEVICES": "none"}) == ()
+    assert raw_card_uuids({"NVIDIA_VISIBLE_DEVICES": f" {U0} , ../x, {U1}"}) == (U0, U1)

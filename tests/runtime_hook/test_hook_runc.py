@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from demo.sandbox import FAKE_DEFAULT_MIB, FAKE_DEFAULT_UUID, RuncWorld
+from egpu import card_roster
 from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
 
 pytestmark = pytest.mark.runc
@@ -125,3 +128,79 @@ def test_symlinks_in_the_image_cannot_redirect_writes_to_the_host(
     assert list(outside.iterdir()) == []
     assert result.returncode == 0, result.stderr
     assert (rootfs / str(outside).lstrip("/") / "ld.so.preload").exists()
+
+
+# What a tenant tries on its card's folder (docs/security.md, "Node-side state"): prints
+# key=errno (0 = it worked) for each attempt.
+CARD_PROBE = r"""
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static int try_open(const char *path, int flags)
+{
+    int fd = open(path, flags, 0666);
+    if (fd < 0) return errno;
+    close(fd);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 4) return 2;
+    const char *card = argv[1], *own = argv[2], *other = argv[3];
+    char roster[512], planted[512], magic[9] = {0};
+    snprintf(roster, sizeof roster, "%s/roster", card);
+    snprintf(planted, sizeof planted, "%s/share-planted", card);
+    int own_write = 0, fd = open(own, O_RDWR);
+    if (fd < 0 || pwrite(fd, "OWNSTATE", 8, 8) != 8) own_write = errno ? errno : -1;
+    if (fd >= 0) close(fd);
+    fd = open(roster, O_RDONLY);
+    if (fd >= 0) { if (pread(fd, magic, 8, 0) != 8) magic[0] = 0; close(fd); }
+    printf("own_write=%d other_read=%d other_write=%d other_truncate=%d other_unlink=%d "
+           "roster_write=%d roster_magic=%d create=%d\n", own_write, try_open(other, O_RDONLY),
+           try_open(other, O_WRONLY), truncate(other, 0) ? errno : 0,
+           unlink(other) ? errno : 0, try_open(roster, O_WRONLY),
+           !strcmp(magic, "EGPUROST"), try_open(planted, O_CREAT | O_WRONLY));
+    return 0;
+}
+"""
+
+
+def test_a_tenant_writes_its_own_share_file_and_nothing_else_of_its_card(
+        runc_world: RuncWorld, tmp_path: Path) -> None:
+    """Two pods on the card: the second one's container sees the card's folder read-only
+    (its roster and the first pod's share file readable; neither writable, truncatable nor
+    removable; no file can be created there: EROFS, even as root with CAP_DAC_OVERRIDE) and
+    its own share file read-write."""
+    first, second = ("aaaaaaaa-0000-0000-0000-000000000008",
+                     "aaaaaaaa-0000-0000-0000-000000000009")
+    result, _ = runc_world.run(["/probe", "0"], SHARE_ENV, pod(runc_world, first))
+    assert result.returncode == 0, result.stderr
+    gcc = shutil.which("gcc")
+    assert gcc is not None, "README: gcc"
+    (tmp_path / "card_probe.c").write_text(CARD_PROBE)
+    bundle = runc_world.new_rootfs(f"card-probe-{os.getpid()}")
+    subprocess.run([gcc, "-O1", "-o", str(bundle / "rootfs" / "card_probe"),
+                    str(tmp_path / "card_probe.c")], check=True)
+    card_in = f"/var/run/egpu/cards/{FAKE_DEFAULT_UUID}"
+    own, other = (card_roster.share_file_name(card_roster.share_owner(f"{uid}_main"))
+                  for uid in (second, first))
+    card = runc_world.runtime_dir / "cards" / FAKE_DEFAULT_UUID
+    before = (card / other).read_bytes()
+    result, _ = runc_world.run(["/card_probe", card_in, f"{card_in}/{own}",
+                                f"{card_in}/{other}"], SHARE_ENV, pod(runc_world, second),
+                               bundle=bundle)
+    assert result.returncode == 0, result.stderr
+    values = {k: int(v) for k, v in (p.split("=") for p in result.stdout.split())}
+    assert values == {"own_write": 0, "other_read": 0, "other_write": errno.EROFS,
+                      "other_truncate": errno.EROFS, "other_unlink": errno.EROFS,
+                      "roster_write": errno.EROFS, "roster_magic": 1,
+                      "create": errno.EROFS}, result.stdout
+    assert (card / own).read_bytes()[8:16] == b"OWNSTATE"  # the host's file, written
+    assert (card / other).read_bytes() == before
+    assert not (card / "share-planted").exists()
+    owners = {e.owner for e in card_roster.read_roster(str(card)).shares().values()}
+    assert {card_roster.share_owner(f"{uid}_main") for uid in (first, second)} <= owners

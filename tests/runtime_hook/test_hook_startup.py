@@ -246,3 +246,35 @@ def test_installed_hook_help_and_source_fallback(tmp_path: Path) -> None:
     hook.write_text(text)  # another interpreter version: the sources are compiled
     out = subprocess.run([str(hook), "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "usage: egpu-hook" in out.stdout
+
+
+SHARE_PATH = """
+import sys
+from runtime_hook import hostfs, mounts, rootfs
+from runtime_hook.plan import Apply, card_shares
+from egpu import card_roster
+shares = card_shares(Apply("c_raw", None), {"EGPU_MEMORY_LIMIT_MIB": "1",
+                                            "NVIDIA_VISIBLE_DEVICES": "GPU-a"}, 0)
+assert shares[0][1].owner == card_roster.owner_id("/var/run/egpu/containers/local-uid0/region")
+print(card_roster.__spec__.origin)
+"""
+
+
+def test_the_share_path_takes_the_roster_codec_from_the_bundle_and_nothing_heavy(
+        tmp_path: Path) -> None:
+    """A container with a share: the installed file registers it in the card's roster with
+    egpu.card_roster, which it carries (the node's python3 has no egpu package), and which
+    adds no typing, dataclasses or contextlib to the hook's imports (ctypes: the mounts)."""
+    text = bundle.render(f"{sys.executable} -IS")
+    tail = "from runtime_hook.main import main  # noqa: E402\n\nmain()"
+    assert tail in text
+    hook = tmp_path / "share-path"
+    hook.write_text(text.replace(tail, SHARE_PATH))
+    proc = subprocess.run([sys.executable, "-IS", "-X", "importtime", str(hook)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "egpu-hook:egpu.card_roster"  # carried by the file
+    imported = {line.split("|")[2].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:") and not line.endswith("imported package")}
+    assert "egpu.card_roster" in imported
+    assert not imported & (HEAVY - {"ctypes"}), sorted(imported & HEAVY)
