@@ -63,8 +63,11 @@ e2e: venv native system-deps k8s image
 test: venv native system-deps lint k8s image
 	$(BIN)/pytest tests
 
+# Options of `egpu demo`, e.g. `make demo DEMO_ARGS=--dra` (shares as ResourceClaims,
+# docs/dra.md); none by default.
+DEMO_ARGS ?=
 demo: venv native system-deps k8s image
-	$(BIN)/egpu demo
+	$(BIN)/egpu demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

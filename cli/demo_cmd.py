@@ -3,9 +3,11 @@ the scheduler extender, one node agent per node on the fake GPU, every workload 
 inputs, a placement table, and one real runc container with a share.
 
   egpu demo             # (re)start the demo; it stays up
+  egpu demo --dra       # the same demo with shares as ResourceClaims (docs/dra.md)
   egpu demo --down      # stop it
 
-`make demo` builds what is missing first (the Kubernetes binaries, the interposer).
+`make demo` builds what is missing first (the Kubernetes binaries, the interposer);
+`make demo DEMO_ARGS=--dra` runs it in DRA mode.
 """
 
 from __future__ import annotations
@@ -19,8 +21,14 @@ HELP = "run egpu end to end on a local cluster with simulated GPU nodes"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register --down, --inputs, --state-dir, --wait, --no-container, --no-real-node."""
+    """Register --down, --dra, --inputs, --state-dir, --wait, --no-container,
+    --no-real-node."""
     parser.add_argument("--down", action="store_true", help="stop the demo")
+    parser.add_argument("--dra", action="store_true",
+                        help="DRA mode: allocationMode: dra, the DeviceClasses of "
+                             "manifests/dra, node agents with --dra --no-device-plugin; the "
+                             "webhook turns shares into ResourceClaims that the default "
+                             "kube-scheduler allocates (docs/dra.md)")
     parser.add_argument("--inputs", type=Path, default=None,
                         help="folder with cluster.yaml and pods/ (default: the embedded copy "
                              "of ../shared/inputs)")
@@ -46,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         options = demo.Options(state_dir=state_dir, wait_s=args.wait,
                                container=not args.no_container,
-                               real_node=not args.no_real_node)
+                               real_node=not args.no_real_node, dra=args.dra)
         if args.inputs:
             options.inputs = args.inputs
         return demo.up(options)

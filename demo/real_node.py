@@ -3,7 +3,7 @@ fleet, with egpu's node side on it and one workload of the inputs running there 
 container.
 
     prerequisite_missing() -> str             why the real node cannot run here ("" if it can)
-    start(state_dir, info, config_file, start_process) -> RealNode
+    start(state_dir, info, config_file, start_process, dra=False) -> RealNode
     apply_workload(info, inputs, say) -> str  the pod's name
     probe(info, name, timeout_s) -> dict      what the container's CUDA and NVML say
 
@@ -11,7 +11,9 @@ On a cluster, the node DaemonSet installs the hook and the interposer and runs t
 agent; the demo runs no in-cluster egpu (its webhook and extender are local processes), so it
 does the DaemonSet's two steps itself: it installs the hook and the interposer into the node's
 /usr/local/egpu, and runs the node agent inside the node's namespaces, where it registers the
-device plugin with the real kubelet and writes its CDI spec.
+device plugin with the real kubelet and writes its CDI spec (with ``dra``, as the
+``manifests/dra`` component runs it: ``--dra --no-device-plugin``, the node's ResourceSlices
+and the DRA kubelet plugin instead of the device plugin).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from devcluster import build as devbuild
 from devcluster import cluster as devcluster
 from devcluster import realnode
 from devcluster.images import IMAGE_EGPU
+from devcluster.supervisor import ProcessInfo
+from egpu.contract import DRA_DRIVER
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "egpu-real-demo"
@@ -43,6 +47,8 @@ SOURCE = "03-notebook-percentage.yaml"
 # (no registry), and their cpu and memory would not fit a 2-core machine.
 TAINT_KEY = "egpu.io/real-node"
 TAINT = f"{TAINT_KEY}=true:NoSchedule"
+# The agent's log line once the kubelet's NotifyRegistrationStatus accepted the DRA plugin.
+DRA_REGISTERED = f"the kubelet registered the DRA plugin {DRA_DRIVER}"
 PROBE_CPU = "10m"
 PROBE_MEMORY = "128Mi"
 INTERPOSER = REPO / "libinterpose" / "build" / "libegpu_interpose.so"
@@ -113,11 +119,13 @@ def prerequisite_missing() -> str:
 
 
 def start(state_dir: Path, info: devcluster.ClusterInfo, config_file: Path,
-          start_process: Callable[[str, list[str], dict[str, str]], object]
-          ) -> realnode.RealNode:
+          start_process: Callable[[str, list[str], dict[str, str]], ProcessInfo],
+          dra: bool = False) -> realnode.RealNode:
     """Add the real node (tainted), install the hook and the interposer on it, and start its
     node agent (``start_process(name, argv, env)`` records it with the demo's processes).
-    Returns once the agent has registered the device plugin (the node offers egpu.io/gpu)."""
+    Returns once the agent has registered the device plugin (the node offers egpu.io/gpu), or
+    with ``dra`` (``--dra --no-device-plugin``, as the manifests/dra component runs it) once
+    the node's ResourceSlices are published and the kubelet registered the DRA plugin."""
     node = realnode.add(info, name=NAME, taints=(TAINT,))
     install = Path(node.node_dir) / "usr-local-egpu"
     (install / "lib").mkdir(parents=True, exist_ok=True)
@@ -136,9 +144,14 @@ def start(state_dir: Path, info: devcluster.ClusterInfo, config_file: Path,
         str(Path(sys.executable).parent / "egpu-node-agent"), "--node-name", NAME,
         "--kubeconfig", str(kubeconfig), "--config", str(config_file),
         "--nvml-library", str(driver / "lib" / "libnvidia-ml.so.1"),
-        "--metrics-port", "9400", "--heartbeat-seconds", "10")
-    start_process(f"node-agent-{NAME}", agent, {"FAKEGPU_CONFIG": str(driver / "cards.ini"),
-                                                "FAKEGPU_STATE_DIR": str(driver / "state")})
+        "--metrics-port", "9400", "--heartbeat-seconds", "10",
+        *(("--dra", "--no-device-plugin") if dra else ()))
+    proc = start_process(f"node-agent-{NAME}", agent, {
+        "FAKEGPU_CONFIG": str(driver / "cards.ini"), "FAKEGPU_STATE_DIR": str(driver / "state")})
+    log = Path(proc.log)
+    # the log is appended to: only this agent's lines count (a Python agent needs seconds to
+    # get that far, so nothing of this run's is missed)
+    log_start = log.stat().st_size if log.exists() else 0
 
     def registered() -> bool:
         out = subprocess.run(info.kubectl_argv("get", "node", NAME, "-o", "json"),
@@ -146,7 +159,24 @@ def start(state_dir: Path, info: devcluster.ClusterInfo, config_file: Path,
         return bool(out) and int(json.loads(out)["status"]["allocatable"].get(
             "egpu.io/gpu", "0")) > 0
 
-    devcluster.wait_until("the real node's device plugin", registered, timeout=90, interval=1)
+    def dra_registered() -> bool:
+        out = subprocess.run(info.kubectl_argv("get", "resourceslices", "-o", "json"),
+                             capture_output=True, text=True, timeout=30).stdout
+        published = bool(out) and any(
+            s["spec"].get("driver") == DRA_DRIVER and s["spec"].get("nodeName") == NAME
+            for s in json.loads(out)["items"])
+        if not published or not log.exists():
+            return False
+        with log.open("rb") as lines:
+            lines.seek(log_start)
+            return DRA_REGISTERED in lines.read().decode(errors="replace")
+
+    if dra:
+        devcluster.wait_until("the real node's ResourceSlices and DRA kubelet plugin",
+                              dra_registered, timeout=90, interval=1)
+    else:
+        devcluster.wait_until("the real node's device plugin", registered, timeout=90,
+                              interval=1)
     return node
 
 

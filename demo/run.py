@@ -15,6 +15,18 @@
    simulated fleet, and runs one workload of the inputs there as a real container; the
    placement table says which rows are real.
 
+With ``Options.dra`` (``egpu demo --dra``) the same inputs go the DRA way (docs/dra.md): the
+config says ``allocationMode: dra``, the DeviceClasses of ``manifests/dra`` are applied, the
+simulated nodes offer no ``egpu.io/gpu`` and their agents run ``--dra --no-device-plugin`` (the
+fleet's ResourceSlices: ``devcluster.dra``, published when the nodes are created, and kept by
+the agents with the same ``egpu.dra.slices.sync``), the webhook (``--kubeconfig``) turns each
+input's ``egpu.io/*`` requests into a ResourceClaimTemplate, and the default kube-scheduler
+allocates the claims (no extender, no egpu-scheduler profile: every node serves DRA only, so
+the extender would refuse every share). The real node's agent serves the DRA kubelet plugin
+instead of the device plugin; the placement table reads each pod's cards and shares from its
+ResourceClaim's allocation (``egpu.cluster_view`` with the claims: the decoder of
+``kubectl egpu`` and of the kubelet plugin, ``egpu/dra/allocation.py``).
+
 The processes keep running after ``up`` returns; ``down(state_dir)`` stops them. State,
 logs and the kubeconfig live in ``~/.cache/egpu/demo`` (``$EGPU_DEMO_DIR``, else
 ``$EGPU_STATE_DIR/demo``).
@@ -49,6 +61,7 @@ INPUTS = Path(__file__).resolve().parent / "inputs"
 FAKEGPU = REPO / "fakegpu" / "build"
 BIN = Path(sys.executable).parent
 ALLOCATION_POLICY = REPO / "manifests" / "webhook" / "allocation-policy.yaml"
+DEVICE_CLASSES = REPO / "manifests" / "dra" / "deviceclasses.yaml"
 DEMO_CONFIG = """\
 # egpu's configuration for the demo (docs/design.md, Configuration).
 schedulerName: egpu-scheduler
@@ -56,6 +69,11 @@ sharesPerCard: 10
 memoryOversubscriptionRatio: 1.5
 heartbeatTimeoutSeconds: 120
 """
+# `egpu demo --dra`: the webhook turns shares into ResourceClaims (docs/dra.md).
+DRA_CONFIG = DEMO_CONFIG + "allocationMode: dra\n"
+PLACEMENT_TITLE = "Placement (egpu shares, card by card):"
+DRA_PLACEMENT_TITLE = ("Placement (egpu shares, card by card, read from each pod's "
+                       "ResourceClaim allocation):")
 
 
 def default_state_dir() -> Path:
@@ -71,14 +89,15 @@ def default_state_dir() -> Path:
 
 @dataclass
 class Options:
-    """What ``up`` runs: the inputs folder (cluster.yaml, pods/), where state goes, and how
-    long to wait for pods (s)."""
+    """What ``up`` runs: the inputs folder (cluster.yaml, pods/), where state goes, how
+    long to wait for pods (s), and ``dra``: shares as ResourceClaims (module docstring)."""
 
     inputs: Path = INPUTS
     state_dir: Path = field(default_factory=default_state_dir)
     wait_s: float = 90.0
     container: bool = True
     real_node: bool = True
+    dra: bool = False
     say: Callable[[str], None] = print
 
 
@@ -177,6 +196,10 @@ def _start_node_agents(options: Options, info: devcluster.ClusterInfo, config_fi
                 "--private-dir", str(home / "private"),
                 "--metrics-port", str(free_port()), "--heartbeat-seconds", "10",
                 "--cdi-spec-dir", ""]  # kwok nodes run no containers: no spec in the host's CDI
+        if options.dra:
+            # DRA only (manifests/dra): the ResourceSlices, no device plugin, the node says
+            # egpu.io/allocation-mode: dra. No CDI: no kubelet plugin (no kubelet on kwok).
+            argv += ["--dra", "--no-device-plugin"]
         env = {"FAKEGPU_CONFIG": str(home / "fakegpu.ini"),
                "FAKEGPU_STATE_DIR": str(home / "fakegpu")}
         started.append(_start(options.state_dir, f"node-agent-{name}", argv, env))
@@ -192,10 +215,13 @@ def _start_webhook(options: Options, info: devcluster.ClusterInfo, config_file: 
     paths = issue.write_bundle(options.state_dir / "certs", ca,
                                issue.create_serving(ca, ["127.0.0.1", "localhost"]))
     port = free_port()
+    # DRA mode: the webhook creates ResourceClaimTemplates and reads the fleet's card sizes
+    # (ResourceSlices) through the API
+    api = ["--kubeconfig", info.kubeconfig] if options.dra else []
     proc = _start(options.state_dir, "webhook", [
         str(BIN / "egpu-webhook"), "--cert", str(paths[issue.CERT_FILE]),
         "--key", str(paths[issue.KEY_FILE]), "--host", "127.0.0.1", "--port", str(port),
-        "--config", str(config_file)])
+        "--config", str(config_file), *api])
     base = f"https://127.0.0.1:{port}"
     context = ssl_context(paths[issue.CA_FILE])
     _wait(f"GET {base}/healthz", lambda: http_ok(f"{base}/healthz", context), 30, proc)
@@ -242,6 +268,14 @@ def _pods(info: devcluster.ClusterInfo, namespaces: set[str]) -> list[dict[str, 
     return [p for p in items if p["metadata"]["namespace"] in namespaces]
 
 
+def _claims(info: devcluster.ClusterInfo) -> list[dict[str, Any]]:
+    """Every ResourceClaim as JSON (kubectl keeps every field, consumedCapacity included)."""
+    result = _kubectl(info, "get", "resourceclaims", "-A", "-o", "json")
+    if result.returncode != 0:
+        raise DemoError(f"listing the ResourceClaims: {result.stderr.strip()}")
+    return list(json.loads(result.stdout)["items"])
+
+
 def _settled(pod: dict[str, Any]) -> bool:
     """Placed and running, or Pending with the scheduler's reason recorded."""
     if pod["spec"].get("nodeName"):
@@ -253,21 +287,30 @@ def _settled(pod: dict[str, Any]) -> bool:
 REAL_NODE_LABEL = "egpu.io/real-node"  # set by devcluster.realnode on kubelet-run nodes
 
 
-def placement_rows(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], config: Config
-                   ) -> list[tuple[str, ...]]:
+PLACEMENT_HEADER = ("POD", "CONTAINER", "NODE", "CARD", "MODEL", "MiB", "CORES", "PRIORITY",
+                    "REAL")
+
+
+def placement_rows(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], config: Config,
+                   claims: list[dict[str, Any]] | None = None) -> list[tuple[str, ...]]:
     """(pod, container, node, card, model, MiB, cores, priority, real) per container and card;
-    real: "yes" on a node run by a real kubelet (a real container), "-" on a simulated one."""
+    real: "yes" on a node run by a real kubelet (a real container), "-" on a simulated one.
+
+    With ``claims`` (DRA mode) the shares are read from the ResourceClaims' allocations
+    (``cluster_view``, as ``kubectl egpu`` shows them) and each row ends with the claim's name
+    ("-" for a share of the extender path); a claim no pod uses shows with pod ``ns/-``."""
     real = {n["metadata"]["name"] for n in nodes
             if (n["metadata"].get("labels") or {}).get(REAL_NODE_LABEL) == "true"}
     rows = []
-    for view in cluster_view(nodes, pods, config):
+    for view in cluster_view(nodes, pods, config, claims or ()):
         for card in view.cards:
             for share in card.shares:
                 kind = " (init)" if share.init else ""
-                rows.append((f"{share.namespace}/{share.pod}", f"{share.container}{kind}",
-                             view.name, str(card.card.index), card.card.model,
-                             str(share.memory_mib), f"{share.cores}%", share.priority,
-                             "yes" if view.name in real else "-"))
+                row = (f"{share.namespace}/{share.pod or '-'}",
+                       f"{share.container or '-'}{kind}", view.name, str(card.card.index),
+                       card.card.model, str(share.memory_mib), f"{share.cores}%",
+                       share.priority, "yes" if view.name in real else "-")
+                rows.append((*row, share.claim or "-") if claims is not None else row)
     return sorted(rows)
 
 
@@ -288,22 +331,30 @@ def _report(options: Options, info: devcluster.ClusterInfo, config: Config,
             break
         time.sleep(1)
     nodes = json.loads(_kubectl(info, "get", "nodes", "-o", "json").stdout)["items"]
-    header = ("POD", "CONTAINER", "NODE", "CARD", "MODEL", "MiB", "CORES", "PRIORITY",
-              "REAL")
-    options.say("\nPlacement (egpu shares, card by card):")
-    options.say(format_table(header, placement_rows(nodes, pods, config)))
-    others = [p for p in pods if not p["metadata"].get("annotations", {}).get("egpu.io/allocation")]
+    if options.dra:
+        rows = placement_rows(nodes, pods, config, _claims(info))
+        options.say(f"\n{DRA_PLACEMENT_TITLE}")
+        options.say(format_table((*PLACEMENT_HEADER, "CLAIM"), rows))
+    else:
+        rows = placement_rows(nodes, pods, config)
+        options.say(f"\n{PLACEMENT_TITLE}")
+        options.say(format_table(PLACEMENT_HEADER, rows))
+    # no egpu.io/allocation (extender) and no share read from a claim (DRA)
+    placed = {row[0] for row in rows}
+    others = [p for p in pods if not p["metadata"].get("annotations", {}).get("egpu.io/allocation")
+              and f"{p['metadata']['namespace']}/{p['metadata']['name']}" not in placed]
     if others:
         options.say("\nOther pods (no egpu share):")
-        rows: list[tuple[str, ...]] = []
+        other_rows: list[tuple[str, ...]] = []
         for pod in sorted(others, key=lambda p: p["metadata"]["name"]):
             reason = next((c.get("message", "") for c in pod["status"].get("conditions") or []
                            if c.get("type") == "PodScheduled" and c.get("status") == "False"), "")
-            rows.append((f"{pod['metadata']['namespace']}/{pod['metadata']['name']}",
-                         str(pod["spec"].get("schedulerName", "")),
-                         str(pod["spec"].get("nodeName") or "-"),
-                         str(pod["status"].get("phase", "")), reason.split(" preemption:")[0]))
-        options.say(format_table(("POD", "SCHEDULER", "NODE", "PHASE", "WHY"), rows))
+            other_rows.append((f"{pod['metadata']['namespace']}/{pod['metadata']['name']}",
+                               str(pod["spec"].get("schedulerName", "")),
+                               str(pod["spec"].get("nodeName") or "-"),
+                               str(pod["status"].get("phase", "")),
+                               reason.split(" preemption:")[0]))
+        options.say(format_table(("POD", "SCHEDULER", "NODE", "PHASE", "WHY"), other_rows))
     options.say("\nDenied at admission:")
     for what, message in denials:
         options.say(f"  {what}\n    {message}")
@@ -360,9 +411,11 @@ def _start_real_node(options: Options, info: devcluster.ClusterInfo, config_file
         return False
     options.say("==> adding a real node (kubelet + containerd + runc, the fake GPU's cards)")
     node = real_node.start(options.state_dir, info, config_file,
-                           lambda name, argv, env: _start(options.state_dir, name, argv, env))
-    options.say(f"  {node.name} Ready in {node.startup_s}s at {node.ip}; its node agent "
-                "registered the device plugin with the kubelet")
+                           lambda name, argv, env: _start(options.state_dir, name, argv, env),
+                           dra=options.dra)
+    what = ("published its ResourceSlices and the kubelet registered its DRA plugin"
+            if options.dra else "registered the device plugin with the kubelet")
+    options.say(f"  {node.name} Ready in {node.startup_s}s at {node.ip}; its node agent {what}")
     return True
 
 
@@ -370,8 +423,9 @@ def _real_node_report(options: Options, info: devcluster.ClusterInfo) -> None:
     from demo import real_node
 
     values = real_node.probe(info)
+    through = ", through its ResourceClaim" if options.dra else ""
     options.say(f"\nA real container on the real node {real_node.NAME} "
-                f"({real_node.NAMESPACE}/{real_node.POD}: 25% of an H100, 10% compute):")
+                f"({real_node.NAMESPACE}/{real_node.POD}: 25% of an H100, 10% compute{through}):")
     if "error" in values:
         options.say(f"  no answer from the container; its log ends with:\n    {values['error']}"
                     f"\n  (kubectl -n {real_node.NAMESPACE} logs --previous {real_node.POD})")
@@ -393,28 +447,39 @@ def up(options: Options | None = None) -> int:
         down(state, say)
     state.mkdir(parents=True, exist_ok=True)
     config_file = state / "config.yaml"
-    config_file.write_text(DEMO_CONFIG)
+    config_file.write_text(DRA_CONFIG if options.dra else DEMO_CONFIG)
     config = load_config_file(str(config_file))
     cluster_file = options.inputs / "cluster.yaml"
     specs = devnodes.load_cluster(cluster_file)
     extender_port = free_port()
-    extender_url = f"http://127.0.0.1:{extender_port}"
+    extender_url = None if options.dra else f"http://127.0.0.1:{extender_port}"
 
     say("==> starting the control plane (etcd, kube-apiserver, kube-controller-manager, "
         "kube-scheduler, kwok)")
+    # DRA mode: the nodes offer no egpu.io/gpu (no device plugin; their ResourceSlices are
+    # published with them, devcluster.dra) and the kube-scheduler serves default-scheduler only
     info = devcluster.up(devcluster.Config(
         state_dir=state / "cluster", nodes_file=cluster_file,
-        shares_per_card=config.shares_per_card, extender_url=extender_url))
+        shares_per_card=0 if options.dra else config.shares_per_card,
+        extender_url=extender_url, egpu_profile=not options.dra))
     try:
-        say(f"==> starting the scheduler extender on {extender_url}")
-        extender = _start(state, "extender", [
-            str(BIN / "egpu-extender"), "--kubeconfig", info.kubeconfig, "--host", "127.0.0.1",
-            "--port", str(extender_port), "--config", str(config_file)])
-        _wait(f"GET {extender_url}/healthz", lambda: http_ok(f"{extender_url}/healthz"), 60,
-              extender)
+        if extender_url is None:
+            say("==> applying the DeviceClasses of manifests/dra (no scheduler extender: the "
+                "kube-scheduler allocates the claims)")
+            result = _kubectl(info, "apply", "-f", str(DEVICE_CLASSES))
+            if result.returncode != 0:
+                raise DemoError(f"applying {DEVICE_CLASSES.name}: {result.stderr.strip()}")
+        else:
+            say(f"==> starting the scheduler extender on {extender_url}")
+            extender = _start(state, "extender", [
+                str(BIN / "egpu-extender"), "--kubeconfig", info.kubeconfig, "--host",
+                "127.0.0.1", "--port", str(extender_port), "--config", str(config_file)])
+            url = extender_url
+            _wait(f"GET {url}/healthz", lambda: http_ok(f"{url}/healthz"), 60, extender)
         say("==> starting the admission webhook (TLS) and registering it")
         _start_webhook(options, info, config_file)
-        say(f"==> starting {len(specs)} node agents on the fake GPU")
+        mode = " (--dra --no-device-plugin)" if options.dra else ""
+        say(f"==> starting {len(specs)} node agents on the fake GPU{mode}")
         _start_node_agents(options, info, config_file, specs)
         real = _start_real_node(options, info, config_file)
         say("==> applying the workloads of inputs/pods")
@@ -440,11 +505,13 @@ def up(options: Options | None = None) -> int:
         raise
     if options.container:
         _container_demo(options)
+    claims = (f"\n  {info.kubectl} get resourceclaims,resourceclaimtemplates -A"
+              if options.dra else "")
     say(f"""
 The cluster is still up. To look around:
   export KUBECONFIG={info.kubeconfig}
   {info.kubectl} get pods -A -o wide
-  PATH={BIN}:{Path(info.kubectl).parent}:$PATH kubectl egpu   # or: {BIN}/egpu top
+  PATH={BIN}:{Path(info.kubectl).parent}:$PATH kubectl egpu   # or: {BIN}/egpu top{claims}
 Logs: {state / 'logs'} and {state / 'cluster' / 'logs'}
 To stop it:  {_stop_command(state)}""")
     return 0

@@ -74,7 +74,12 @@ class DraService:
         self._share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
 
     def _device(self, d: PreparedDevice) -> Any:
-        device = self.pb.Device(request_names=[d.request], pool_name=d.pool,
+        # The request's own name: a result of a firstAvailable alternative names its
+        # subrequest ("jupyter/mib-81559"), and the kubelet (v1.37.2 claiminfo.go
+        # cdiDevicesAsList) gives a container, which names "jupyter", only the devices whose
+        # request_names contain that name; the Go helper strips them too
+        # (kubeletplugin.stripSubrequestNames). Unstripped, the container gets no CDI device.
+        device = self.pb.Device(request_names=[d.request.split("/", 1)[0]], pool_name=d.pool,
                                 device_name=d.device, cdi_device_ids=list(d.cdi_device_ids))
         if self._share_id and d.share_id:
             device.share_id = d.share_id

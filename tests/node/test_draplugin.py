@@ -255,6 +255,23 @@ def test_prepare_and_unprepare_over_grpc(plugin: KubeletPlugin, pb: Any, grpc_mo
         assert {k: v.error for k, v in gone.claims.items()} == {CLAIM_UID: "", "unknown": ""}
 
 
+def test_a_subrequest_result_is_answered_under_its_request_name() -> None:
+    """A memory percentage is a firstAvailable request: its result names the subrequest
+    (``jupyter/mib-81559``). The kubelet gives a container that names request ``jupyter`` only
+    the devices whose request_names hold ``jupyter``, so the answer strips the subrequest (as
+    the Go helper does); unstripped, the container ran without its CDI devices (seen with
+    ``egpu demo --dra`` on the real node: no driver in the container)."""
+    from node_agent.draplugin.driver import PreparedDevice
+    from node_agent.draplugin.service import DraService
+
+    prepared = PreparedDevice("jupyter/mib-81559", NODE, "gpu-aaaa-0001", None,
+                              ("egpu.io/gpu=GPU-AAAA-0001",))
+    for pb in (dra_v1_pb2, dra_v1beta1_pb2):
+        device = DraService(object(), pb)._device(prepared)  # the driver is not called
+        assert list(device.request_names) == ["jupyter"]
+        assert list(device.cdi_device_ids) == ["egpu.io/gpu=GPU-AAAA-0001"]
+
+
 def test_a_bad_claim_answers_its_error_over_grpc(node_dirs: dict[str, Path],
                                                  short_dir: Path) -> None:
     kubelet = short_dir / "k"
