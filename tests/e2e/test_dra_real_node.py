@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from egpu.contract import DRA_CAPACITY_CORES, DRA_CAPACITY_MEMORY
+from egpu.dra import allocation
+from egpu.dra.allocation import MIB
+from egpu.dra.slices import parse_quantity
+from egpu.node_records import Card
 from tests.e2e import realnode_install as inst
 from tests.e2e.conftest import RealCluster
 
@@ -284,3 +290,180 @@ def test_the_webhook_in_dra_mode_gives_each_container_its_own_share(dra: RealClu
         assert (result["total_mib"], result["nvml_total_mib"]) == (mib, mib), (name, result)
         assert result["alloc_one_more_mib"] == CUDA_ERROR_OUT_OF_MEMORY, (name, result)
     dra.kubectl("-n", NS, "delete", "pod", "dra-webhook", "--wait=true", timeout=90)
+
+
+# A burst on the node's two cards (100 cores each): 40 cores a pod, so 2 pods fit a card and
+# 4 of the 6 run; the other 2 stay Pending.
+BURST_CORES = 40
+BURST_WAVE = 3
+CLAIM_STATE = "/var/run/egpu-node/dra/claims"
+
+
+def _slice_cards(cluster: RealCluster) -> dict[str, tuple[Card, Decimal, Decimal]]:
+    """device name -> (the card, its memory in bytes, its cores) as the node's ResourceSlices
+    publish them (the capacity the kube-scheduler books against)."""
+    out = {}
+    for s in _slices(cluster):
+        for d in s["spec"]["devices"]:
+            attrs = {k: next(iter(v.values())) for k, v in d["attributes"].items()}
+            card = Card(uuid=attrs["uuid"], index=attrs["index"], model=attrs["model"],
+                        memory_mib=attrs["memoryMiB"])
+            memory = parse_quantity(d["capacity"][DRA_CAPACITY_MEMORY]["value"])
+            cores = parse_quantity(d["capacity"][DRA_CAPACITY_CORES]["value"])
+            assert memory is not None and cores is not None, d
+            out[d["name"]] = (card, memory, cores)
+    return out
+
+
+def _booked(cluster: RealCluster, cards: list[Card]) -> dict[str, tuple[int, int]]:
+    """card UUID -> (MiB, cores) booked by every allocated claim on the node, decoded with
+    egpu.dra.allocation (the plugin's and kubectl egpu's decoder)."""
+    booked: dict[str, tuple[int, int]] = {c.uuid: (0, 0) for c in cards}
+    for claim in inst.get_json(cluster, "resourceclaims", "-A")["items"]:
+        if allocation.claim_pool(claim) != cluster.node.name:
+            continue
+        for d in allocation.claim_devices(claim, cluster.node.name, cards):
+            mib, cores = booked[d.uuid]
+            booked[d.uuid] = (mib + d.memory_mib, cores + d.cores)
+    return booked
+
+
+def _state_files(cluster: RealCluster) -> set[str]:
+    folder = cluster.node.host_path(CLAIM_STATE)
+    return {p.stem for p in folder.glob("*.json")} if folder.exists() else set()
+
+
+def _agent_container(cluster: RealCluster) -> tuple[str, dict[str, Any]]:
+    agent = _agent(cluster)
+    (status,) = [c for c in agent["status"]["containerStatuses"] if c["name"] == "agent"]
+    return agent["metadata"]["name"], dict(status)
+
+
+def _prepared_lines(log: str) -> list[str]:
+    """The claim UIDs of the agent's "prepared ResourceClaim ns/name (uid)" lines (one per
+    fresh prepare: a repeated call answers from the state without the line)."""
+    return [line.split("prepared ResourceClaim ", 1)[1].split("(", 1)[1].split(")", 1)[0]
+            for line in log.splitlines() if "prepared ResourceClaim " in line
+            and "unprepared ResourceClaim " not in line]
+
+
+def test_an_agent_sigkill_during_a_burst_of_claims_overbooks_no_card_and_loses_no_share(
+        dra: RealCluster) -> None:
+    """Issue 14 on the real node: 6 share pods (4Gi, 40 cores) on 2 cards of 100 cores, the
+    node agent SIGKILLed (its container, as a crash) once the first claim of the burst is
+    prepared, with the second half of the burst created while it is down. Afterwards: no card
+    booked past its ResourceSlice capacity (exactly 2 shares a card), the 4 placed pods run
+    and each sees exactly its share, the other 2 stay Pending (Unschedulable, never Failed),
+    no claim prepared twice across both agent lives, and after the pods go no claim's or
+    pod's file is left on the node."""
+    dra.wait_for("no claims of earlier tests", lambda: not inst.get_json(
+        dra, "resourceclaims", "-n", NS)["items"], timeout=60, interval=1.0)
+    agent, before = _agent_container(dra)
+    dra.wait_for("the kubelet's registration of the plugin", lambda: REGISTERED in dra.kubectl(
+        "-n", inst.NAMESPACE, "logs", agent, "-c", "agent", check=False), timeout=60)
+    known = _state_files(dra)
+    names = [f"dra-burst-{i}" for i in range(2 * BURST_WAVE)]
+
+    def wave(part: list[str]) -> None:
+        inst.apply_json(dra, {"apiVersion": "v1", "kind": "List",
+                              "items": [_pod(n, "dra-burst") for n in part]})
+
+    inst.apply_json(dra, _template("dra-burst", cores=str(BURST_CORES)))
+    wave(names[:BURST_WAVE])
+    first = dra.wait_for("the burst's first claim prepared", lambda: _state_files(dra) - known,
+                         timeout=inst.POD_START_S, interval=0.1)
+    dra.node.crictl("stop", "--timeout=0", before["containerID"].split("//", 1)[1])  # SIGKILL
+    wave(names[BURST_WAVE:])
+
+    def restarted() -> bool:
+        name, status = _agent_container(dra)
+        return (name == agent and status["restartCount"] > before["restartCount"]
+                and bool(status.get("ready")) and REGISTERED in dra.kubectl(
+                    "-n", inst.NAMESPACE, "logs", agent, "-c", "agent", check=False))
+
+    dra.wait_for("the killed agent's container restarted and registered", restarted,
+                 timeout=90, interval=1.0)
+
+    def pods() -> dict[str, dict[str, Any]]:
+        items = inst.get_json(dra, "pods", "-n", NS)["items"]
+        return {p["metadata"]["name"]: p for p in items if p["metadata"]["name"] in names}
+
+    def unschedulable(pod: dict[str, Any]) -> bool:
+        return pod["status"]["phase"] == "Pending" and any(
+            c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in pod["status"].get("conditions", []))
+
+    def settled() -> dict[str, dict[str, Any]] | None:
+        now = pods()
+        running = [p for p in now.values() if p["status"]["phase"] == "Running"]
+        return now if len(running) == 4 and sum(map(unschedulable, now.values())) == 2 else None
+
+    try:
+        live = dra.wait_for("4 burst pods Running, 2 Unschedulable", settled,
+                            timeout=inst.POD_START_S, interval=1.0)
+    except Exception as exc:
+        raise AssertionError(f"{exc}\n{inst.describe_namespace(dra, NS)}") from exc
+    # (1) no card booked past its published capacity: exactly 2 shares on each card
+    published = _slice_cards(dra)
+    cards = [card for card, _, _ in published.values()]
+    booked = _booked(dra, cards)
+    for card, memory, cores in published.values():
+        mib, used = booked[card.uuid]
+        assert mib * MIB <= memory and used <= cores, (card, booked)
+        assert (mib, used) == (2 * SHARE_MIB, 2 * BURST_CORES), (card, booked)
+    # (2) each running pod's container sees exactly its share, from its own prepared claim
+    claims: dict[str, dict[str, Any]] = {n: _claim_of(dra, n) for n in names}
+    running = sorted(n for n, p in live.items() if p["status"]["phase"] == "Running")
+    for name in running:
+        _assert_share(inst.probe_result(dra, NS, name))
+        uid = live[name]["metadata"]["uid"]
+        config = json.loads(dra.node.host_path(
+            f"/var/run/egpu-node/hook/{uid}_probe/config.json").read_text())
+        assert [(c["memory_mib"], c["cores"]) for c in config["cards"]] == [
+            (SHARE_MIB, BURST_CORES)], (name, config)
+        files = _claim_files(dra, claims[name]["metadata"]["uid"], uid)
+        assert all(p.exists() for p in files.values()), (name, files)
+    # (3) the surplus stays Pending, unallocated, unprepared; none Failed; no double prepare
+    pending = sorted(set(names) - set(running))
+    for name in pending:
+        assert unschedulable(live[name]), live[name]["status"]
+        assert not claims[name].get("status", {}).get("allocation"), claims[name]["status"]
+    assert claims[pending[0]]["metadata"]["uid"] not in _state_files(dra)
+    killed = _prepared_lines(dra.kubectl("-n", inst.NAMESPACE, "logs", agent, "-c", "agent",
+                                         "--previous"))
+    new = _prepared_lines(dra.kubectl("-n", inst.NAMESPACE, "logs", agent, "-c", "agent"))
+    uids = {n: claims[n]["metadata"]["uid"] for n in names}
+    for name in names:
+        assert (killed + new).count(uids[name]) <= 1, (name, killed, new)
+    # what the killed agent prepared runs; the second wave (at least 1 of 4 places: the first
+    # has 3 pods) was prepared by the restarted agent, once
+    assert set(first) <= {uids[n] for n in running}, (first, uids)
+    late = [n for n in running if names.index(n) >= BURST_WAVE]
+    assert late and all(new.count(uids[n]) == 1 for n in late), (late, new)
+    assert {uids[n] for n in running} <= _state_files(dra)
+
+    dra.kubectl("-n", NS, "delete", "pod", *names, "--wait=true", timeout=120)
+    dra.wait_for("the burst's claims gone", lambda: not inst.get_json(
+        dra, "resourceclaims", "-n", NS)["items"], timeout=60, interval=1.0)
+
+    def left() -> dict[str, list[str]]:
+        """What the node still holds of the burst: each claim's state and CDI spec, each
+        pod's allocation file, hook and region folders, and any claim state whose
+        ResourceClaim is gone."""
+        found = {}
+        for n in names:
+            pod_uid = live[n]["metadata"]["uid"]
+            paths = [*_claim_files(dra, claims[n]["metadata"]["uid"], pod_uid).values(),
+                     dra.node.host_path(f"/var/run/egpu-node/hook/{pod_uid}_probe"),
+                     dra.node.host_path(f"/var/run/egpu/containers/{pod_uid}_probe")]
+            found[n] = [str(p) for p in paths if p.exists()]
+        exist = {c["metadata"]["uid"] for c in inst.get_json(
+            dra, "resourceclaims", "-A")["items"]}
+        found["state of deleted claims"] = sorted(_state_files(dra) - exist)
+        return {k: v for k, v in found.items() if v}
+
+    try:
+        dra.wait_for("no file of the burst's claims and pods left on the node",
+                     lambda: not left(), timeout=60, interval=1.0)
+    except Exception as exc:
+        raise AssertionError(f"{exc}: {left()}") from exc
