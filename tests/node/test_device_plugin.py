@@ -1,6 +1,9 @@
-"""The device plugin over gRPC against a stub kubelet (v1beta1), pods given as JSON (FC-12).
+"""The device plugin over gRPC (v1beta1), driven by a test client that makes the kubelet's calls
+in chosen orders (tests/node/kubelet_client.py), pods given as JSON (FC-12).
 
-The same scenarios run with pods from a real kube-apiserver in tests/e2e/test_node_e2e.py.
+On the real kubelet (kubelet v1.37.2 + containerd): a burst of share pods all start with their
+own shares (tests/e2e/test_real_node.py::test_a_burst_of_share_pods_all_start_on_the_real_kubelet),
+an unmatched Allocate is refused with an event (tests/e2e/test_real_node_drills.py).
 """
 
 from __future__ import annotations
@@ -16,13 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from kubelet_client import KubeletStub
 from node_fixtures import CARD_UUIDS, pod_manifest
 
 from egpu.config import Config
 from egpu.records import Card, PodShares
 from node_agent.cdi import CdiPublisher
 from node_agent.deviceplugin import api_pb2
-from node_agent.deviceplugin.kubelet_stub import KubeletStub
 from node_agent.deviceplugin.service import AgentSide, EgpuDevicePlugin, PluginServer
 from node_agent.deviceplugin.slots import card_of, slot_id
 from node_agent.pods import PodCatchUp, PodRegistry

@@ -1,4 +1,6 @@
-"""The kubelet's side of the device plugin API v1beta1, small: for tests and demos.
+"""A test driver of the device plugin API v1beta1: the calls the kubelet makes, made on
+purpose in the orders the unit tests need (tests/node/test_device_plugin.py). Test code only:
+egpu's device plugin runs against the real kubelet in tests/e2e/test_real_node*.py.
 
 ``KubeletStub`` serves Registration on ``<dir>/kubelet.sock``. When a plugin registers, it
 dials the plugin's endpoint, follows ListAndWatch in a thread (``devices`` is the latest list)
