@@ -6,6 +6,11 @@ them), the fake driver libraries in /usr/lib and the interposer's dependencies; 
 a symlink to ``../run`` as in Debian images. ``run()`` copies the base rootfs, writes an OCI
 config.json (OCI runtime spec 1.0.2) whose ``createRuntime`` hook is ``egpu-hook``, runs it
 with ``runc run`` and returns the probe's key=value output.
+
+For tests that run containers side by side (tests/security): ``programs`` puts more host
+programs (and the libraries ldd lists for them) into the base rootfs; ``start()`` is ``run()``
+without waiting (a ``Container``: ``exec()`` runs a command in it with ``runc exec``,
+``wait()`` collects its result and deletes it); ``mounts`` adds bind mounts (``Mount``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,11 +81,27 @@ class Result:
         return {k: int(v) for k, v in (p.split("=", 1) for p in line.split())}
 
 
-class RuncWorld:
-    """A session's worth of runc state under ``base`` (module docstring)."""
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount of host path ``source`` at ``destination`` in the container."""
 
-    def __init__(self, base: Path, interposer: Path) -> None:
+    source: Path
+    destination: str
+    read_only: bool = False
+
+    def spec(self) -> dict[str, Any]:
+        return {"destination": self.destination, "type": "bind", "source": str(self.source),
+                "options": ["rbind", "ro" if self.read_only else "rw"]}
+
+
+class RuncWorld:
+    """A session's worth of runc state under ``base`` (module docstring). ``programs``:
+    in-container path -> host program, copied into the base rootfs with its libraries."""
+
+    def __init__(self, base: Path, interposer: Path,
+                 programs: Mapping[str, Path] | None = None) -> None:
         self.base = base
+        self.programs = dict(programs or {})
         self.real_interposer = interposer.exists()
         self.interposer = interposer if self.real_interposer else self._stand_in()
         self.runtime_dir = base / "run-egpu"
@@ -111,6 +133,9 @@ class RuncWorld:
         _copy_into(root, str(probe), "/probe")
         libs = set(_ldd(probe)) | set(_ldd(FAKEGPU / "libcuda.so.1"))
         libs |= set(_ldd(self.interposer))
+        for dest, program in self.programs.items():
+            _copy_into(root, str(program), dest)
+            libs |= set(_ldd(program))
         for lib in libs:
             _copy_into(root, lib)
         for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
@@ -128,15 +153,12 @@ class RuncWorld:
             "--private-dir", str(self.private_dir), "--interposer", str(self.interposer),
             "--log", str(self.log)]}
 
-    def run(self, args: list[str], env: dict[str, str] | None = None,
-            annotations: dict[str, str] | None = None, hooks: int = 1,
-            bundle: Path | None = None) -> tuple[Result, Path]:
-        """Run ``args`` in a new container; ``hooks``: how many times egpu-hook is listed.
-        Returns the result and the bundle folder."""
-        self.counter += 1
-        name = f"egpu-test-{os.getpid()}-{self.counter}"
-        bundle = bundle or self.new_rootfs(name)
-        spec = {
+    def _spec(self, args: list[str], env: dict[str, str] | None,
+              annotations: dict[str, str] | None, hooks: int,
+              mounts: Sequence[Mount] = ()) -> dict[str, Any]:
+        """The OCI config.json of a container running ``args``; ``mounts`` come after /proc
+        and /dev."""
+        return {
             "ociVersion": "1.0.2",
             "process": {
                 "terminal": False, "user": {"uid": 0, "gid": 0}, "args": args, "cwd": "/",
@@ -151,15 +173,93 @@ class RuncWorld:
                 {"destination": "/proc", "type": "proc", "source": "proc"},
                 {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
                  "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+                *(m.spec() for m in mounts),
             ],
             "annotations": annotations or {},
             "hooks": {"createRuntime": [self.hook_entry()] * hooks},
             "linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount")],
                       "maskedPaths": ["/proc/kcore"], "readonlyPaths": ["/proc/sys"]},
         }
+
+    def run(self, args: list[str], env: dict[str, str] | None = None,
+            annotations: dict[str, str] | None = None, hooks: int = 1,
+            bundle: Path | None = None) -> tuple[Result, Path]:
+        """Run ``args`` in a new container; ``hooks``: how many times egpu-hook is listed.
+        Returns the result and the bundle folder."""
+        self.counter += 1
+        name = f"egpu-test-{os.getpid()}-{self.counter}"
+        bundle = bundle or self.new_rootfs(name)
+        spec = self._spec(args, env, annotations, hooks)
         (bundle / "config.json").write_text(json.dumps(spec))
         proc = subprocess.run(["runc", "--root", str(self.runc_root), "run", "--bundle",
                                str(bundle), name], capture_output=True, text=True, timeout=60)
         subprocess.run(["runc", "--root", str(self.runc_root), "delete", "--force", name],
                        capture_output=True)
         return Result(proc.returncode, proc.stdout, proc.stderr), bundle
+
+    def start(self, args: list[str], env: dict[str, str] | None = None,
+              annotations: dict[str, str] | None = None, *, mounts: Sequence[Mount] = (),
+              name: str | None = None) -> Container:
+        """Start ``args`` in a new container (``runc run`` in the background) and return at
+        once; ``Container.wait()`` collects it."""
+        self.counter += 1
+        name = name or f"egpu-test-{os.getpid()}-{self.counter}"
+        bundle = self.new_rootfs(name)
+        spec = self._spec(args, env, annotations, 1, mounts)
+        (bundle / "config.json").write_text(json.dumps(spec))
+        proc = subprocess.Popen(["runc", "--root", str(self.runc_root), "run", "--bundle",
+                                 str(bundle), name], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return Container(self, name, bundle, proc)
+
+
+@dataclass
+class Container:
+    """A container started by ``RuncWorld.start``."""
+
+    world: RuncWorld
+    name: str
+    bundle: Path
+    proc: subprocess.Popen[str]
+
+    def _runc(self, *args: str) -> list[str]:
+        return ["runc", "--root", str(self.world.runc_root), *args]
+
+    def exec(self, args: list[str], timeout: float = 30) -> Result:
+        """Run ``args`` in the running container (``runc exec``: its environment, its
+        namespaces and mounts, no hook). A timeout kills it and counts as status 124."""
+        try:
+            p = subprocess.run(self._runc("exec", self.name, *args), capture_output=True,
+                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            return Result(124, str(exc.stdout or ""), f"timed out after {timeout} s")
+        return Result(p.returncode, p.stdout, p.stderr)
+
+    def wait(self, timeout: float = 60) -> Result:
+        """The container's result; past ``timeout`` it is killed (status 124 with what it
+        printed). The container is deleted either way."""
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+            code = self.proc.returncode
+        except subprocess.TimeoutExpired:
+            self.kill()
+            out, err = self.proc.communicate()
+            code, err = 124, f"{err}\n(killed: still running after {timeout} s)"
+        self.delete()
+        return Result(code, out, err)
+
+    def signal(self, sig: str) -> None:
+        """Send ``sig`` (e.g. ``TERM``) to the container's first process, if it still runs."""
+        if self.proc.poll() is None:
+            subprocess.run(self._runc("kill", self.name, sig), capture_output=True)
+
+    def kill(self) -> None:
+        subprocess.run(self._runc("kill", self.name, "KILL"), capture_output=True)
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def delete(self) -> None:
+        subprocess.run(self._runc("delete", "--force", self.name), capture_output=True)

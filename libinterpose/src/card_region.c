@@ -18,12 +18,13 @@
 #include <unistd.h>
 
 #define PPM 1000000ULL
-#define ROSTER_FLOCK_MS 5000              /* a roster writer (the hook, a raw share) holds it for a few writes */
-#define SHARE_FLOCK_MS 5000               /* the share's own processes initialise its file under this */
-#define QUEUED_AHEAD_MAX_NS 1000000000ULL /* a co-tenant's predicted queue end: at most 1 s ahead */
-#define INFLIGHT_MAX 1000000ULL           /* a co-tenant's launches in flight: at most this many */
-#define OTHER_FD_ABSENT (-2)              /* the share file could not be opened: retried with the roster */
-#define RAW_CARD_DIR_MODE 01777           /* raw nodes: every user's processes register themselves */
+#define ROSTER_FLOCK_MS 5000                  /* a roster writer (the hook, a raw share) holds it for a few writes */
+#define SHARE_INIT_MARK 0x54494E4955504745ULL /* "EGPUINIT": a process of the share is making its file */
+#define SHARE_INIT_WAIT_NS 1000000000ULL      /* ... for at most 1 s, else it died: taken over */
+#define QUEUED_AHEAD_MAX_NS 1000000000ULL     /* a co-tenant's predicted queue end: at most 1 s ahead */
+#define INFLIGHT_MAX 1000000ULL               /* a co-tenant's launches in flight: at most this many */
+#define OTHER_FD_ABSENT (-2)                  /* the share file could not be opened: retried with the roster */
+#define RAW_CARD_DIR_MODE 01777               /* raw nodes: every user's processes register themselves */
 #define RAW_FILE_MODE 0666
 
 uint64_t egpu_owner_id(const char *key)
@@ -122,10 +123,13 @@ static int cell_lock(int fd, const egpu_card_slot *s, const int32_t *cell, short
     return fd >= 0 ? fcntl(fd, F_OFD_SETLK, &fl) : -1;
 }
 
-/* 1: another open file description holds the range's lock; 0: nobody; -1: cannot tell. */
+/* 1: another open file description holds a WRITE lock on the range; 0: nobody; -1: cannot
+ * tell. A share's processes hold write locks on their cells; a co-tenant, which sees the file
+ * read-only, can take only read locks, which this probe (F_RDLCK conflicts with writes only)
+ * does not count: it cannot keep a dead process alive. */
 static int range_held(int fd, off_t start, off_t len)
 {
-    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = start, .l_len = len};
+    struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = start, .l_len = len};
     if (fd < 0 || fcntl(fd, F_OFD_GETLK, &fl) != 0) return -1;
     return fl.l_type != F_UNLCK;
 }
@@ -395,6 +399,29 @@ static int open_own_file(int dir_fd, uint64_t owner, int create)
     return fd;
 }
 
+/* The share file's own lock made once, by the first of the share's processes: a compare-and-swap
+ * on its magic, never an flock (a co-tenant can flock any file it can open, read-only ones
+ * too). A process that died half-way is taken over after SHARE_INIT_WAIT_NS. */
+static void share_file_ready(egpu_card_slot *s)
+{
+    uint64_t deadline = mono_ns() + SHARE_INIT_WAIT_NS;
+    for (;;) {
+        uint64_t m = __atomic_load_n(&s->share_magic, __ATOMIC_ACQUIRE);
+        if (m == EGPU_SHARE_MAGIC && s->share_version == EGPU_SHARE_VERSION) return;
+        if (m == SHARE_INIT_MARK && mono_ns() < deadline) {
+            usleep(1000);
+            continue;
+        }
+        if (__atomic_compare_exchange_n(&s->share_magic, &m, SHARE_INIT_MARK, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+            memset(s, 0, offsetof(egpu_card_slot, share_magic));
+            mutex_init_shared(&s->mu);
+            s->share_version = EGPU_SHARE_VERSION;
+            __atomic_store_n(&s->share_magic, EGPU_SHARE_MAGIC, __ATOMIC_RELEASE);
+            return;
+        }
+    }
+}
+
 egpu_card_region *egpu_card_attach(const char *dir, const char *uuid, const egpu_share_terms *t, int32_t pid, int *slot)
 {
     *slot = -1;
@@ -437,17 +464,10 @@ egpu_card_region *egpu_card_attach(const char *dir, const char *uuid, const egpu
     header_init(r, uuid);
     egpu_card_slot *s = &r->slot[idx];
     if (mmap(s, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, own_fd, 0) == MAP_FAILED) goto fail;
-    if (egpu_flock_bounded(own_fd, SHARE_FLOCK_MS) != 0) goto fail;
-    if (s->share_magic != EGPU_SHARE_MAGIC || s->share_version != EGPU_SHARE_VERSION) {
-        memset(s, 0, sizeof *s);
-        mutex_init_shared(&s->mu);
-        s->share_version = EGPU_SHARE_VERSION;
-        __atomic_store_n(&s->share_magic, EGPU_SHARE_MAGIC, __ATOMIC_RELEASE);
-    }
+    share_file_ready(s);
     int locked = egpu_card_lock(r, idx) == 0;
     join_locked(s, own_fd, t, pid, mono_ns());
     if (locked) egpu_card_unlock(r, idx);
-    flock(own_fd, LOCK_UN);
     if (roster_fd >= 0) {
         flock(roster_fd, LOCK_UN);
         close(roster_fd);
