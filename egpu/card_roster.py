@@ -81,7 +81,10 @@ POLICY_CODES = {"strict": POLICY_STRICT, "elastic": POLICY_ELASTIC}
 FLAG_RAW = 0x1  # EGPU_ROSTER_RAW: registered by the interposer itself (raw node, no hook)
 
 NODE_LOCK_WAIT_S = 10.0  # the node writers' own lock (cards folder): then RosterLockError
-ROSTER_LOCK_WAIT_S = 1.0  # the roster's flock (reachable by tenants): then go on without it
+# The roster's flock (a tenant can take it through its read-only mount): then go on without it.
+# It only orders the node against raw processes of the host that register themselves (egpu run
+# beside pods, rare); a tenant holding it must not add a second to every container's start.
+ROSTER_LOCK_WAIT_S = 0.05
 
 _HEADER = struct.Struct("<QIIIIQ64s32x")  # magic, version, nslots, entry_size, header_size,
 # generation, uuid

@@ -65,13 +65,21 @@ void egpu_ctl_defaults(egpu_ctl_params *p)
 
 /* What the other live shares on the card hold: their measured use, raised to their guarantee
  * while they want more than they get (demand above use) -- so that an elastic share gives
- * back what it borrowed as soon as the owner asks. */
+ * back what it borrowed as soon as the owner asks. Against a high-priority share a low one
+ * holds only its floor: it yields while high-priority work runs, whatever it booked (else
+ * its wait would count as demand and cut the high share's rate, and the gaps that leaves
+ * would let it run). */
 static uint64_t others_reserved_ppm(const egpu_card_region *r, int self, const egpu_ctl_params *p, uint64_t now)
 {
     uint64_t sum = 0;
+    int self_high = r->slot[self].priority == EGPU_CARD_PRIO_HIGH;
     for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
         const egpu_card_slot *o = &r->slot[j];
         if (j == self || !o->owner) continue;
+        if (self_high && o->priority == EGPU_CARD_PRIO_LOW) {
+            sum += (uint64_t)o->floor_pct * PPM_PER_PCT;
+            continue;
+        }
         uint64_t last = __atomic_load_n(&o->last_active_ns, __ATOMIC_RELAXED);
         if (!o->inflight_n && (!last || now - last > IDLE_AFTER_TICKS * p->tick_ns)) continue; /* idle */
         uint64_t res = o->use_ppm;

@@ -605,6 +605,21 @@ static void case_floor(void)
         check("FC-14-floor", what, use_in(&sh[1], SEC, 11 * SEC), floor_pct ? floor_pct - 3 : 0, floor_pct ? floor_pct + 3 : 1);
         teardown(sh, 2);
     }
+    /* a low share that booked cores reserves none of them against a high share with nothing
+     * booked (an elastic 0% guarantee): low priority yields, whatever it booked */
+    for (int floor_pct = 0; floor_pct <= 10; floor_pct += 10) {
+        share sh[2] = {{.name = "hi", .kernel_ns = 1 * MS, .active = 1, .depth = 1, .priority = EGPU_CARD_PRIO_HIGH},
+                       {.name = "lo50", .kernel_ns = 1 * MS, .active = 1, .depth = 4, .priority = EGPU_CARD_PRIO_LOW}};
+        int cores[] = {0, 50}, pols[] = {EGPU_CARD_STRICT, EGPU_CARD_STRICT};
+        setup(sh, 2, cores, pols, floor_pct);
+        run(sh, 2, 11 * SEC);
+        char what[64];
+        snprintf(what, sizeof what, "low capped 50 floor=%d hi_use", floor_pct);
+        check("FC-14-floor", what, use_in(&sh[0], SEC, 11 * SEC), 90 - floor_pct, 100);
+        snprintf(what, sizeof what, "low capped 50 floor=%d lo_use", floor_pct);
+        check("FC-14-floor", what, use_in(&sh[1], SEC, 11 * SEC), floor_pct ? floor_pct - 3 : 0, floor_pct ? floor_pct + 3 : 1);
+        teardown(sh, 2);
+    }
 }
 
 int main(int argc, char **argv)

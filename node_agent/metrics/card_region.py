@@ -27,13 +27,22 @@ import os
 import stat
 from dataclasses import dataclass
 
-from egpu.card_roster import RosterError, read_roster, read_share_public
+from egpu.card_roster import (
+    POLICY_STRICT,
+    RosterEntry,
+    RosterError,
+    read_roster,
+    read_share_public,
+)
 from egpu.contract import CARDS_SUBDIR
 
 log = logging.getLogger("egpu-node-agent.card-region")
 
 PPM = 1_000_000
 IDLE_NS = 1_000_000_000  # a share with no launch for this long (and none in flight) uses 0 %
+# A strict share with a cap uses at most its cap and a few points over it (FC-13: a 1 s window
+# within cap + 3): what its own file says above that is not believed.
+STRICT_CAP_SLACK_PCT = 3
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -68,6 +77,14 @@ class CardRegion:
         return min(100.0, round(sum(s.used_percent(now_ns) for s in self.slots.values()), 2))
 
 
+def use_bound_ppm(entry: RosterEntry) -> int:
+    """The most a share can use as the roster booked it (ppm of the card): a strict share with
+    a cap, its cap + STRICT_CAP_SLACK_PCT; any other, the card."""
+    if entry.policy == POLICY_STRICT and 0 < entry.cores < 100:
+        return min(PPM, (entry.cores + STRICT_CAP_SLACK_PCT) * PPM // 100)
+    return PPM
+
+
 def read_card(card_fd: int, path: str) -> CardRegion:
     """The card folder ``card_fd`` (at ``path``): its roster's shares, each with what its
     share file says (an idle share when the file is missing, short or lying). Raises
@@ -81,8 +98,8 @@ def read_card(card_fd: int, path: str) -> CardRegion:
             continue
         slots[entry.owner] = SlotUse(
             owner=entry.owner, cores=entry.cores, busy_total_ns=public["busy_total_ns"],
-            last_active_ns=public["last_active_ns"], use_ppm=min(public["use_ppm"], PPM),
-            inflight_n=public["inflight_n"])
+            last_active_ns=public["last_active_ns"],
+            use_ppm=min(public["use_ppm"], use_bound_ppm(entry)), inflight_n=public["inflight_n"])
     return CardRegion(roster.uuid or os.path.basename(path), slots)
 
 

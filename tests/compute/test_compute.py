@@ -254,6 +254,20 @@ def test_fc14_starvation_floor(node: Node, floor: int, source: str) -> None:
         assert rl["use_pct"] <= 3, rl
 
 
+def test_fc14_a_low_share_that_booked_cores_still_yields_to_an_uncapped_high_share(
+        node: Node) -> None:
+    """A high share with nothing booked is elastic beside shares that booked; a low share's
+    booking is no reservation against it (low yields while high-priority work runs). Before,
+    the low share's wait counted as demand, the high share's rate fell to 48% and the low
+    one ran in the gaps (13%)."""
+    hi = node.load(node.env("hi", [0], kernel_us=1000), 3, "-s", 1)
+    node.wait_attached(0, hi)
+    lo = node.load(node.env("lo", [0], priority="low", cores=50, kernel_us=1000), 2.5, "-s", 1)
+    rl, rh = result(lo)[0], result(hi)[0]
+    assert rl["use_pct"] <= 3, (rl, rh)
+    assert min(rh["win_use_pct"][1:]) >= 70, (rh, rl)
+
+
 def test_fc15_oversubscription_never_fails_below_the_cap(node: Node) -> None:
     """FC-15: a 24 GiB card; share B holds 8 GiB; share A (oversubscribed, 40 GiB limit)
     allocates 36 x 1 GiB, then everything its capacity view says is free: all succeed (what

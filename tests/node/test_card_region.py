@@ -74,13 +74,14 @@ def test_slot_use_is_zero_when_idle() -> None:
 def test_cores_come_from_the_roster_and_a_lying_share_counts_as_idle(tmp_path: Path) -> None:
     """The share file is its container's to write: it may claim other cores, another owner,
     a use above 100 % or be cut short. The agent believes the roster for the cores, clamps
-    the use, and reads a foreign or short file as an idle share."""
+    the use (to the card; a strict share to its cap + 3 points), and reads a foreign or short
+    file as an idle share."""
     honest, greedy, foreign, short, fresh = (RosterEntry(card_roster.share_owner(f"u{n}_main"),
                                                          cores=10 * (n + 1), name=f"u{n}_main")
                                              for n in range(5))
     busy = {"last_active_ns": NOW - 10**8, "busy_total_ns": 5}
     folder = make_card(tmp_path, U0, [
-        (honest, {**busy, "use_ppm": 200_000, "cores": 99}),
+        (honest, {**busy, "use_ppm": 100_000, "cores": 99}),
         (greedy, {**busy, "use_ppm": 10**12, "inflight_n": 3}),
         (foreign, {**busy, "use_ppm": 500_000}),
         (short, {**busy, "use_ppm": 500_000}),
@@ -92,11 +93,12 @@ def test_cores_come_from_the_roster_and_a_lying_share_counts_as_idle(tmp_path: P
     region = cr.scan_cards(str(tmp_path))[U0]
     slots = region.slots
     assert set(slots) == {e.owner for e in (honest, greedy, foreign, short, fresh)}
-    assert slots[honest.owner] == cr.SlotUse(honest.owner, 10, 5, NOW - 10**8, 200_000, 0)
-    assert slots[greedy.owner].use_ppm == cr.PPM and slots[greedy.owner].cores == 20
+    assert slots[honest.owner] == cr.SlotUse(honest.owner, 10, 5, NOW - 10**8, 100_000, 0)
+    # a strict 20 % share: at most its cap and the slack of FC-13, whatever it claims
+    assert slots[greedy.owner].use_ppm == 230_000 and slots[greedy.owner].cores == 20
     for idle in (foreign, short, fresh):
         assert slots[idle.owner] == cr.SlotUse(idle.owner, idle.cores, 0, 0, 0, 0)
-    assert region.used_percent(NOW) == 100.0  # 20 % + 100 %, at most the card
+    assert region.used_percent(NOW) == 33.0  # 10 % + 23 %
 
 
 def test_read_skips_missing_malformed_and_old_format_cards(

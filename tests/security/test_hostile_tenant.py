@@ -55,6 +55,7 @@ CAP_SLACK = 3  # points over the cap a steady 1 s window may show (FC-13)
 # starting, the probes' `runc exec`); a share whose priority lapsed takes ~45 %.
 LOW_HELD_WINDOW_MAX = 10.0
 LOW_HELD_MEAN_MAX = 5.0
+LOW_END_SLACK_S = 0.5
 CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY = 0, 2
 
 # What the node or a co-tenant owns, as the hostile program names it (its own share file,
@@ -152,7 +153,8 @@ def assert_co_tenants_unharmed(o: Outcome) -> None:
     cap = HIGH.cores
     assert max(steady) <= cap + CAP_SLACK, f"high share over its cap {cap}%: {high}"
     assert sum(steady) / len(steady) >= not_starved(cap), f"high share starved: {high}"
-    assert o.low_end <= o.high_end, (
+    # a held low share's last launch may return only when the high one stops: it ends with it
+    assert o.low_end <= o.high_end + LOW_END_SLACK_S, (
         "setup: the low share outlived the high one (host too slow to start it): "
         f"{o.low_end - o.high_end:.2f} s later{o.tail()}")
     held = low["win_use_pct"][1:]
@@ -178,7 +180,10 @@ def assert_co_tenants_unharmed(o: Outcome) -> None:
         f"the node agent sees shares the node never booked: {sorted(map(hex, slots))}")
     used = slots[HIGH.owner].used_percent(o.view_ns)
     assert 0 < used <= cap + CAP_SLACK, f"high share's measured use {used}%: {slots}"
-    assert slots[LOW.owner].used_percent(o.view_ns) <= LOW_HELD_WINDOW_MAX, slots[LOW.owner]
+    # the low share's figure is its smoothed use: at most what it measured itself in a window
+    low_used = slots[LOW.owner].used_percent(o.view_ns)
+    assert low_used <= max(low["win_use_pct"]) + CAP_SLACK, (
+        f"low share's measured use {low_used}%: {slots[LOW.owner]}; its own windows: {low}")
 
 
 def assert_nothing_protected_changed(o: Outcome) -> None:
