@@ -96,3 +96,16 @@ def allocation_bookings(
     for _, _, kind, uuid, mib, cores in rows:
         per_card.setdefault(uuid, []).append((kind, mib, cores))
     return {uuid: book_card(entries) for uuid, entries in per_card.items()}
+
+
+def record_bookings(allocation: Allocation) -> dict[str, CardBooking]:
+    """Card UUID -> what the pod books there, from a record that carries its containers' kinds
+    (``Allocation.complete``): ``book_card`` over the containers in the record's
+    order, the pod's spec order (init containers and sidecars first), as the extender writes
+    them. Same result as ``allocation_bookings(allocation, read_pod(pod).request)``."""
+    per_card: dict[str, list[tuple[ContainerKind, int, int]]] = {}
+    for container in allocation.containers:
+        kind = ContainerKind(container.kind or ContainerKind.APP)
+        for share in container.cards:
+            per_card.setdefault(share.uuid, []).append((kind, share.memory_mib, share.cores))
+    return {uuid: book_card(entries) for uuid, entries in per_card.items()}

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from egpu.booking import CardBooking, allocation_bookings, book_card
+from egpu.booking import allocation_bookings, record_bookings
 from egpu.config import Config
 from egpu.contract import ANN_ALLOCATION, ANN_INVENTORY, ANN_USAGE
 from egpu.dra.allocation import (
@@ -45,7 +45,7 @@ from egpu.dra.allocation import (
 )
 from egpu.dra.shareconfig import ShareConfig, ShareConfigError
 from egpu.records import Allocation, Card, Inventory, NodeUsage, RecordError
-from egpu.requests import ContainerKind, read_pod
+from egpu.requests import read_pod
 
 PATH_EXTENDER = "extender"  # ShareView.path: the pod's egpu.io/allocation
 PATH_DRA = "dra"  # ShareView.path: a ResourceClaim of driver gpu.egpu.io
@@ -271,14 +271,3 @@ def _add_dra_share(cards: dict[tuple[str, str], CardView], found: _PlacedClaim, 
         compute_policy=config.compute_policy if config else "", path=PATH_DRA, claim=claim))
 
 
-def record_bookings(allocation: Allocation) -> dict[str, CardBooking]:
-    """Card UUID -> what the pod books there, from a record that carries its containers' kinds
-    (``Allocation.complete``): ``egpu.booking.book_card`` over the containers in the record's
-    order, the pod's spec order (init containers and sidecars first), as the extender writes
-    them. Same result as ``allocation_bookings(allocation, read_pod(pod).request)``."""
-    per_card: dict[str, list[tuple[ContainerKind, int, int]]] = {}
-    for container in allocation.containers:
-        kind = ContainerKind(container.kind or ContainerKind.APP)
-        for share in container.cards:
-            per_card.setdefault(share.uuid, []).append((kind, share.memory_mib, share.cores))
-    return {uuid: book_card(entries) for uuid, entries in per_card.items()}

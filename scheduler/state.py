@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from egpu.booking import CardBooking, allocation_bookings
+from egpu.booking import CardBooking, allocation_bookings, record_bookings
 from egpu.config import Config
 from egpu.contract import (
     ALLOCATION_MODE_DRA,
@@ -138,7 +138,10 @@ def booking_from_pod(pod: Mapping[str, Any], config: Config,
     request = (reading or read_pod(pod, config)).request
     if request is None:  # not an egpu pod (or an invalid one): a hand-written annotation
         return None  # books nothing
-    return Booking(uid, view.key, node, allocation, allocation_bookings(allocation, request))
+    # the kinds the extender decided and wrote; the spec's only for an older extender's record
+    bookings = (record_bookings(allocation) if allocation.complete
+                else allocation_bookings(allocation, request))
+    return Booking(uid, view.key, node, allocation, bookings)
 
 
 @dataclass
