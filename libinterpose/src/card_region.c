@@ -184,17 +184,13 @@ static void join_locked(egpu_card_slot *s, int fd, const egpu_share_terms *t, in
     }
 }
 
-static void count_priorities(egpu_card_region *r)
+/* n_low: the low-priority shares among the slots (co-tenants' priorities are the roster's). */
+static void count_low(egpu_card_region *r)
 {
-    uint32_t lo = 0, hi = 0;
-    for (int i = 0; i < EGPU_CARD_SLOTS; i++) {
-        if (!r->slot[i].owner) continue;
-        if (r->slot[i].priority == EGPU_CARD_PRIO_LOW) lo++;
-        else hi++;
-    }
+    uint32_t lo = 0;
+    for (int i = 0; i < EGPU_CARD_SLOTS; i++)
+        if (r->slot[i].owner && r->slot[i].priority == EGPU_CARD_PRIO_LOW) lo++;
     __atomic_store_n(&r->n_low, lo, __ATOMIC_RELAXED);
-    __atomic_store_n(&r->n_high, hi, __ATOMIC_RELAXED);
-    r->generation++;
 }
 
 int egpu_card_claim(egpu_card_region *r, uint64_t owner, int32_t pid, uint32_t priority, uint32_t policy,
@@ -215,7 +211,7 @@ int egpu_card_claim(egpu_card_region *r, uint64_t owner, int32_t pid, uint32_t p
     if (egpu_card_lock(r, idx) != 0) return -1;
     join_locked(&r->slot[idx], -1, &t, pid, now_ns);
     egpu_card_unlock(r, idx);
-    count_priorities(r);
+    count_low(r);
     return idx;
 }
 
@@ -529,30 +525,16 @@ static void sanitise(egpu_card_slot *o, const egpu_roster_entry *e, uint64_t now
 static void reread_roster(egpu_card_region *r, uint64_t now)
 {
     egpu_card_roster ro;
-    int first = r->roster_read_ns == 0;
     r->roster_read_ns = now;
     if (roster_read(r->dir_fd, &ro) != 0) return; /* keep the last good one */
-    int changed = first || ro.generation != r->roster_generation;
     for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
         if (r->other_fd[j] == OTHER_FD_ABSENT) r->other_fd[j] = -1; /* try again */
         if (j == r->self || ro.entry[j].owner == r->other_owner[j]) continue;
         if (r->other_fd[j] >= 0) close(r->other_fd[j]);
         r->other_fd[j] = -1;
         r->other_owner[j] = ro.entry[j].owner;
-        changed = 1;
     }
     memcpy(r->roster, ro.entry, sizeof r->roster);
-    r->roster_generation = ro.generation;
-    if (!changed) return;
-    uint32_t lo = 0, hi = 0;
-    for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
-        if (!r->roster[j].owner) continue;
-        if (r->roster[j].priority == EGPU_CARD_PRIO_LOW) lo++;
-        else hi++;
-    }
-    __atomic_store_n(&r->n_low, lo, __ATOMIC_RELAXED);
-    __atomic_store_n(&r->n_high, hi, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&r->generation, 1, __ATOMIC_RELAXED);
 }
 
 /* One co-tenant's public slot into buf (zeroed when it cannot be read or lies about whose it is). */
@@ -589,6 +571,7 @@ static void refresh_locked(egpu_card_region *r, uint64_t now, uint64_t roster_ev
         sanitise(o, &r->roster[j], now);
         if (o->hi_mark_ns > hi) hi = o->hi_mark_ns;
     }
+    count_low(r);
     __atomic_store_n(&r->refreshed_ns, now, __ATOMIC_RELAXED);
     uint64_t old = __atomic_load_n(&r->hi_active_ns, __ATOMIC_RELAXED);
     while (old < hi &&

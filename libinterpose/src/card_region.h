@@ -152,22 +152,18 @@ typedef struct {
 typedef struct {
     union {
         struct {
-            char uuid[64];                         /* the card's UUID */
-            int32_t self;                          /* the slot of this process's share, -1 in plain memory */
-            int32_t dir_fd;                        /* the card folder; -1 in plain memory */
-            int32_t own_fd;                        /* the share file (liveness locks); -1 in plain memory */
-            int32_t other_fd[EGPU_CARD_SLOTS];     /* co-tenants' share files, opened read-only */
-            uint64_t other_owner[EGPU_CARD_SLOTS]; /* whom other_fd[j] belongs to */
-            uint64_t roster_generation;
+            char uuid[64];                             /* the card's UUID */
+            int32_t self;                              /* the slot of this process's share, -1 in plain memory */
+            int32_t dir_fd;                            /* the card folder; -1 in plain memory */
+            int32_t own_fd;                            /* the share file (liveness locks); -1 in plain memory */
+            int32_t other_fd[EGPU_CARD_SLOTS];         /* co-tenants' share files, opened read-only */
+            uint64_t other_owner[EGPU_CARD_SLOTS];     /* whom other_fd[j] belongs to */
             uint64_t roster_read_ns;                   /* last full read of the roster */
             uint64_t refreshed_ns;                     /* last read of the co-tenants' slots (atomic) */
             egpu_roster_entry roster[EGPU_CARD_SLOTS]; /* the node's word on each slot */
             /* card-wide priority state (atomic words) */
             uint64_t hi_active_ns;      /* last time high-priority work was launched or outstanding */
-            uint64_t hi_launches;       /* monotonic counter of high-priority launches seen */
             uint32_t n_low;             /* low-priority shares on the card (the roster's) */
-            uint32_t n_high;            /* high-priority shares on the card */
-            uint64_t generation;        /* bumped when the card's shares change */
             pthread_mutex_t refresh_mu; /* process-private: one refresh at a time */
         };
         uint8_t header_bytes[4096];
