@@ -6,10 +6,8 @@ runc container) in a private state folder, checks the placement through the API,
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,25 +15,13 @@ import pytest
 from demo import run as demo
 from egpu.cluster_view import cluster_view
 from egpu.records import Allocation, Inventory
+from tests.e2e.demo_cluster import DemoCluster
 
 pytestmark = pytest.mark.e2e
 
 
-class Outcome:
-    """What the demo printed and the pods and nodes it left in its cluster."""
-
-    def __init__(self, state_dir: Path, lines: list[str]) -> None:
-        self.text = "\n".join(lines)
-        info = demo.devcluster.ClusterInfo.load(state_dir / "cluster")
-        self.kubectl = info.kubectl_argv
-
-        def get(*args: str) -> list[dict[str, Any]]:
-            out = subprocess.run(self.kubectl("get", *args, "-o", "json"), capture_output=True,
-                                 text=True, check=True).stdout
-            return json.loads(out)["items"]
-
-        self.pods = {p["metadata"]["name"]: p for p in get("pods", "-A")}
-        self.nodes = {n["metadata"]["name"]: n for n in get("nodes")}
+class Outcome(DemoCluster):
+    """The extender-mode demo's cluster (tests/e2e/demo_cluster.py)."""
 
     def cards(self, pod: dict[str, Any]) -> list[tuple[str, Any, Any]]:
         """(container, card model, share) for each card of the pod's allocation."""
@@ -45,8 +31,6 @@ class Outcome:
         models = {c.uuid: c for c in inventory.cards}
         return [(c.name, models[s.uuid], s) for c in allocation.containers for s in c.cards]
 
-    def named(self, prefix: str) -> list[dict[str, Any]]:
-        return [p for name, p in self.pods.items() if name.startswith(prefix)]
 
 
 @pytest.fixture(scope="module")

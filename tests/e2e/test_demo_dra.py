@@ -12,7 +12,6 @@ and (as root) that the real node's container runs its share prepared by the DRA 
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from egpu.cluster_view import PATH_DRA, CardView, ShareView, cluster_view
 from egpu.contract import ALLOCATION_MODE_DRA, ANN_ALLOCATION, ANN_ALLOCATION_MODE, RES_GPU
 from egpu.dra.allocation import pod_claim_names
 from egpu.dra.shareconfig import ShareConfig
+from tests.e2e.demo_cluster import DemoCluster
 
 pytestmark = pytest.mark.e2e
 
@@ -32,28 +32,15 @@ SHARE_PODS = ("chat-serving", "lora-finetune", "notebook-ana", "retrieval", "tts
               "ocr-with-warmup", "translate-small")
 
 
-class Outcome:
-    """What the DRA demo printed, and the pods, nodes and claims it left in its cluster."""
+class Outcome(DemoCluster):
+    """The DRA demo's cluster (tests/e2e/demo_cluster.py), with its claims."""
 
     def __init__(self, state_dir: Path, lines: list[str]) -> None:
-        self.text = "\n".join(lines)
-        info = demo.devcluster.ClusterInfo.load(state_dir / "cluster")
-        self.kubectl = info.kubectl_argv
-
-        def get(*args: str) -> list[dict[str, Any]]:
-            out = subprocess.run(self.kubectl("get", *args, "-o", "json"), capture_output=True,
-                                 text=True, check=True).stdout
-            return list(json.loads(out)["items"])
-
-        self.pods = {p["metadata"]["name"]: p for p in get("pods", "-A")}
-        self.nodes = {n["metadata"]["name"]: n for n in get("nodes")}
+        super().__init__(state_dir, lines)
         self.claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c
-                       for c in get("resourceclaims", "-A")}
+                       for c in self.get("resourceclaims", "-A")}
         self.views = cluster_view(list(self.nodes.values()), list(self.pods.values()),
                                   claims=list(self.claims.values()))
-
-    def named(self, prefix: str) -> list[dict[str, Any]]:
-        return [p for name, p in self.pods.items() if name.startswith(prefix)]
 
     def shares(self, pod: dict[str, Any]) -> list[tuple[CardView, ShareView]]:
         """(card, share) of each container and card of the pod, read from its claim."""
