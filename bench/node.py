@@ -30,14 +30,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "node"))
+sys.path.insert(0, str(REPO))
 
-from node_fixtures import write_regions  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
 from egpu.records import Allocation, Card, CardShare, ContainerAllocation, PodShares  # noqa: E402
 from node_agent.metrics.collector import EgpuCollector, Sources, regions_under  # noqa: E402
 from runtime_hook import bundle  # noqa: E402
+from testbed.regions import write_regions  # noqa: E402
 
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
 

@@ -25,8 +25,12 @@ Every pod ends in exactly one of:
   (must be 0);
 - ``missing_share``: the container ran without the interposer (/etc/ld.so.preload) or without
   its config (/run/egpu/config.json) (must be 0);
-- ``not_started``: no probe line within ``--pod-timeout`` seconds, or the pod failed before
-  its container ran (e.g. the kubelet refused it at admission); the reasons are printed.
+- ``refused``: the pod failed before its container ran, with its reason in its status (the
+  kubelet refused it at admission: UnexpectedAdmissionError while the device plugin was away,
+  or egpu's Allocate refusal); a controller would replace it, and the worker creates the next
+  pod; the reasons are printed;
+- ``not_started``: no probe line within ``--pod-timeout`` seconds: stuck (pending, or its
+  container refused at every restart: a crash loop); the reasons are printed (must be 0).
 
 And over the run:
 - ``overbooked``: card samples whose bookings exceed the card's memory (none of these pods
@@ -51,13 +55,14 @@ temporary folder) with one real node, installs egpu, and removes everything at t
 running: the e2e fixture's), and leaves it serving. Needs root.
 
 Last line: ``rounds=N pods=N restarts_agent=N restarts_kubelet=N restarts_containerd=N
-wrong_share=N missing_share=N not_started=N overbooked=N ok=N short_share=N stuck_deleting=N
+wrong_share=N missing_share=N not_started=N refused=N overbooked=N ok=N short_share=N
+stuck_deleting=N
 leaked_files=N leaked_mib=N killed=N fake_leaked_mib=N container_restarts=N samples=N
 start_s_p50=N start_s_max=N recover_s_max=N`` (``start_s``: from a pod's creation to its
 probe's line, pods that started; ``recover_s``: from a round's last restart until the node
-serves again). Exit status 0 when wrong_share, missing_share, overbooked, short_share,
-stuck_deleting, leaked_files and leaked_mib are 0 and no worker failed (not_started is
-reported with its reasons, see docs/benchmarks.md "Node restarts").
+serves again). Exit status 0 when wrong_share, missing_share, not_started, overbooked, short_share,
+stuck_deleting, leaked_files and leaked_mib are 0, at least one pod ran (ok) and no worker
+failed (refused is reported with its reasons, see docs/benchmarks.md "Node restarts").
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ from egpu.cluster_view import cluster_view  # noqa: E402
 from egpu.config import Config, load_config  # noqa: E402
 from egpu.contract import RES_CORES, RES_GPU, RES_MEMORY  # noqa: E402
 from scheduler.kube import ApiStatusError, RawApi  # noqa: E402
-from tests.e2e import realnode_install as inst  # noqa: E402
+from testbed import realnode_install as inst  # noqa: E402
 
 NODE = "egpu-real-restarts"
 NS = "egpu-restarts"
@@ -119,9 +124,9 @@ UUID = re.compile(r'UUID="([^"]*)"')
 # container SIGKILLed anyway leaves its memory charged to the fake card: ``killed``,
 # ``fake_leaked_mib``.
 PROBE = inst.PROBE
-OK, WRONG, MISSING, SHORT, NOT_STARTED = ("ok", "wrong_share", "missing_share", "short_share",
-                                         "not_started")
-KINDS = (OK, WRONG, MISSING, SHORT, NOT_STARTED)
+OK, WRONG, MISSING, SHORT, NOT_STARTED, REFUSED = (
+    "ok", "wrong_share", "missing_share", "short_share", "not_started", "refused")
+KINDS = (OK, WRONG, MISSING, SHORT, NOT_STARTED, REFUSED)
 
 
 @dataclass
@@ -318,8 +323,9 @@ def run_pod(api: RawApi, name: str, mib: int, timeout_s: float) -> Outcome:
                     detail += f"; the fake cards now: {describe_cards(fake_cards(api))}"
                 return Outcome(name, mib, kind, detail, time.monotonic() - t0, restarts, uid)
         if pod.get("status", {}).get("phase") in ("Failed", "Succeeded"):
-            return Outcome(name, mib, NOT_STARTED, why_not_started(api, pod), None, restarts,
-                           uid)
+            status = pod.get("status", {})
+            kind = REFUSED if status.get("reason") and status.get("message") else NOT_STARTED
+            return Outcome(name, mib, kind, why_not_started(api, pod), None, restarts, uid)
     return Outcome(name, mib, NOT_STARTED,
                    f"no probe output in {timeout_s:.0f} s: {why_not_started(api, pod)}",
                    None, 0, uid)
@@ -375,7 +381,7 @@ def churn(info: devcluster.ClusterInfo, worker: int, seed: int, sizes: tuple[int
                 with tally.lock:
                     tally.killed += 1
                 print(f"  killed: {name} ({outcome.mib} MiB): {ended}", flush=True)
-            if outcome.kind == NOT_STARTED:
+            if outcome.kind in (NOT_STARTED, REFUSED):
                 # a pod refused at once (the kubelet without the device plugin): the next
                 # one a little later, not one every second of the outage
                 stop.wait(NOT_STARTED_PAUSE_S)
@@ -705,9 +711,10 @@ def main(argv: list[str] | None = None) -> int:
     for error in tally.errors:
         print(f"  error: {error}", flush=True)
     outcomes = tally.outcomes
-    reasons = Counter(reason_of(o.detail) for o in outcomes if o.kind == NOT_STARTED)
-    for reason, n in reasons.most_common():
-        print(f"not started x{n}: {reason}")
+    for kind in (NOT_STARTED, REFUSED):
+        reasons = Counter(reason_of(o.detail) for o in outcomes if o.kind == kind)
+        for reason, n in reasons.most_common():
+            print(f"{kind.replace('_', ' ')} x{n}: {reason}")
     starts = [o.start_s for o in outcomes if o.start_s is not None]
     counts = {k: sum(1 for o in outcomes if o.kind == k) for k in KINDS}
     print(f"wall {time.monotonic() - t_start:.0f} s")
@@ -716,6 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         "restarts_agent": tally.restarts["agent"], "restarts_kubelet": tally.restarts["kubelet"],
         "restarts_containerd": tally.restarts["containerd"], "wrong_share": counts[WRONG],
         "missing_share": counts[MISSING], "not_started": counts[NOT_STARTED],
+        "refused": counts[REFUSED],
         "overbooked": tally.overbooked, "ok": counts[OK], "short_share": counts[SHORT],
         "stuck_deleting": stuck, "leaked_files": leaked_files, "leaked_mib": leaked_mib,
         "killed": tally.killed, "fake_leaked_mib": fake_leaked,
@@ -724,9 +732,9 @@ def main(argv: list[str] | None = None) -> int:
         "start_s_max": f"{max(starts, default=0):.1f}", "recover_s_max": f"{recover_max:.1f}",
     }
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
-    bad = (counts[WRONG] + counts[MISSING] + counts[SHORT] + tally.overbooked + stuck
-           + leaked_files + leaked_mib)
-    return 0 if bad == 0 and not tally.errors else 1
+    bad = (counts[WRONG] + counts[MISSING] + counts[SHORT] + counts[NOT_STARTED]
+           + tally.overbooked + stuck + leaked_files + leaked_mib)
+    return 0 if bad == 0 and counts[OK] and not tally.errors else 1
 
 
 if __name__ == "__main__":

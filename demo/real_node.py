@@ -100,6 +100,11 @@ PROBE = textwrap.dedent('''
     mem = Memory()
     out["nvml_meminfo"] = nvml.nvmlDeviceGetMemoryInfo(handle, C.byref(mem))
     out["nvml_total_mib"] = mem.total // MIB
+    count, name = C.c_uint(), C.create_string_buffer(96)
+    nvml.nvmlDeviceGetCount_v2(C.byref(count))
+    out["cards"] = [name.value.decode() for i in range(count.value)
+                    if nvml.nvmlDeviceGetHandleByIndex_v2(i, C.byref(handle)) == 0
+                    and nvml.nvmlDeviceGetUUID(handle, name, 96) == 0]
     print("PROBE " + json.dumps(out), flush=True)
     while True:
         time.sleep(3600)

@@ -253,6 +253,8 @@ def scheduler_config(
             "  prioritizeVerb: prioritize",
             "  bindVerb: bind",
             "  weight: 1",
+            # above the extender's bind gate wait (scheduler.extender.BIND_GATE_WAIT_S)
+            "  httpTimeout: 10s",
             "  nodeCacheCapable: true",
             "  ignorable: false",
         ]

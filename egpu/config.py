@@ -116,7 +116,19 @@ def _mapping(value: Any, key: str) -> dict[str, Any]:
     return value
 
 
+def _numeric_text(value: Any, parse: Any) -> Any:
+    """A number written as text (``"2.0"``, ``" 10 "``: what ``helm --set`` leaves of a float,
+    or a quoted YAML value) read as one; any other value as it is."""
+    if isinstance(value, str):
+        try:
+            return parse(value.strip())
+        except ValueError:
+            return value
+    return value
+
+
 def _int(value: Any, key: str, low: int, high: int | None = None) -> int:
+    value = _numeric_text(value, int)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{key}: {value!r} is not an integer")
     if value < low or (high is not None and value > high):
@@ -126,6 +138,7 @@ def _int(value: Any, key: str, low: int, high: int | None = None) -> int:
 
 
 def _ratio(value: Any, key: str) -> float:
+    value = _numeric_text(value, float)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{key}: {value!r} is not a number")
     if not 1.0 <= float(value) <= 100.0:

@@ -181,6 +181,17 @@ class KubePod(KubeObject):
         return self.phase in FINISHED_PHASES
 
     @property
+    def admitted(self) -> bool:
+        """Whether its kubelet is done admitting the pod, so its device plugin calls are over:
+        the kubelet writes ``status.startTime`` (or a phase past Pending, or container
+        statuses) only after admission, or a rejection (phase Failed). A terminating pod
+        may still be admitted: a kubelet that first sees it with a deletionTimestamp admits
+        it before it kills it."""
+        status = self.status
+        return bool(status.get("startTime") or self.phase not in ("", "Pending")
+                    or status.get("containerStatuses") or status.get("initContainerStatuses"))
+
+    @property
     def container_statuses(self) -> tuple[Mapping[str, Any], ...]:
         """``status.initContainerStatuses`` then ``status.containerStatuses``."""
         status = self.status

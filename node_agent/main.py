@@ -89,6 +89,9 @@ def parser() -> argparse.ArgumentParser:
                    default=os.environ.get(ENV_NODE_PRIVATE_DIR, NODE_PRIVATE_DIR))
     p.add_argument("--metrics-port", type=int, default=9400, help="0 disables the exporter")
     p.add_argument("--heartbeat-seconds", type=float, default=30.0)
+    p.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="what the agent logs (default: %(default)s)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster)")
     p.add_argument("--no-kubernetes", action="store_true",
                    help="no API server: device plugin and metrics only (tests)")
@@ -147,7 +150,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Run the agent until SIGTERM/SIGINT; returns the exit status (2: bad options or
     no NVML)."""
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     if not args.node_name:
         print("egpu-node-agent: --node-name or NODE_NAME is required", file=sys.stderr)
         return 2

@@ -232,6 +232,8 @@ class PodRegistry:
             elif _pod_changed(known[1], shares):
                 self._ignored(uid, view, shares, known[1])
                 shares = known[1]
+            if known is not None and view.admitted and not KubePod(known[0]).admitted:
+                self._admitted(uid, shares)
             self._pods[uid] = (pod, shares)
             self._generation += 1
             self._changed.notify_all()
@@ -323,12 +325,15 @@ class PodRegistry:
 
     # --- queries ------------------------------------------------------------------------
     def pending(self) -> list[Pending]:
-        """Containers with a share whose devices the kubelet has not yet allocated."""
+        """Containers with a share whose devices the kubelet has not yet allocated, in the
+        order it allocates them: pods as the agent first saw them, each pod's containers as
+        its record lists them (init containers, then app containers, each in spec order).
+        A pod the kubelet has admitted (``KubePod.admitted``) has none left."""
         out: list[Pending] = []
         with self._lock:
-            for uid, (pod, shares) in self._pods.items():
+            for uid, (pod, shares) in sorted(self._pods.items(), key=lambda i: self._seen[i[0]]):
                 view = KubePod(pod)
-                if view.finished or view.deleting:
+                if view.finished or view.deleting or view.admitted:
                     continue
                 started = started_containers(pod)
                 for entry in shares.allocation.containers:
@@ -338,9 +343,37 @@ class PodRegistry:
         return out
 
     def consume(self, uid: str, container: str) -> None:
-        """Mark a container's share as handed out by Allocate."""
+        """Mark a container's share as handed out by Allocate (for an ambiguous Allocate: the
+        first container on those cards in the kubelet's order, standing for whichever one
+        the kubelet was admitting; ``_admitted`` settles which it was)."""
         with self._lock:
             self._consumed.add((uid, container))
+
+    def _admitted(self, uid: str, shares: PodShares) -> None:
+        """The kubelet admitted pod ``uid`` (lock held): each of its containers that no
+        Allocate was counted for was handed out as an ambiguous Allocate counted for another
+        waiting container on the same cards, which waits again: without this the count stays
+        on the wrong pod, and when the right one leaves the pending list too, the next pod on
+        those cards finds none pending (GetPreferredAllocation steers it elsewhere)."""
+        for entry in shares.allocation.containers:
+            if (uid, entry.name) in self._consumed:
+                self._consumed.discard((uid, entry.name))
+                continue
+            cards = frozenset(entry.uuids)
+            stand_ins = sorted((self._seen.get(u, 0), u, name) for u, name in self._consumed
+                               if u != uid and self._waiting_on(u, name, cards))
+            if stand_ins:
+                _, other, name = stand_ins[0]
+                self._consumed.discard((other, name))
+
+    def _waiting_on(self, uid: str, container: str, cards: frozenset[str]) -> bool:
+        """Whether pod ``uid`` awaits admission and its ``container`` uses exactly ``cards``
+        (lock held)."""
+        known = self._pods.get(uid)
+        if known is None or KubePod(known[0]).admitted:
+            return False
+        return any(c.name == container and frozenset(c.uuids) == cards
+                   for c in known[1].allocation.containers)
 
     def shares(self) -> dict[str, PodShares]:
         """pod uid -> PodShares of every known pod that has not finished (metrics)."""

@@ -306,6 +306,13 @@ def run(argv: Sequence[str] | None = None, stdin: bytes | None = None) -> int:
     if isinstance(decision, Refuse):
         print(decision.message, file=sys.stderr)
         status = 1
+    elif isinstance(decision, Apply) and spec is not None and state.pid <= 0:
+        # Fail closed: without the container's pid the mounts would land in the hook's own
+        # mount namespace and the container would start without its interposer.
+        print(f"egpu-hook: container {state.id}: the runtime's state names no container "
+              "process (\"pid\" missing or not a positive integer): its egpu share cannot "
+              "be installed", file=sys.stderr)
+        status = 2
     elif isinstance(decision, Apply) and spec is not None:
         try:
             apply(decision, state, spec, args)

@@ -48,8 +48,11 @@ def same_mount_namespace(pid: int) -> bool:
 
 def in_mount_namespace(pid: int, action: Callable[[], None]) -> None:
     """Run ``action`` in the mount namespace of ``pid`` (in a forked child unless already
-    there; ``pid <= 0``: here). Raises MountError with the child's message when it fails."""
-    if pid <= 0 or same_mount_namespace(pid):
+    there). Raises MountError with the child's message when it fails, and for a ``pid`` that
+    names no process (<= 0): mounts made here would miss the container."""
+    if pid <= 0:
+        raise MountError(f"no container process (pid {pid}) whose mount namespace to enter")
+    if same_mount_namespace(pid):
         action()
         return
     read_end, write_end = os.pipe()

@@ -24,7 +24,8 @@ class OciError(ValueError):
 
 class State:
     """The container state a hook receives on stdin. pid: the container's init, in the
-    runtime's pid namespace (0 when the runtime gave none)."""
+    runtime's pid namespace (0 when the runtime gave none or gave no positive integer: the
+    hook then refuses to install a share, ``runtime_hook.main``)."""
 
     __slots__ = ("annotations", "bundle", "id", "pid", "status")
 

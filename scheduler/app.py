@@ -30,7 +30,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from scheduler.extender import Extender
 
@@ -69,6 +69,11 @@ class _StateCollector:
                                   "Cores % booked on a card (extender view)", labels=labels)
         slots = GaugeMetricFamily("egpu_extender_card_used_slots",
                                   "Share slots used on a card (extender view)", labels=labels)
+        held = CounterMetricFamily(
+            "egpu_extender_bind_gate_held", "Binds the gate held until the node's kubelet "
+            "admitted a pod that could be confused with them (docs/node.md)")
+        held.add_metric([], self.extender.gate_waits)
+        yield held
         state = self.extender.state
         for node in state.node_names:
             for uuid, used in state.usage(node).items():

@@ -11,11 +11,15 @@ through the small ``BindApi`` protocol, ``scheduler.kube`` implements it).
 - prioritize: ``placement.score`` (0..10) of each node under the pod's node policy, reusing
   what filter computed when the node has not changed since (answers are memoized per pod
   demand and node view, so replicas of one template reuse them too).
-- bind: serialized per node: fit again (cards chosen by the pod's card policy), reserve the
-  booking, then POST ONE Binding that carries the ``egpu.io/allocation`` annotation (the
-  ``placed_record``: the cards, each container's kind and the pod's resolved policies, so
-  that no later reader reads the pod spec again for them): the API
-  server copies a Binding's annotations onto the pod in the same write that sets
+- bind: serialized per node: fit again (cards chosen by the pod's card policy); the bind
+  gate (``placement.admission_conflict``): while a pod that awaits admission by the node's
+  kubelet holds shares of the same size on other cards, the kubelet could hand one pod's
+  slots to the other (the device plugin API names no pod), so the bind waits, at most
+  ``BIND_GATE_WAIT_S``, for the kubelet to admit it, deciding again after each change it
+  sees; then reserve the booking, then POST ONE Binding that carries the
+  ``egpu.io/allocation`` annotation (the ``placed_record``: the cards, each container's kind
+  and the pod's resolved policies, so that no later reader reads the pod spec again for
+  them): the API server copies a Binding's annotations onto the pod in the same write that sets
   ``spec.nodeName`` (pods/binding, ``BindingREST.setPodNodeAndMetadata``), so the pod is never
   annotated without being bound or bound without its annotation. A failed Binding drops the
   reservation (nothing was written). The per-node lock covers the decision and the
@@ -27,11 +31,12 @@ through the small ``BindApi`` protocol, ``scheduler.kube`` implements it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from egpu.config import Config
@@ -47,6 +52,7 @@ from scheduler.placement import (
     Placement,
     PodDemand,
     Unfit,
+    admission_conflict,
     fit,
     utilization_checker,
 )
@@ -64,6 +70,32 @@ log = logging.getLogger("egpu.scheduler")
 UNKNOWN_NODE = "no egpu inventory for this node (not a GPU node, or its node agent never reported)"
 CACHE_DEMANDS = 64  # distinct pod demands memoized
 CACHE_TTL_S = 5.0  # how long a memoized answer may be reused
+# The longest a bind waits at the gate (s); below kube-scheduler's extender httpTimeout
+# (manifests: 10 s), after which the pod goes back to the scheduling queue.
+BIND_GATE_WAIT_S = 8.0
+
+
+@dataclass(frozen=True)
+class _Held:
+    """The bind gate holds the pod: binding it now could mix up its slots (why)."""
+
+    reason: str
+
+
+class _Pulse:
+    """Wakes every waiter at each ``fire`` (a ClusterState listener: a pod changed)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the next ``fire``, or ``timeout_s`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout_s)
 
 
 class BindError(Exception):
@@ -126,6 +158,9 @@ class Extender:
         self.api = api
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
+        self._pulse = _Pulse()
+        state.listeners.append(self._pulse.fire)
+        self.gate_waits = 0  # binds the gate held at least once (metric)
         self._cache: OrderedDict[
             tuple[PodDemand, str],
             tuple[float, dict[str, NodeState], dict[str, float | Unfit]],
@@ -235,8 +270,9 @@ class Extender:
         return lock
 
     def _decide(self, pod: Mapping[str, Any], reading: PodReading, uid: str,
-                node: str) -> Placement | str:
-        """Fit the pod on ``node`` now and reserve; the chosen placement or an error text."""
+                node: str) -> Placement | str | _Held:
+        """Fit the pod on ``node`` now and reserve; the chosen placement, an error text, or
+        the gate's hold (nothing reserved)."""
         if reading.request is None:
             return _errors_text(reading)
         view = self.state.node(node, excluding=uid)
@@ -247,6 +283,10 @@ class Extender:
             return f"node {node} no longer fits the pod: {result.reason}"
         # The reservation holds the very record the Binding writes: the watch confirms it.
         allocation = placed_record(result.allocation, reading.request, pod)
+        held = admission_conflict(allocation, (b.allocation for b in
+                                               self.state.awaiting_admission(node, uid)))
+        if held is not None:
+            return _Held(held)
         self.state.reserve(Booking(uid, pod_key(pod), node, allocation, result.bookings))
         return replace(result, allocation=allocation)
 
@@ -268,8 +308,23 @@ class Extender:
                 return {"Error": ""}
         except BindError as exc:
             return {"Error": str(exc)}
-        async with self._lock(node):
-            decision = self._decide(pod, reading, uid, node)
+        deadline = time.monotonic() + BIND_GATE_WAIT_S
+        held_once = False
+        while True:
+            async with self._lock(node):
+                decision = self._decide(pod, reading, uid, node)
+            if not isinstance(decision, _Held):
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.info("bind %s/%s -> %s held for %.0f s: %s", namespace, name, node,
+                         BIND_GATE_WAIT_S, decision.reason)
+                return {"Error": f"node {node}: {decision.reason}; waited "
+                                 f"{BIND_GATE_WAIT_S:.0f} s for its kubelet to admit it"}
+            if not held_once:
+                held_once = True
+                self.gate_waits += 1
+            await self._pulse.wait(left)
         if isinstance(decision, str):
             log.info("bind %s/%s -> %s refused: %s", namespace, name, node, decision)
             return {"Error": decision}

@@ -60,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a second listener for /metrics and /healthz only (default: none)")
     parser.add_argument("--config", default=os.environ.get(CONFIG_FILE_ENV),
                         help=f"egpu config YAML (default: ${CONFIG_FILE_ENV})")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser.parse_args(argv)
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -163,6 +163,9 @@ class ClusterState:
         self._views: dict[str, NodeState] = {}
         self.pods: dict[str, Mapping[str, Any]] = {}  # uid -> pod object, egpu pods only
         self._warned: dict[str, str] = {}  # uid -> the ignored annotation last logged
+        self._on_node: dict[str, set[str]] = {}  # node -> uids of the pods booking there
+        # called after every pod change (the extender's bind gate waits on it)
+        self.listeners: list[Callable[[], None]] = []
 
     # --- nodes ---------------------------------------------------------------------------
     def upsert_node(self, node: Mapping[str, Any]) -> None:
@@ -202,6 +205,11 @@ class ClusterState:
         for booking, sign in ((before, -1), (after, 1)):
             if booking is None:
                 continue
+            members = self._on_node.setdefault(booking.node, set())
+            if sign > 0:
+                members.add(booking.uid)
+            else:
+                members.discard(booking.uid)
             usage = self._usage.setdefault(booking.node, {})
             for uuid, amount in booking.cards.items():
                 current = usage.get(uuid, CardBooking())
@@ -252,6 +260,11 @@ class ClusterState:
             self._ignored(uid, pod, booking, prior)
             booking = prior
         self._change(uid, observed=booking, reservation=None if confirmed else "keep")
+        self._changed()
+
+    def _changed(self) -> None:
+        for listener in self.listeners:
+            listener()
 
     def _ignored(self, uid: str, pod: Mapping[str, Any], seen: Booking | None,
                  kept: Booking) -> None:
@@ -273,6 +286,7 @@ class ClusterState:
         self.pods.pop(uid, None)
         self._warned.pop(uid, None)
         self._change(uid, observed=None, reservation=None)
+        self._changed()
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """The full pod list: bookings of pods missing from it are released."""
@@ -301,6 +315,7 @@ class ClusterState:
     def unreserve(self, uid: str) -> None:
         """The bind failed: drop its reservation (what was observed counts again)."""
         self._change(uid, reservation=None)
+        self._changed()
 
     def expire_reservations(self, max_age_s: float = 300.0) -> int:
         """Drop finished binds' reservations that no watch event confirmed within max_age_s."""
@@ -353,6 +368,22 @@ class ClusterState:
         if excluding and self._effective(excluding) is not None:
             return [self.node(name, excluding) for name in names]
         return [views.get(name) or self.node(name) for name in names]
+
+    def awaiting_admission(self, node: str, excluding: str = "") -> list[Booking]:
+        """The bookings on ``node`` of pods its kubelet has not admitted yet (``KubePod
+        .admitted``): binds in flight, and bound pods whose status the kubelet has not
+        written; ``excluding``: a pod UID left out (the pod being bound)."""
+        out = []
+        for uid in self._on_node.get(node, ()):
+            booking = self._effective(uid)
+            if uid == excluding or booking is None:
+                continue
+            reservation = self._reserved.get(uid)
+            pod = self.pods.get(uid)
+            if (reservation is not None and reservation.in_flight) or pod is None \
+                    or KubePod(pod).node_name != node or not KubePod(pod).admitted:
+                out.append(booking)
+        return out
 
     def usage(self, node: str) -> dict[str, CardBooking]:
         """Card UUID -> total booked on ``node`` (copies; for tests, metrics and checks)."""

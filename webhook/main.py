@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds between checks of the cert, key and config files")
     parser.add_argument("--kubeconfig", default=None,
                         help="kubeconfig for DRA mode's API calls (default: in-cluster)")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
 
 

@@ -106,7 +106,7 @@ def match(device_ids: Sequence[str], pending: Iterable[Pending], node: str = "")
         return Unmatched(
             f"no pod bound{where} waits for a share on cards {', '.join(sorted(wanted))}: the "
             "kubelet's device choice does not match the scheduler's allocation "
-            "(egpu.io/allocation); delete the pod to have it scheduled again",
+            "(egpu.io/allocation); the pod fails admission and its controller replaces it",
             no_pod=True,
         )
     order = {u: i for p in candidates for i, u in enumerate(p.share.uuids)}

@@ -228,12 +228,20 @@ class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
             result: Match = self._settle(
                 functools.partial(self._match, ids),
                 lambda r: isinstance(r, Unmatched) and r.no_pod, deadline, f"Allocate {ids}")
-            if isinstance(result, Matched):
-                self._consume(result.pending.pod_uid, result.pending.container)
-                log.info("Allocate %s -> pod %s/%s container %s", ids, result.pending.namespace,
-                         result.pending.pod, result.pending.container)
-            else:
-                log.warning("Allocate %s -> %s", ids, result)
+            if isinstance(result, Unmatched):
+                # Fail the kubelet's admission of the pod (UnexpectedAdmissionError, phase
+                # Failed): its controller replaces it. A container created anyway would be
+                # refused by the hook at every restart: a crash loop that never heals.
+                log.warning("Allocate %s refused: %s", ids, result.message)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"egpu: {result.message}")
+            # Ambiguous: containers on these very cards are interchangeable here (the hook
+            # picks each one's share by its pod and name); the first in the kubelet's order
+            # is counted as handed out, so that the next request is steered past it.
+            first = result.pending if isinstance(result, Matched) else result.candidates[0]
+            self._consume(first.pod_uid, first.container)
+            log.info("Allocate %s -> pod %s/%s container %s%s", ids, first.namespace, first.pod,
+                     first.container, "" if isinstance(result, Matched)
+                     else f" (or one of {len(result.candidates)} on the same cards)")
             responses.append(api_pb2.ContainerAllocateResponse(
                 envs=matching.allocate_envs(result, ids),
                 cdi_devices=[api_pb2.CDIDevice(name=n) for n in self._cdi_names(result)]))

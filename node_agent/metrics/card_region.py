@@ -8,7 +8,9 @@ bounded pread each; never mapped, no lock: a share may truncate, grow or rewrite
 at any moment, and every field read is an aligned word). What a share file says is believed
 only about that share and only within bounds: its owner field must be the roster's (else, as
 for a short, missing or non-regular file, the share counts as idle), its ``use_ppm`` is
-clamped to 100 %, and its booked ``cores`` come from the roster, never from the file.
+bounded for decisions (100 %, a strict share's cap + 3 points) but kept as reported for
+monitoring (``reported_percent``, ``over_cap``), and its booked ``cores`` come from the roster,
+never from the file.
 
 A card folder without a roster is skipped quietly (the hook is making it); a malformed roster,
 a symlink, FIFO or other file where a card folder or roster should be, and a regular file at
@@ -49,7 +51,9 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O
 @dataclass(frozen=True)
 class SlotUse:
     """One share on a card: ``owner`` (FNV-1a of its region path), booked ``cores`` (%, the
-    roster's), and the measurement (GPU ns, CLOCK_MONOTONIC ns, ppm) from its share file."""
+    roster's), and the measurement (GPU ns, CLOCK_MONOTONIC ns, ppm) from its share file:
+    ``reported_ppm`` as the file says it, ``use_ppm`` within what the roster lets the share
+    use (``use_bound_ppm``)."""
 
     owner: int
     cores: int
@@ -57,12 +61,27 @@ class SlotUse:
     last_active_ns: int
     use_ppm: int
     inflight_n: int
+    reported_ppm: int = 0
+
+    def active(self, now_ns: int) -> bool:
+        """Launches in flight, or one within ``IDLE_NS``."""
+        return self.inflight_n > 0 or (
+            self.last_active_ns > 0 and now_ns - self.last_active_ns <= IDLE_NS)
 
     def used_percent(self, now_ns: int) -> float:
-        """Measured compute use, % of the card (0 when idle; see the module docstring)."""
-        active = self.inflight_n > 0 or (
-            self.last_active_ns > 0 and now_ns - self.last_active_ns <= IDLE_NS)
-        return round(min(self.use_ppm, PPM) * 100 / PPM, 2) if active else 0.0
+        """Measured compute use within its bound, % of the card (0 when idle; see the module
+        docstring): what decisions believe."""
+        return round(min(self.use_ppm, PPM) * 100 / PPM, 2) if self.active(now_ns) else 0.0
+
+    def reported_percent(self, now_ns: int) -> float:
+        """Compute use as the share's own file reports it, unbounded, % of the card (0 when
+        idle): what monitoring shows, so that a share over its cap is seen."""
+        return round(self.reported_ppm * 100 / PPM, 2) if self.active(now_ns) else 0.0
+
+    def over_cap(self, now_ns: int) -> bool:
+        """Whether the share reports more than its bound: a strict share over its cap +
+        STRICT_CAP_SLACK_PCT (or any share over the whole card)."""
+        return self.active(now_ns) and self.reported_ppm > self.use_ppm
 
 
 @dataclass(frozen=True)
@@ -99,7 +118,8 @@ def read_card(card_fd: int, path: str) -> CardRegion:
         slots[entry.owner] = SlotUse(
             owner=entry.owner, cores=entry.cores, busy_total_ns=public["busy_total_ns"],
             last_active_ns=public["last_active_ns"],
-            use_ppm=min(public["use_ppm"], use_bound_ppm(entry)), inflight_n=public["inflight_n"])
+            use_ppm=min(public["use_ppm"], use_bound_ppm(entry)), inflight_n=public["inflight_n"],
+            reported_ppm=public["use_ppm"])
     return CardRegion(roster.uuid or os.path.basename(path), slots)
 
 

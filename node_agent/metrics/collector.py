@@ -36,6 +36,8 @@ from egpu.contract import (
     METRIC_CARD_MEMORY_BOOKED,
     METRIC_CARD_MEMORY_TOTAL,
     METRIC_CARD_MEMORY_USED,
+    METRIC_CONTAINER_COMPUTE_OVER_CAP,
+    METRIC_CONTAINER_COMPUTE_REPORTED,
     METRIC_CONTAINER_COMPUTE_USED,
     METRIC_CONTAINER_CORES_LIMIT,
     METRIC_CONTAINER_MEMORY_LIMIT,
@@ -43,7 +45,7 @@ from egpu.contract import (
     METRIC_NODE_HEARTBEAT,
 )
 from egpu.records import Card, PodShares
-from node_agent.metrics.card_region import CardRegion
+from node_agent.metrics.card_region import CardRegion, SlotUse
 from node_agent.metrics.region import RegionUsage, scan, split_dir_name
 
 MIB = 1 << 20
@@ -68,12 +70,19 @@ class Sources:
     now_ns: Callable[[], int] = field(default=time.monotonic_ns)
 
 
+def share_slot(card_regions: dict[str, CardRegion], dir_name: str,
+               uuid: str) -> SlotUse | None:
+    """The share of folder ``dir_name`` on card ``uuid``; None when the card has no folder or
+    its roster does not list the share."""
+    region = card_regions.get(uuid)
+    return region.slots.get(share_owner(dir_name)) if region else None
+
+
 def share_compute(card_regions: dict[str, CardRegion], dir_name: str, uuid: str,
                   now_ns: int) -> float | None:
-    """Compute used by the share of folder ``dir_name`` on card ``uuid``, % of the card; None
-    when the card has no folder or its roster does not list the share."""
-    region = card_regions.get(uuid)
-    slot = region.slots.get(share_owner(dir_name)) if region else None
+    """Compute used by the share of folder ``dir_name`` on card ``uuid`` within its booking,
+    % of the card; None when the card has no folder or its roster does not list the share."""
+    slot = share_slot(card_regions, dir_name, uuid)
     return slot.used_percent(now_ns) if slot else None
 
 
@@ -123,8 +132,17 @@ class EgpuCollector(Collector):
                                     "Compute booked by a container's share, % of the card",
                                     labels=LABELS_CONTAINER)
         c_compute = GaugeMetricFamily(METRIC_CONTAINER_COMPUTE_USED,
-                                      "Compute used by a container's share, % of the card",
+                                      "Compute used by a container's share, % of the card "
+                                      "(within its booking: what decisions believe)",
                                       labels=LABELS_CONTAINER)
+        c_reported = GaugeMetricFamily(METRIC_CONTAINER_COMPUTE_REPORTED,
+                                       "Compute use a container's share reports, % of the card, "
+                                       "as reported (may exceed its cap)",
+                                       labels=LABELS_CONTAINER)
+        c_over = GaugeMetricFamily(METRIC_CONTAINER_COMPUTE_OVER_CAP,
+                                   "1 while a container's share reports more compute than its "
+                                   "cap (strict: cap + 3 points) or the card",
+                                   labels=LABELS_CONTAINER)
         for name, usage in sorted(src.regions().items()):
             uid, container = split_dir_name(name)
             pod = shares.get(uid)
@@ -137,10 +155,12 @@ class EgpuCollector(Collector):
                 c_used.add_metric(labels, card.used_bytes)
                 if card.uuid in cores:
                     c_cores.add_metric(labels, cores[card.uuid])
-                used_pct = share_compute(card_regions, name, card.uuid, now_ns)
-                if used_pct is not None:
-                    c_compute.add_metric(labels, used_pct)
-        yield from (c_limit, c_used, c_cores, c_compute)
+                slot = share_slot(card_regions, name, card.uuid)
+                if slot is not None:
+                    c_compute.add_metric(labels, slot.used_percent(now_ns))
+                    c_reported.add_metric(labels, slot.reported_percent(now_ns))
+                    c_over.add_metric(labels, 1.0 if slot.over_cap(now_ns) else 0.0)
+        yield from (c_limit, c_used, c_cores, c_compute, c_reported, c_over)
 
         booked_mib: dict[str, int] = {}
         booked_cores: dict[str, int] = {}

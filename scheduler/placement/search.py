@@ -25,6 +25,7 @@ from egpu.booking import CardBooking, book_card
 from egpu.records import Allocation, CardShare, ContainerAllocation
 from egpu.requests import ContainerKind
 from scheduler import strategies
+from scheduler.placement.kubelet import reuse_conflict
 from scheduler.placement.model import (
     CardState,
     ContainerDemand,
@@ -126,11 +127,24 @@ class _Search:
             fits.append((key, pos, new))
         return fits, reasons
 
+    def _kubelet_agrees(self) -> bool:
+        """Whether the kubelet, reusing init containers' slots, gives every container the
+        cards chosen (scheduler.placement.kubelet.reuse_conflict); the reason is kept."""
+        ordered = sorted(self.demand.containers, key=lambda c: c.order)
+        why = reuse_conflict([(c.kind is ContainerKind.INIT,
+                               frozenset(pos for pos, _ in self.chosen[c.name]))
+                              for c in ordered], [c.name for c in ordered])
+        if why is None:
+            return True
+        self._fail(len(ordered), f"no placement that the kubelet would hand out as chosen: "
+                                 f"{why}")
+        return False
+
     def run(self, depth: int = 0) -> bool:
         """Place containers[depth:]; True when all are placed (results in ``chosen``)."""
         containers = self.demand.containers
         if depth == len(containers):
-            return True
+            return self._kubelet_agrees()
         c = containers[depth]
         fits, reasons = self._fits(depth, c)
         if len(fits) < c.share.gpus:

@@ -222,6 +222,9 @@ def cluster() -> Iterator[E2ECluster]:
 # default-scheduler (the installed egpu-scheduler Deployment serves egpu-scheduler).
 
 REAL_NODE = "egpu-real-0"
+# The real node's fake cards: four, as a GPU server has several (the density cases fill them)
+REAL_CARDS = tuple((f"GPU-7e1e0000-0000-4000-8000-00000000000{i}", "NVIDIA H100 80GB HBM3",
+                    81559, 0) for i in range(4))
 
 
 @dataclass
@@ -244,7 +247,7 @@ def real_cluster() -> Iterator[RealCluster]:
     info = devcluster.up(devcluster.Config(state_dir=state_dir, egpu_profile=False))
     handle = None
     try:
-        node = realnode.add(info, name=REAL_NODE)
+        node = realnode.add(info, name=REAL_NODE, cards=REAL_CARDS)
         handle = RealCluster(info=info, node_names=[REAL_NODE], inputs=INPUTS,
                              started_here=True, node=node)
         yield handle
@@ -262,7 +265,7 @@ def installed(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactor
     """egpu installed on the real-node cluster by ``kubectl apply -k`` (manifests/ with the
     egpu image overridden to the local tag), every part Ready; namespace ml-serving exists.
     Removed at the end (a test that installs another way removes it first)."""
-    from tests.e2e import realnode_install as inst
+    from testbed import realnode_install as inst
 
     work = tmp_path_factory.mktemp("install")
     ca = inst.create_webhook_tls(real_cluster, work)

@@ -25,7 +25,7 @@ from egpu.dra import allocation
 from egpu.dra.allocation import MIB
 from egpu.dra.slices import parse_quantity
 from egpu.node_records import Card
-from tests.e2e import realnode_install as inst
+from testbed import realnode_install as inst
 from tests.e2e.conftest import RealCluster
 
 pytestmark = pytest.mark.e2e

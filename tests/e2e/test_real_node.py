@@ -19,7 +19,7 @@ import re
 import pytest
 
 from egpu.contract import METRIC_CONTAINER_MEMORY_LIMIT
-from tests.e2e import realnode_install as inst
+from testbed import realnode_install as inst
 from tests.e2e.conftest import RealCluster
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from devcluster import realnode
-from tests.e2e import realnode_install as inst
+from testbed import realnode_install as inst
 from tests.e2e.conftest import RealCluster
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from devcluster import build as devbuild
-from tests.e2e import realnode_install as inst
+from testbed import realnode_install as inst
 from tests.e2e.conftest import RealCluster
 
 pytestmark = pytest.mark.e2e

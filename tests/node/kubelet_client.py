@@ -109,6 +109,16 @@ class KubeletStub(api_pb2_grpc.RegistrationServicer):
             api_pb2.ContainerAllocateRequest(devices_ids=list(device_ids))]), timeout=10)
         return response.container_responses[0]
 
+    def allocate_refusal(self, device_ids: Sequence[str]) -> str:
+        """Allocate for one container that the plugin must refuse: the RPC's error details
+        (the kubelet fails the pod's admission with them: UnexpectedAdmissionError)."""
+        try:
+            self.allocate_response(device_ids)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION, exc
+            return str(exc.details())
+        raise AssertionError(f"Allocate {list(device_ids)} was not refused")
+
     def allocate(self, device_ids: Sequence[str]) -> dict[str, str]:
         """Allocate for one container; returns its environment."""
         return dict(self.allocate_response(device_ids).envs)

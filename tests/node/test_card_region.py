@@ -93,9 +93,14 @@ def test_cores_come_from_the_roster_and_a_lying_share_counts_as_idle(tmp_path: P
     region = cr.scan_cards(str(tmp_path))[U0]
     slots = region.slots
     assert set(slots) == {e.owner for e in (honest, greedy, foreign, short, fresh)}
-    assert slots[honest.owner] == cr.SlotUse(honest.owner, 10, 5, NOW - 10**8, 100_000, 0)
-    # a strict 20 % share: at most its cap and the slack of FC-13, whatever it claims
-    assert slots[greedy.owner].use_ppm == 230_000 and slots[greedy.owner].cores == 20
+    assert slots[honest.owner] == cr.SlotUse(honest.owner, 10, 5, NOW - 10**8, 100_000, 0,
+                                             reported_ppm=100_000)
+    # a strict 20 % share: decisions believe at most its cap and the slack of FC-13,
+    # whatever it claims; monitoring shows what it claims, and that it is over its cap
+    greedy_slot = slots[greedy.owner]
+    assert greedy_slot.use_ppm == 230_000 and greedy_slot.cores == 20
+    assert greedy_slot.reported_percent(NOW) == 10**8 and greedy_slot.over_cap(NOW)
+    assert not slots[honest.owner].over_cap(NOW)
     for idle in (foreign, short, fresh):
         assert slots[idle.owner] == cr.SlotUse(idle.owner, idle.cores, 0, 0, 0, 0)
     assert region.used_percent(NOW) == 33.0  # 10 % + 23 %

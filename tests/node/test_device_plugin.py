@@ -124,9 +124,11 @@ def test_fc12_eight_card_pod_gets_eight_distinct_cards(rig: Rig) -> None:
 
 def test_fc12_unmatchable_devices_fail_clearly(rig: Rig) -> None:
     rig.registry.update(pod_manifest("a", NODE, {"main": [(0, 4096, 30)]}, uid="uid-a"))
-    envs = rig.kubelet.allocate([slot_id(CARD_UUIDS[3], 0)])
-    assert "no pod bound on node node-dp waits for a share" in envs["EGPU_ALLOCATION_ERROR"]
-    assert envs["NVIDIA_VISIBLE_DEVICES"] == "void" and "EGPU_POD_UID" not in envs
+    refusal = rig.kubelet.allocate_refusal([slot_id(CARD_UUIDS[3], 0)])
+    assert "no pod bound on node node-dp waits for a share" in refusal
+    assert "fails admission and its controller replaces it" in refusal
+    # nothing was handed out: the pending container still gets its own card
+    assert rig.kubelet.allocate([slot_id(CARD_UUIDS[0], 0)])["EGPU_POD_UID"] == "uid-a"
 
 
 def test_fc12_same_cards_ambiguous_defers_to_the_hook(rig: Rig) -> None:
@@ -203,12 +205,9 @@ def test_allocate_waits_for_a_pod_the_watch_delivers_after_the_call_started() ->
 def test_allocate_refuses_after_a_bounded_wait_when_the_pod_never_arrives() -> None:
     with make_rig(options=waiting()) as rig:
         start = time.monotonic()
-        response = rig.kubelet.allocate_response([slot_id(CARD_UUIDS[4], 0)])
+        refusal = rig.kubelet.allocate_refusal([slot_id(CARD_UUIDS[4], 0)])
         took = time.monotonic() - start
-    envs = dict(response.envs)
-    assert "no pod bound on node node-dp waits for a share" in envs["EGPU_ALLOCATION_ERROR"]
-    assert envs["NVIDIA_VISIBLE_DEVICES"] == "void" and "EGPU_POD_UID" not in envs
-    assert list(response.cdi_devices) == []
+    assert "no pod bound on node node-dp waits for a share" in refusal
     assert WAIT_S <= took < WAIT_S + SLACK_S
 
 
@@ -240,18 +239,19 @@ def test_allocate_refuses_right_after_a_list_without_the_pod() -> None:
 
     with make_rig(options=waiting(list_pods, wait_s=5.0)) as rig:
         start = time.monotonic()
-        envs = rig.kubelet.allocate([slot_id(CARD_UUIDS[3], 0)])
+        refusal = rig.kubelet.allocate_refusal([slot_id(CARD_UUIDS[3], 0)])
         took = time.monotonic() - start
-    assert "no pod bound on node node-dp waits for a share" in envs["EGPU_ALLOCATION_ERROR"]
+    assert "no pod bound on node node-dp waits for a share" in refusal
     assert len(asked) == 1 and took < SLACK_S
 
 
 def test_a_request_that_can_never_match_is_refused_without_waiting() -> None:
     with make_rig(options=waiting(wait_s=5.0)) as rig:
         start = time.monotonic()
-        envs = rig.kubelet.allocate([slot_id(CARD_UUIDS[1], 0), slot_id(CARD_UUIDS[1], 1)])
+        refusal = rig.kubelet.allocate_refusal([slot_id(CARD_UUIDS[1], 0),
+                                                 slot_id(CARD_UUIDS[1], 1)])
         took = time.monotonic() - start
-    assert "a share needs distinct cards" in envs["EGPU_ALLOCATION_ERROR"]
+    assert "a share needs distinct cards" in refusal
     assert took < SLACK_S
 
 
@@ -330,13 +330,6 @@ def test_ambiguous_allocate_still_names_the_cards_so_that_the_hook_runs() -> Non
         rig.registry.update(pod_manifest("b", NODE, {"main": [(0, 8000, 50)]}, uid="uid-b"))
         names = cdi_names(rig, [slot_id(CARD_UUIDS[0], 1)])
     assert names == [f"egpu.io/gpu={CARD_UUIDS[0]}"]
-
-
-def test_refused_allocate_names_only_the_unallocated_device_so_the_hook_refuses_it() -> None:
-    with make_rig(options=with_cdi(NVIDIA_SPEC_BY_UUID)) as rig:
-        response = rig.kubelet.allocate_response([slot_id(CARD_UUIDS[3], 0)])
-    assert [d.name for d in response.cdi_devices] == ["egpu.io/gpu=unallocated"]
-    assert dict(response.envs)["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
 @pytest.mark.parametrize("options", [None, with_cdi(writable=False)],

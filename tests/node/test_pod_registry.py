@@ -30,7 +30,7 @@ def _pod(memory: int = 4096, cores: int = 30, priority: str = "low") -> dict[str
             "spec": {"nodeName": "n1", "containers": [{"name": "c0", "resources": {
                 "limits": {"egpu.io/gpu": "1", "egpu.io/gpu-memory": str(memory),
                            "egpu.io/gpu-cores": str(cores)}}}]},
-            "status": {"phase": "Running"}}
+            "status": {"phase": "Pending"}}  # not admitted yet: its share is pending
 
 
 def _file(tmp_path: Path) -> PodShares:

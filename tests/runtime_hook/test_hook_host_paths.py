@@ -74,14 +74,14 @@ class World:
         """Run egpu-hook in a private mount namespace: (exit status, stderr, the mounts it
         made there as (source root, mount point) under the world's base). ``self.options``:
         mount point -> its mount options (mountinfo field 6)."""
-        state = json.dumps({"ociVersion": "1.1.0", "id": "cid-app", "status": "creating",
-                            "pid": 0, "bundle": str(self.bundle)})
-        script = (f"{HOOK} --runtime-dir {self.runtime} --private-dir {self.private} "
+        # the container's pid: the shell's own, in the private mount namespace
+        state = state_with_shell_pid({"ociVersion": "1.1.0", "id": "cid-app",
+                                      "status": "creating", "bundle": str(self.bundle)})
+        script = (f"{state} | {HOOK} --runtime-dir {self.runtime} --private-dir {self.private} "
                   f"--interposer {self.interposer} createRuntime; echo \"rc=$?\"; "
                   "cat /proc/self/mountinfo")
         done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                              input=state, capture_output=True, text=True, timeout=30,
-                              check=True)
+                              capture_output=True, text=True, timeout=30, check=True)
         lines = done.stdout.splitlines()
         rc_line = next(i for i, line in enumerate(lines) if line.startswith("rc="))
         fields = [f for f in (line.split() for line in lines[rc_line + 1:])
@@ -94,6 +94,29 @@ class World:
         assert list(self.victim.iterdir()) == []
         assert stat.S_IMODE(self.victim_file.stat().st_mode) == 0o600
         assert self.victim_file.read_text() == "secret\n"
+
+
+def state_with_shell_pid(state: dict[str, str]) -> str:
+    """A shell command printing the OCI state ``state`` with ``"pid"``: the shell's own pid
+    ($$), i.e. a process in the mount namespace the hook must mount into."""
+    body = json.dumps(state)
+    return f"printf '%s%s}}' '{body[:-1]}, \"pid\": ' \"$$\""
+
+
+def test_a_state_without_the_containers_pid_is_refused_and_nothing_is_mounted(
+        world: World) -> None:
+    """Bug caught: a missing or malformed pid read as 0 made the hook mount in its own
+    namespace, so the container started without its interposer."""
+    for pid in ("", ', "pid": 0', ', "pid": "12"', ', "pid": true', ', "pid": -4'):
+        state = ('{"ociVersion": "1.1.0", "id": "cid-app", "status": "creating", '
+                 f'"bundle": "{world.bundle}"{pid}}}')
+        done = subprocess.run([str(HOOK), "--runtime-dir", str(world.runtime), "--private-dir",
+                               str(world.private), "--interposer", str(world.interposer),
+                               "createRuntime"], input=state, capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 2, (pid, done.stderr)
+        assert "names no container process" in done.stderr, done.stderr
+        assert not (world.rootfs / "etc" / "ld.so.preload").exists()
 
 
 @pytest.fixture
@@ -254,11 +277,11 @@ def test_a_second_run_for_the_same_container_is_a_no_op_that_succeeds(world: Wor
                                       card / "roster", card / SHARE))
     report = (f"echo \"rc=$?\"; grep -c ' {world.base}' /proc/self/mountinfo; "
               f"stat -c '%n %i %y %s' {files}")
-    script = (f"export EGPU_INTERPOSER={world.interposer}; {cdi_hook} < state.json; {report}; "
+    state = state_with_shell_pid({"ociVersion": "1.1.0", "id": "cid-app",
+                                  "status": "creating", "bundle": str(world.bundle)})
+    script = (f"export EGPU_INTERPOSER={world.interposer}; {state} > state.json; "
+              f"{cdi_hook} < state.json; {report}; "
               f"{base_hook} < state.json; {report}; cat {world.rootfs}/etc/ld.so.preload")
-    (world.base / "state.json").write_text(json.dumps({
-        "ociVersion": "1.1.0", "id": "cid-app", "status": "creating", "pid": 0,
-        "bundle": str(world.bundle)}))
     done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                           cwd=world.base, capture_output=True, text=True, timeout=30, check=True)
     lines = done.stdout.splitlines()

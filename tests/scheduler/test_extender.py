@@ -31,6 +31,9 @@ class FakeApi:
         self.calls: list[tuple[str, str]] = []
         self.fail_bind = False
         self.delay = 0.0
+        # the node's kubelet admits a bound pod at once (status.startTime in the same event);
+        # False: pods stay awaiting admission until ``admit`` (the bind gate's tests)
+        self.kubelet_admits = True
 
     def add(self, p: dict[str, Any]) -> dict[str, Any]:
         self.pods[(p["metadata"]["namespace"], p["metadata"]["name"])] = p
@@ -56,6 +59,14 @@ class FakeApi:
             raise BindError("HTTP 409: precondition failed: UID")
         p["spec"]["nodeName"] = node_name
         p["metadata"].setdefault("annotations", {}).update(annotations or {})
+        if self.kubelet_admits:
+            p.setdefault("status", {})["startTime"] = "2026-01-01T00:00:00Z"
+        self._emit(p)
+
+    def admit(self, name: str, namespace: str = "default") -> None:
+        """The node's kubelet admitted the pod: it writes the pod's status."""
+        p = self.pods[(namespace, name)]
+        p.setdefault("status", {}).update(phase="Pending", startTime="2026-01-01T00:00:00Z")
         self._emit(p)
 
 

@@ -312,11 +312,33 @@ def test_fc07_binpack_picks_a_card_where_the_init_joins_the_app() -> None:
     p = placed(place(n, pod(inits=[limits(memory=12000, cores=100)],
                             containers=[limits(memory=8000, cores=20)])))
     assert p.bookings == {"GPU-1": CardBooking(12000, 100, 1)}
-    # where no card takes both, the init still gets a card of its own
+    # where no card takes both, the init cannot have a card of its own: the kubelet hands
+    # the app container the init's slot (its reuse pool), not the app's card
     n = NodeState("n", (card(0, cap=9000), card(1, cap=40960, booked_cores=50)), NOW)
-    p = placed(place(n, pod(inits=[limits(memory=10000)],
-                            containers=[limits(memory=9000, cores=100)])))
-    assert set(p.bookings) == {"GPU-0", "GPU-1"}
+    r = unfit(place(n, pod(inits=[limits(memory=10000)],
+                           containers=[limits(memory=9000, cores=100)])))
+    assert "the kubelet" in r.reason and "reuses" in r.reason, r.reason
+
+
+def test_the_kubelet_reuse_of_init_slots_decides_the_next_containers_cards() -> None:
+    """The kubelet's device manager gives the container after a regular init container that
+    init's slots first (v1.37 devicesToAllocate). Catches a placement that puts the init on
+    a card its next container does not use (the app would run on the init's card with the
+    app's share booked elsewhere) or a wider init before a narrower container (the kubelet
+    picks an arbitrary subset)."""
+    n = NodeState("n", tuple(card(i, cap=40960) for i in range(4)), NOW)
+    p = placed(place(n, pod(inits=[limits(memory=1000)],
+                            containers=[limits(gpus=2, memory=1000), limits(memory=1000)])))
+    by_name = {c.name: set(c.uuids) for c in p.allocation.containers}
+    assert by_name["init0"] <= by_name["c0"], by_name
+    r = unfit(place(n, pod(inits=[limits(gpus=2, memory=1000)],
+                           containers=[limits(memory=1000)])))
+    assert "arbitrary" in r.reason and r.unresolvable, r
+    # a sidecar takes the pool and empties it: the app after it gets cards of its own
+    p = placed(place(n, pod(inits=[limits(memory=1000)], sidecars=[limits(memory=1000)],
+                            containers=[limits(memory=30000)])))
+    steps = [(c.kind, set(c.uuids)) for c in p.allocation.containers]
+    assert steps[0][1] <= steps[1][1], steps
 
 
 def test_placement_bookings_match_the_allocation_record() -> None:

@@ -31,6 +31,16 @@ lowPriorityFloorPercent: 10
     assert config.low_priority_floor_percent == 10 and Config().low_priority_floor_percent == 0
 
 
+def test_numbers_written_as_text_are_read_as_numbers() -> None:
+    """``helm --set config.memoryOversubscriptionRatio=2.0`` renders "2.0" (Helm types only
+    integers and booleans): read as 2.0, not refused (a restarting part fell into a crash
+    loop on it)."""
+    config = load_config("memoryOversubscriptionRatio: '2.0'\nsharesPerCard: ' 12 '\n"
+                         "heartbeatTimeoutSeconds: '60'")
+    assert (config.memory_oversubscription_ratio, config.shares_per_card,
+            config.heartbeat_timeout_seconds) == (2.0, 12, 60)
+
+
 @pytest.mark.parametrize(("text", "fragment"), [
     ("schedulerNam: x", "schedulerNam: unknown key"),
     ("defaults: {priority: urgent}", "defaults.priority: 'urgent'"),
@@ -44,6 +54,9 @@ lowPriorityFloorPercent: 10
     ("allowPrivileged: 'yes'", "allowPrivileged"),
     ("lowPriorityFloorPercent: 101", "lowPriorityFloorPercent: 101 is out of range"),
     ("lowPriorityFloorPercent: 5.5", "lowPriorityFloorPercent: 5.5 is not an integer"),
+    ("memoryOversubscriptionRatio: 'two'", "memoryOversubscriptionRatio: 'two' is not a number"),
+    ("sharesPerCard: '1.5'", "sharesPerCard: '1.5' is not an integer"),
+    ("memoryOversubscriptionRatio: '0.5'", "memoryOversubscriptionRatio: 0.5 is out of range"),
     ("[1, 2]", "config: expected a mapping"),
     ("a: [", "not valid YAML"),
 ])

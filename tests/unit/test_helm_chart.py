@@ -127,6 +127,9 @@ def _name(key: Key) -> str:
 
 # --- comparing ----------------------------------------------------------------------------------
 
+CONFIG_CHECKSUM = "egpu.io/config-checksum"
+
+
 def _normalized(obj: dict[str, Any]) -> dict[str, Any]:
     """Without Helm's labels (an emptied labels map is dropped), and with the YAML documents in
     ConfigMaps (keys *.yaml) parsed: they are compared as data, not as text."""
@@ -136,6 +139,11 @@ def _normalized(obj: dict[str, Any]) -> dict[str, Any]:
     meta.pop("labels", None)
     if labels:
         meta["labels"] = labels
+    template = obj.get("spec", {}).get("template", {}).get("metadata", {})
+    annotations = template.get("annotations") or {}
+    annotations.pop(CONFIG_CHECKSUM, None)  # the chart's alone: it rolls a part on a new config
+    if "annotations" in template and not annotations:
+        del template["annotations"]
     if obj["kind"] == "ConfigMap":
         for key, text in (obj.get("data") or {}).items():
             if key.endswith((".yaml", ".yml")):
@@ -295,7 +303,8 @@ def test_dra_enabled_renders_manifests_with_the_dra_component(
                      ("ClusterRole", "", "egpu-webhook-claims"),
                      ("ClusterRoleBinding", "", "egpu-webhook-claims")}
     agent = dict(_containers(on))[(("DaemonSet", NAMESPACE, "egpu-node-agent"), "agent")]
-    assert agent["args"] == ["--metrics-port=9400", "--dra", "--no-device-plugin"]
+    assert agent["args"] == ["--metrics-port=9400", "--log-level=INFO", "--dra",
+                             "--no-device-plugin"]
     # DRA mode's webhook creates claim templates: its token is mounted only with DRA
     webhook = ("Deployment", NAMESPACE, "egpu-webhook")
     assert on[webhook]["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
@@ -313,9 +322,9 @@ def test_a_dra_node_pool_splits_the_agents_in_two_daemonsets(helm) -> None:
     plain = ("DaemonSet", NAMESPACE, "egpu-node-agent")
     pool = ("DaemonSet", NAMESPACE, "egpu-node-agent-dra")
     containers = dict(_containers(on))
-    assert containers[(plain, "agent")]["args"] == ["--metrics-port=9400"]
+    assert containers[(plain, "agent")]["args"] == ["--metrics-port=9400", "--log-level=INFO"]
     assert containers[(pool, "agent")]["args"] == [
-        "--metrics-port=9400", "--dra", "--no-device-plugin"]
+        "--metrics-port=9400", "--log-level=INFO", "--dra", "--no-device-plugin"]
     pool_spec = on[pool]["spec"]["template"]["spec"]
     assert pool_spec["nodeSelector"] == {"egpu.io/node": "true", "egpu.io/dra": "true"}
     assert {"name": "kubelet-plugins", "mountPath": "/var/lib/kubelet/plugins"} in (
@@ -438,3 +447,46 @@ def test_every_values_key_has_a_comment() -> None:
         if line.strip():
             previous = line
     assert not missing, f"values.yaml keys without a comment: {missing}"
+
+
+def _checksums(objects: Objects) -> dict[str, str]:
+    return {_name(k): o["spec"]["template"]["metadata"].get("annotations", {})[CONFIG_CHECKSUM]
+            for k, o in objects.items()
+            if CONFIG_CHECKSUM in (o.get("spec", {}).get("template", {}).get("metadata", {})
+                                   .get("annotations") or {})}
+
+
+def test_a_config_change_rolls_exactly_the_parts_that_read_the_config_at_start(helm) -> None:
+    """Bug caught: `helm upgrade --set config.memoryOversubscriptionRatio=2.0` changed only the
+    ConfigMap; the extender kept booking at 1.5 until a manual restart. The extender and the
+    node agents read the config at start: a config change must change their pod templates
+    (a roll); the webhook reloads the file itself and must not roll; other values roll
+    nothing through the checksum."""
+    before = _checksums(helm())
+    assert {n.split("/")[-1] for n in before} == {"egpu-scheduler", "egpu-node-agent"}, before
+    after = _checksums(helm(**{"config.memoryOversubscriptionRatio": "2.0"}))
+    assert all(after[n] != before[n] for n in before), (before, after)
+    assert _checksums(helm(**{"webhook.replicas": "3"})) == before
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ("config.memoryOversubscriptionRatio=0.5", "memoryOversubscriptionRatio"),
+    ("config.sharesPerCard=abc", "sharesPerCard"),
+    ("config.defaults.priority=urgent", "priority"),
+    ("loglevel=debug", "loglevel"),
+    ("logLevel=verbose", "logLevel"),
+    ("webhook.replicas=0", "replicas"),
+])
+def test_a_bad_value_is_refused_by_helm_before_anything_renders(helm_env, value: str,
+                                                                fragment: str) -> None:
+    """charts/egpu/values.schema.json: helm itself refuses the value, naming it."""
+    proc = subprocess.run([str(_binary("helm")), "template", "x", str(CHART), "--set", value],
+                          capture_output=True, text=True, env=helm_env, timeout=60)
+    assert proc.returncode != 0 and fragment in proc.stderr, proc.stderr
+
+
+def test_a_float_given_with_set_renders_a_config_every_part_reads(helm) -> None:
+    """`--set` leaves 2.0 as the text "2.0": the config must still read it as 2.0."""
+    config = next(o for k, o in helm(**{"config.memoryOversubscriptionRatio": "2.0"}).items()
+                  if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "egpu-config")
+    assert load_config(config["data"]["config.yaml"]).memory_oversubscription_ratio == 2.0

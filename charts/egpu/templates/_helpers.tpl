@@ -51,3 +51,13 @@ the PriorityClasses the chart creates added to config.priorityClasses when not n
 {{- end -}}
 {{- toYaml $config -}}
 {{- end }}
+
+{{/*
+The log level of one egpu part: (list $root "webhook"|"extender"|"nodeAgent"): its
+logLevels.<part> when set, else logLevel; upper case, as Python's logging names them.
+*/}}
+{{- define "egpu.logLevel" -}}
+{{- $root := index . 0 -}}
+{{- $part := index . 1 -}}
+{{- (index $root.Values.logLevels $part | default $root.Values.logLevel) | upper -}}
+{{- end -}}

@@ -1,0 +1,87 @@
+"""The extender's bind gate (docs/node.md, "One binding of pod to cards"): a bind whose
+same-sized shares sit on other cards than those of a pod that awaits its kubelet's admission
+on the node waits until the kubelet admitted that pod; pods on the same cards never wait.
+
+Bugs these catch: a gate that never releases (a Deployment stops at the first card change), a
+gate that lets a conflicting pod through (two pods the kubelet can mix up), a wait longer than
+kube-scheduler's extender timeout (the scheduler gives up on a bind the extender then makes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+
+from egpu.records import Allocation, CardShare, ContainerAllocation
+from scheduler import extender as extender_module
+from scheduler.extender import BIND_GATE_WAIT_S
+from scheduler.placement import admission_conflict
+from tests.scheduler.helpers import cards, limits, node, pod
+from tests.scheduler.test_extender import bind_args, make
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def record(p: dict) -> Allocation:
+    return Allocation.decode(p["metadata"]["annotations"]["egpu.io/allocation"])
+
+
+async def test_a_pod_on_other_cards_waits_until_the_kubelet_admitted_the_waiting_ones() -> None:
+    ext, api = make([node("n", cards(2, memory=4000))])
+    api.kubelet_admits = False
+    first = [api.add(pod(f"a{i}", containers=[limits(memory=2000)])) for i in range(2)]
+    for p in first:  # binpack: both on card 0, which they fill; same cards: no wait
+        assert (await ext.bind(bind_args(p, "n")))["Error"] == ""
+    assert {record(p).containers[0].uuids for p in first} == {("GPU-0",)}
+    later = api.add(pod("b", containers=[limits(memory=2000)]))
+    bind = asyncio.ensure_future(ext.bind(bind_args(later, "n")))
+    await asyncio.sleep(0.1)
+    assert not bind.done() and ext.gate_waits == 1
+    api.admit("a0")
+    await asyncio.sleep(0.1)
+    assert not bind.done()  # a1 still waits for admission on card 0
+    api.admit("a1")
+    assert (await asyncio.wait_for(bind, 2))["Error"] == ""
+    assert record(later).containers[0].uuids == ("GPU-1",)
+
+
+async def test_a_held_bind_gives_up_with_the_reason_before_the_schedulers_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(extender_module, "BIND_GATE_WAIT_S", 0.2)
+    ext, api = make([node("n", cards(2, memory=2000))])
+    api.kubelet_admits = False
+    assert (await ext.bind(bind_args(api.add(pod("a", containers=[limits(memory=2000)])),
+                                     "n")))["Error"] == ""
+    result = await ext.bind(bind_args(api.add(pod("b", containers=[limits(memory=2000)])), "n"))
+    assert "awaiting admission" in result["Error"] and "GPU-0" in result["Error"], result
+    assert ext.state.booking(api.pods[("default", "b")]["metadata"]["uid"]) is None
+
+
+def test_shares_of_other_sizes_or_on_the_same_cards_never_conflict() -> None:
+    def alloc(*containers: tuple[str, ...]) -> Allocation:
+        return Allocation(node="n", containers=tuple(
+            ContainerAllocation(f"c{i}", False, tuple(CardShare(u, 0, 1, 0) for u in cards))
+            for i, cards in enumerate(containers)))
+    one_a, one_b = alloc(("A",)), alloc(("B",))
+    assert admission_conflict(one_a, [alloc(("A",)), alloc(("A",))]) is None
+    assert admission_conflict(one_a, [alloc(("B", "C"))]) is None  # the kubelet tells sizes apart
+    assert admission_conflict(one_a, [one_b]) is not None
+    # one pod alone may hold one size on several cards (its containers are allocated in order)
+    assert admission_conflict(alloc(("A",), ("B",)), []) is None
+    assert admission_conflict(one_a, [alloc(("A",), ("B",))]) is not None
+
+
+def test_every_scheduler_config_waits_longer_for_a_bind_than_the_gate_holds_it() -> None:
+    from devcluster.cluster import scheduler_config
+
+    texts = {
+        "manifests": (REPO / "manifests/scheduler/kube-scheduler-config.yaml").read_text(),
+        "chart": (REPO / "charts/egpu/templates/scheduler/config.yaml").read_text(),
+        "devcluster": scheduler_config("/k", extender_url="http://127.0.0.1:1"),
+    }
+    for where, text in texts.items():
+        found = re.findall(r"httpTimeout: (\d+)s", text)
+        assert found and all(int(s) > BIND_GATE_WAIT_S for s in found), (where, found)
