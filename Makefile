@@ -53,6 +53,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+	$(BIN)/python bench/summary.py --check
 
 unit: venv native system-deps k8s
 	$(BIN)/pytest -m "not e2e" tests

@@ -43,6 +43,9 @@ from scheduler.app import make_app
 from scheduler.extender import Extender
 from scheduler.state import ClusterState
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+from testbed.stats import percentile  # shared with the tests: testbed/
+
 MODEL, MEMORY = "NVIDIA H100 80GB HBM3", 81559
 
 
@@ -168,11 +171,6 @@ async def client(port: int, nodes: int, rounds: int,
     return times
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -193,11 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         server.terminate()
         server.join(5)
     for verb, values in times.items():
-        print(f"{verb}: n={len(values)} p50_ms={pct(values, 0.5):.2f} "
-              f"p99_ms={pct(values, 0.99):.2f} mean_ms={statistics.fmean(values):.2f}")
+        print(f"{verb}: n={len(values)} p50_ms={percentile(values, 0.5):.2f} "
+              f"p99_ms={percentile(values, 0.99):.2f} mean_ms={statistics.fmean(values):.2f}")
     every = times["filter"] + times["prioritize"]
-    print(f"nodes={args.nodes} cards={args.cards} p50_ms={pct(every, 0.5):.2f} "
-          f"p99_ms={pct(every, 0.99):.2f}")
+    print(f"nodes={args.nodes} cards={args.cards} p50_ms={percentile(every, 0.5):.2f} "
+          f"p99_ms={percentile(every, 0.99):.2f}")
     return 0
 
 

@@ -4,7 +4,11 @@ Runs libinterpose/build/bench_harness (a C timing loop) without any preload, the
 interposer (and, with --compare PATH, with another preload library), and prints the
 difference per call. The last line is exactly:
 
-    launch_added_ns=N alloc_free_added_ns=N meminfo_added_ns=N [compare_launch_added_ns=N ...]
+    launch_added_ns=N alloc_free_added_ns=N meminfo_added_ns=N noise_launch_ns=N
+    noise_alloc_free_ns=N noise_meminfo_ns=N [compare_launch_added_ns=N ...]
+
+Each figure is signed (a negative one says the preload measured faster than the driver
+alone: noise, which ``noise_*_ns`` sizes: the spread of the driver-alone rounds' best runs).
 
 cuLaunchKernel runs with FAKEGPU_KERNEL_US=0 and no cap; the alloc+free pair is 1 MiB;
 cuMemGetInfo needs a context, which the harness creates.
@@ -24,6 +28,7 @@ FAKE = ROOT / "fakegpu" / "build"
 HARNESS = ROOT / "libinterpose" / "build" / "bench_harness"
 INTERPOSER = ROOT / "libinterpose" / "build" / "libegpu_interpose.so"
 KEYS = ("launch_ns", "alloc_free_ns", "meminfo_ns")
+ROUNDS = 3  # interleaved rounds of each configuration
 
 
 def measure(preload: str | None, n: int, reps: int, tmp: str) -> dict[str, float]:
@@ -62,20 +67,25 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="egpu-bench-") as tmp:
         # interleave base and preload runs so that machine noise hits both alike
         base, ours, other = {}, {}, {}
-        for _ in range(3):
+        base_rounds: list[dict[str, float]] = []
+        for _ in range(ROUNDS):
             for store, pre in ((base, None), (ours, str(INTERPOSER)), (other, args.compare)):
                 if store is other and not args.compare:
                     continue
                 got = measure(pre, args.n, args.reps, tmp)
+                if store is base:
+                    base_rounds.append(got)
                 for k in KEYS:
                     store[k] = min(store.get(k, float("inf")), got[k])
     print(f"fake driver alone: {base}", file=sys.stderr)
     print(f"with interposer:   {ours}", file=sys.stderr)
-    parts = [f"{k.replace('_ns', '_added_ns')}={max(0, round(ours[k] - base[k]))}" for k in KEYS]
+    parts = [f"{k.replace('_ns', '_added_ns')}={round(ours[k] - base[k])}" for k in KEYS]
+    parts += [f"noise_{k}={round(max(r[k] for r in base_rounds) - min(r[k] for r in base_rounds))}"
+              for k in KEYS]
     if args.compare:
         print(f"with {args.compare}: {other}", file=sys.stderr)
         parts += [
-            f"compare_{k.replace('_ns', '_added_ns')}={max(0, round(other[k] - base[k]))}"
+            f"compare_{k.replace('_ns', '_added_ns')}={round(other[k] - base[k])}"
             for k in KEYS
         ]
     print(" ".join(parts))

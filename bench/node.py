@@ -38,13 +38,9 @@ from egpu.records import Allocation, Card, CardShare, ContainerAllocation, PodSh
 from node_agent.metrics.collector import EgpuCollector, Sources, regions_under  # noqa: E402
 from runtime_hook import bundle  # noqa: E402
 from testbed.regions import write_regions  # noqa: E402
+from testbed.stats import percentile  # noqa: E402
 
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _time_runs(argv: list[str], state: bytes, runs: int) -> tuple[list[float], float]:

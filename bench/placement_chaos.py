@@ -4,8 +4,10 @@ Issue 15's reliability figure. On the dev cluster (reused when ``egpu dev-cluste
 up, else started and stopped here), with the extender as its own process (``python -m
 scheduler.main``) behind the dev cluster's ``egpu-scheduler`` profile: ``--nodes`` kwok nodes of
 4 NVIDIA L4 cards (24576 MiB, ``sharesPerCard`` 4 slots each). Each of ``--rounds`` rounds
-creates ``--pods`` pods of one 4000 MiB share at once (from 16 threads; more than the nodes'
-slots, so the extender refuses some), SIGKILLs the extender at a random instant in the first
+creates ``--pods`` pods of one share of 7000 MiB and 30% cores at once (from 16 threads): a
+card takes 3 of them by memory and by cores before its 4 slots run out, so memory and cores
+are the limits an overbooking would break; more pods than the nodes hold, so the extender
+refuses some), SIGKILLs the extender at a random instant in the first
 ``--kill-window`` seconds, starts it again ``--down`` seconds later, waits until every slot is
 taken (at most 120 s; pods the extender refused wait in the kube-scheduler's backoff), checks,
 and deletes the pods.
@@ -45,7 +47,7 @@ from devcluster import nodes as devnodes  # noqa: E402
 from devcluster.extender import ExtenderProcess  # noqa: E402
 from egpu.cluster_view import cluster_view  # noqa: E402
 from egpu.config import Config  # noqa: E402
-from egpu.contract import ANN_ALLOCATION, RES_GPU, RES_MEMORY  # noqa: E402
+from egpu.contract import ANN_ALLOCATION, RES_CORES, RES_GPU, RES_MEMORY  # noqa: E402
 from egpu.records import Allocation  # noqa: E402
 from scheduler.kube import ApiStatusError, RawApi  # noqa: E402
 
@@ -53,8 +55,10 @@ NS = "egpu-chaos"
 SHARES = devnodes.DEFAULT_SHARES_PER_CARD
 CARDS = 4
 CARD_MIB = 24576
-SHARE_MIB = 4000
-SETTLE_TIMEOUT_S = 120.0  # every slot not taken by then: capacity left idle (unplaced)
+SHARE_MIB = 7000  # 3 fit a card's 24576 MiB, 4 do not
+SHARE_CORES = 30  # 3 fit a card's 100 %, 4 do not
+PER_CARD = min(SHARES, CARD_MIB // SHARE_MIB, 100 // SHARE_CORES)  # 3: before the 4 slots
+SETTLE_TIMEOUT_S = 120.0  # the cards not full by then: capacity left idle (unplaced)
 
 
 def add_nodes(api: RawApi, n: int) -> list[str]:
@@ -76,7 +80,8 @@ def add_nodes(api: RawApi, n: int) -> list[str]:
 
 
 def share_pod(name: str, nodes: list[str]) -> dict[str, Any]:
-    """A pod of one SHARE_MIB share for egpu-scheduler, kept to the chaos nodes."""
+    """A pod of one share (SHARE_MIB, SHARE_CORES) for egpu-scheduler, kept to the chaos
+    nodes."""
     only = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
     required = {"nodeSelectorTerms": [{"matchExpressions": [only]}]}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
@@ -85,7 +90,8 @@ def share_pod(name: str, nodes: list[str]) -> dict[str, Any]:
                      "affinity": {"nodeAffinity": {
                          "requiredDuringSchedulingIgnoredDuringExecution": required}},
                      "containers": [{"name": "c", "image": "busybox", "resources": {"limits": {
-                         RES_GPU: "1", RES_MEMORY: str(SHARE_MIB)}}}]}}
+                         RES_GPU: "1", RES_MEMORY: str(SHARE_MIB),
+                         RES_CORES: str(SHARE_CORES)}}}]}}
 
 
 def pods(api: RawApi) -> list[dict[str, Any]]:
@@ -135,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--pods", type=int, default=48, help="pods a round (slots: nodes x 16)")
+    ap.add_argument("--pods", type=int, default=36,
+                    help="pods a round (the nodes hold nodes x 12)")
     ap.add_argument("--kill-window", type=float, default=3.0, help="seconds")
     ap.add_argument("--down", type=float, default=1.0, help="seconds the extender stays dead")
     ap.add_argument("--seed", type=int, default=15)
@@ -153,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     config = Config(shares_per_card=SHARES)
     extender = ExtenderProcess(info.kubeconfig, config_path, work / "extender.log")
     previous = (info.extender_url, info.extender_ca_file)
-    slots = args.nodes * CARDS * SHARES
+    slots = args.nodes * CARDS * PER_CARD  # what the cards hold: memory and cores bind
     kills = overbooked = lost = unplaced = bound_total = 0
     settle_max = 0.0
     names: list[str] = []

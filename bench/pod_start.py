@@ -7,8 +7,8 @@ devcluster.realnode) with egpu installed by ``kubectl apply -k`` (bench/node_res
 each is first seen Running (a LIST every ``POLL_S``), deletes them and waits until they are
 gone. Rounds alternate: plain, share, plain, share, ... (``--rounds`` of each), so that a
 slower machine moment hits both kinds alike. Share pods ask for one card and ``SHARE_MIB``
-(40 of them fill the 4 cards' 40 slots: every card change meets the bind gate) and run the
-probe (demo/real_node.py); plain pods run the same image, sleeping.
+(40 of them fill the 4 cards' 40 slots: every card change meets the bind gate); plain pods
+are the same pods without egpu resources; both run the egpu image, sleeping.
 
     .venv/bin/python bench/pod_start.py [--pods 40] [--rounds 2] [--state-dir DIR]
 
@@ -40,6 +40,7 @@ from devcluster import realnode  # noqa: E402
 from egpu.contract import RES_GPU, RES_MEMORY  # noqa: E402
 from scheduler.kube import ApiStatusError, RawApi  # noqa: E402
 from testbed import realnode_install as inst  # noqa: E402
+from testbed.stats import percentile  # noqa: E402
 
 NODE = "egpu-real-start"
 NS = nr.NS
@@ -52,13 +53,14 @@ START_TIMEOUT_S = 600.0
 
 
 def pod(name: str, share: bool) -> dict[str, Any]:
-    """A share pod (one card, SHARE_MIB, the probe) or a plain one (sleeping)."""
+    """A share pod (one card, SHARE_MIB) or the same pod without egpu resources; both sleep
+    (what is measured is the start: webhook, placement, device plugin, hook; the e2e density
+    tests check what the shares see)."""
     key, _, value = LABEL.partition("=")
     limits: dict[str, str] = {"cpu": inst.PROBE_CPU, "memory": inst.PROBE_MEMORY}
     command = ["python3", "-c", "import time; time.sleep(3600)"]
     if share:
         limits |= {RES_GPU: "1", RES_MEMORY: str(SHARE_MIB)}
-        command = ["python3", "-c", inst.PROBE]
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": NS, "labels": {key: value}},
@@ -67,12 +69,6 @@ def pod(name: str, share: bool) -> dict[str, Any]:
                  "containers": [{"name": "c", "image": devimages.IMAGE_EGPU,
                                  "command": command, "resources": {"limits": limits}}]},
     }
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values``, nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
 
 
 def run_round(api: RawApi, count: int, share: bool, tag: str) -> tuple[list[float], float]:

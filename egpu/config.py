@@ -37,6 +37,8 @@ string, so the file's format and the messages are those of the strings.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -260,3 +262,57 @@ def load_config_file(path: str | None) -> Config:
         return Config()
     with open(path, encoding="utf-8") as handle:
         return load_config(handle.read())
+
+
+# --- the last good config (an I/O edge: a part that restarts on a bad config keeps running) ---
+LAST_GOOD_FILE = "config.last-good.yaml"
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """The config a part runs: ``source`` "file" (the config file as it is, or defaults when
+    the part has none), or "last-good" (the file is bad: ``error`` says why, and the config
+    is the last one this part loaded well); ``generation``: the first 12 hex digits of the
+    SHA-256 of the text it came from ("defaults" without one)."""
+
+    config: Config
+    source: str
+    generation: str
+    error: str = ""
+
+
+def _generation(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def load_config_keeping(path: str | None, keep_dir: str | None) -> LoadedConfig:
+    """Load the config file at ``path`` (None: defaults). A good one is also written to
+    ``<keep_dir>/config.last-good.yaml`` (atomically; ``keep_dir`` None: nothing kept). A bad
+    or unreadable one falls back to that kept copy with ``error`` set, so that a hand-edited
+    ConfigMap never takes down a restarting part. Raises ConfigError (naming the key) or
+    OSError when there is no kept copy to fall back to: a part that never had a good config
+    does not guess one."""
+    if path is None:
+        return LoadedConfig(Config(), "file", "defaults")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        config = load_config(text)
+    except (ConfigError, OSError) as exc:
+        kept = os.path.join(keep_dir, LAST_GOOD_FILE) if keep_dir else None
+        if kept is None or not os.path.isfile(kept):
+            raise
+        with open(kept, encoding="utf-8") as handle:
+            text = handle.read()
+        return LoadedConfig(load_config(text), "last-good", _generation(text),
+                            f"{path}: {exc}")
+    if keep_dir:
+        try:
+            os.makedirs(keep_dir, exist_ok=True)
+            tmp = os.path.join(keep_dir, f".{LAST_GOOD_FILE}.{os.getpid()}")
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(tmp, os.path.join(keep_dir, LAST_GOOD_FILE))
+        except OSError:
+            pass  # nothing kept this time: the part runs on the good file all the same
+    return LoadedConfig(config, "file", _generation(text))

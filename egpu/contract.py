@@ -177,6 +177,8 @@ METRIC_CARD_CORES_BOOKED: Final = "egpu_card_cores_booked_percent"
 METRIC_CARD_COMPUTE_USED: Final = "egpu_card_compute_used_percent"
 # unix seconds of the node agent's last successful inventory heartbeat (PATCH of the node)
 METRIC_NODE_HEARTBEAT: Final = "egpu_node_heartbeat_timestamp_seconds"
+# 1 for the config a part runs: labels part, generation (sha256 prefix), source (file|last-good)
+METRIC_CONFIG_INFO: Final = "egpu_config_info"
 # dcgm-exporter label names where they overlap, then ours.
 LABELS_CARD: Final = ("gpu", "UUID", "modelName", "Hostname")
 LABELS_CONTAINER: Final = (*LABELS_CARD, "namespace", "pod", "container")

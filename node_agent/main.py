@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from egpu.config import ConfigError, load_config_file
+from egpu.config import ConfigError, load_config_keeping
+from egpu.config_metric import config_info
 from egpu.contract import (
     ALLOCATION_MODE_DRA,
     ALLOCATION_MODE_EXTENDER,
@@ -52,6 +53,7 @@ from node_agent.pods import PodCatchUp, PodRegistry, list_node_pods, watch_pods
 from node_agent.usage import node_usage
 
 log = logging.getLogger("egpu-node-agent")
+CONFIG_KEEP = "config"  # <private dir>/config/: the last good config, kept for restarts
 
 
 class CardState:
@@ -159,7 +161,11 @@ def run(argv: Sequence[str] | None = None) -> int:
               "plugin, the DRA kubelet plugin, or both)", file=sys.stderr)
         return 2
     try:
-        config = load_config_file(args.config)
+        loaded = load_config_keeping(args.config, os.path.join(args.private_dir, CONFIG_KEEP))
+        config = loaded.config
+        if loaded.error:
+            log.error("config: %s; running on the last good config (generation %s) until the "
+                      "config is fixed", loaded.error, loaded.generation)
         if args.nvml_library:
             discovery.use_library(args.nvml_library)
         cards = CardState(discovery.discover())
@@ -237,6 +243,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.metrics_port:
         from prometheus_client import REGISTRY, start_http_server
 
+        config_info(REGISTRY, "node-agent", loaded)
         REGISTRY.register(EgpuCollector(Sources(
             args.node_name, cards.get,
             (lambda: {**registry.shares(), **dra_driver.shares()}) if dra_driver

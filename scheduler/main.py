@@ -25,9 +25,10 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from kubernetes import config as k8s_config
 
-from egpu.config import ConfigError, load_config_file
+from egpu.config import ConfigError, load_config_keeping
+from egpu.config_metric import config_info
 from egpu.contract import CONFIG_FILE_ENV
-from scheduler.app import make_app
+from scheduler.app import METRICS, make_app
 from scheduler.extender import Extender
 from scheduler.kube import KubeApi, RawApi, Watcher, load_client
 from scheduler.state import ClusterState
@@ -60,6 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a second listener for /metrics and /healthz only (default: none)")
     parser.add_argument("--config", default=os.environ.get(CONFIG_FILE_ENV),
                         help=f"egpu config YAML (default: ${CONFIG_FILE_ENV})")
+    parser.add_argument("--config-keep-dir", default=None,
+                        help="where the last good config is kept, for a restart on a bad one "
+                             "(default: none kept)")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser.parse_args(argv)
@@ -67,7 +71,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build_app(args: argparse.Namespace) -> web.Application:
     """The application with its watch threads and API client tied to its lifetime."""
-    config = load_config_file(args.config)
+    loaded = load_config_keeping(args.config, args.config_keep_dir)
+    if loaded.error:
+        log.error("config: %s; running on the last good config (generation %s) until the "
+                  "config is fixed", loaded.error, loaded.generation)
+    config = loaded.config
     state = ClusterState(config)
     api_client = load_client(args.kubeconfig)
     raw = RawApi(api_client)
@@ -99,8 +107,9 @@ def build_app(args: argparse.Namespace) -> web.Application:
         kube_api.close()
         api_client.close()
 
-    return make_app(extender, synced, cleanup_ctx=[watching],
-                    read_only_port=args.metrics_port)
+    app = make_app(extender, synced, cleanup_ctx=[watching], read_only_port=args.metrics_port)
+    config_info(app[METRICS].registry, "extender", loaded)
+    return app
 
 
 def listeners(args: argparse.Namespace) -> list[socket.socket]:

@@ -22,7 +22,7 @@ import yaml
 from demo import real_node
 from devcluster import images as devimages
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "egpu-system"
 SHARE_NS = "ml-serving"
 REAL_LABEL = "egpu.io/real-node"

@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds between checks of the cert, key and config files")
     parser.add_argument("--kubeconfig", default=None,
                         help="kubeconfig for DRA mode's API calls (default: in-cluster)")
+    parser.add_argument("--config-keep-dir", default=None,
+                        help="where the last good config is kept, for a restart on a bad one "
+                             "(default: none kept)")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
@@ -52,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = ConfigSource(args.config)
+        config = ConfigSource(args.config, keep_dir=args.config_keep_dir)
     except (ConfigError, OSError) as exc:
         print(f"egpu-webhook: config {args.config}: {exc}", file=sys.stderr)
         return 2

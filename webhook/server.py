@@ -34,7 +34,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from egpu.config import Config, ConfigError, load_config_file
+from egpu.config import Config, ConfigError, load_config_keeping
 from egpu.podshape import decode_int
 from webhook.claimstore import ClaimStore, ClaimStoreError
 from webhook.metrics import Metrics, new_metrics
@@ -61,13 +61,24 @@ class ConfigSource:
     """The current egpu Config, and the file it came from (None: built-in defaults).
 
     ``check()`` reloads the file when its signature changes; an invalid new file is logged
-    and the previous config kept.
+    and the previous config kept. ``keep_dir``: where the last good config is kept, so that a
+    webhook restarted on an invalid file runs on it (``egpu.config.load_config_keeping``)
+    instead of failing every start.
     """
 
-    def __init__(self, path: str | None = None, config: Config | None = None) -> None:
+    def __init__(self, path: str | None = None, config: Config | None = None,
+                 keep_dir: str | None = None) -> None:
         self.path = path
+        self.keep_dir = keep_dir
         self._signature = file_signature(path) if path else None
-        self.config = config if config is not None else load_config_file(path)
+        if config is not None:
+            self.config = config
+            return
+        loaded = load_config_keeping(path, keep_dir)
+        if loaded.error:
+            log.error("config: %s; running on the last good config (generation %s) until "
+                      "the file is fixed", loaded.error, loaded.generation)
+        self.config = loaded.config
 
     def check(self) -> bool:
         """Reload when the file changed; True when a new config is now in use."""
@@ -77,7 +88,10 @@ class ConfigSource:
         if signature is None or signature == self._signature:
             return False
         try:
-            config = load_config_file(self.path)
+            loaded = load_config_keeping(self.path, self.keep_dir)
+            if loaded.error:
+                raise ConfigError(loaded.error)
+            config = loaded.config
         except (ConfigError, OSError) as exc:
             log.warning("config: keeping the current config; %s: %s", self.path, exc)
             self._signature = signature  # do not log again until it changes

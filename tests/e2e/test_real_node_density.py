@@ -1,5 +1,6 @@
-"""Every replica starts with its own share (issue 21): Deployments at density on the real
-node (kubelet v1.37 + containerd, 4 fake H100 cards, egpu installed by ``kubectl apply -k``).
+"""Every replica starts with its own share (issue 21): Deployments at density on two real
+nodes (kubelet v1.37 + containerd, 4 fake H100 cards each, egpu installed by ``kubectl apply
+-k``): the session's real node and a second one this module adds (``second_node``).
 
 The bug these catch: the device plugin API gives Allocate no pod, so when pods that wait for
 the kubelet's admission hold same-sized shares on different cards, the kubelet can hand one
@@ -18,6 +19,8 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,11 +31,35 @@ from tests.e2e.conftest import RealCluster
 
 pytestmark = pytest.mark.e2e
 
-REPLICAS = 40  # 4 cards x 10 shares per card (manifests/base/config.yaml): every slot
+SECOND_NODE = "egpu-real-1"
+SECOND_CARDS = tuple((f"GPU-7e1e0001-0000-4000-8000-00000000000{i}", "NVIDIA H100 80GB HBM3",
+                      81559, 0) for i in range(4))
+SLOTS_PER_NODE = 40  # 4 cards x 10 shares per card (manifests/base/config.yaml)
+REPLICAS = 2 * SLOTS_PER_NODE  # every slot of both nodes
 SHARE_MIB = 1000
 CUDA_ERROR_OUT_OF_MEMORY = 2
-START_S = 420.0  # 40 containers, each a Python probe, on the 2-core machine
+START_S = 480.0  # 80 containers, each a Python probe, on the 2-core machine
 
+
+@pytest.fixture(scope="module", autouse=True)
+def second_node(installed: RealCluster) -> Iterator[Any]:
+    """A second real node with 4 cards for this module; the installed DaemonSet's agent on
+    it offers its 40 slots before the tests start. Removed at the end."""
+    from devcluster import realnode
+
+    node = realnode.add(installed.info, name=SECOND_NODE, cards=SECOND_CARDS)
+
+    def serving() -> bool:
+        obj = inst.get_json(installed, "node", SECOND_NODE)
+        return int(obj["status"].get("allocatable", {}).get("egpu.io/gpu", "0")) \
+            == SLOTS_PER_NODE and "egpu.io/inventory" in obj["metadata"].get("annotations", {})
+
+    try:
+        installed.wait_for("the second node's agent serving its slots", serving, timeout=300,
+                           interval=2.0)
+        yield node
+    finally:
+        realnode.remove(installed.info.state_dir, SECOND_NODE)
 
 def deployment(name: str, replicas: int, pod: dict[str, Any]) -> dict[str, Any]:
     """A Deployment of ``replicas`` copies of ``pod`` (a share pod of realnode_install)."""
@@ -110,14 +137,18 @@ def wrong_shares(cluster: RealCluster, pods: list[dict[str, Any]], mib: int) -> 
 
 
 def node_files(cluster: RealCluster) -> set[str]:
-    """Pod uids that still have files on the node (allocation files, hook and region
-    folders, share files in the card rosters' folders)."""
+    """Pod uids that still have files on either node (allocation files, hook and region
+    folders)."""
+    from devcluster import realnode
+
+    second = realnode.RealNode.load(cluster.info.state_dir, SECOND_NODE)
     uids = set()
-    for base in ("/var/run/egpu-node/allocations", "/var/run/egpu-node/hook",
-                 "/var/run/egpu/containers"):
-        folder = cluster.node.host_path(base)
-        if folder.is_dir():
-            uids |= {p.name.removesuffix(".json").split("_")[0] for p in folder.iterdir()}
+    for node in (cluster.node, second):
+        for base in ("/var/run/egpu-node/allocations", "/var/run/egpu-node/hook",
+                     "/var/run/egpu/containers"):
+            folder = Path(node.host_path(base))
+            if folder.is_dir():
+                uids |= {p.name.removesuffix(".json").split("_")[0] for p in folder.iterdir()}
     return uids
 
 
@@ -125,15 +156,15 @@ def scale(cluster: RealCluster, app: str, replicas: int) -> None:
     cluster.kubectl("-n", inst.SHARE_NS, "scale", f"deployment/{app}", f"--replicas={replicas}")
 
 
-def test_a_deployment_of_forty_replicas_fills_four_cards_each_with_its_own_share(
+def test_a_deployment_of_eighty_replicas_fills_two_nodes_each_replica_with_its_own_share(
         installed: RealCluster) -> None:
-    """40 identical replicas, created at once: binpack fills card 0, then 1, 2, 3, so every
-    card change meets pods of the previous card still waiting for admission. Then scale
-    0 -> 40 again: the same on a node whose slots were all just freed."""
+    """80 identical replicas, created at once: binpack fills card 0, then 1, 2, 3 of each
+    node, so every card change meets pods of the previous card still waiting for admission.
+    Then scale 0 -> 80 again: the same on nodes whose slots were all just freed."""
     app = "density"
     inst.apply_json(installed, deployment(app, REPLICAS, share_template(installed, SHARE_MIB)))
     try:
-        for round_ in ("first start", "after scale 0 -> 40"):
+        for round_ in ("first start", "after scale 0 -> 80"):
             pods = wait_running(installed, app, REPLICAS)
             assert wrong_shares(installed, pods, SHARE_MIB) == [], round_
             per_card: dict[str, int] = {}
@@ -142,7 +173,7 @@ def test_a_deployment_of_forty_replicas_fills_four_cards_each_with_its_own_share
                         p["metadata"]["annotations"]["egpu.io/allocation"]).containers:
                     for uuid in c.uuids:
                         per_card[uuid] = per_card.get(uuid, 0) + 1
-            assert sorted(per_card.values()) == [10, 10, 10, 10], per_card
+            assert sorted(per_card.values()) == [10] * 8, per_card
             uids = {p["metadata"]["uid"] for p in pods}
             scale(installed, app, 0)
             installed.wait_for("every replica gone", lambda: not pods_of(installed, app),
@@ -195,13 +226,13 @@ def test_deployments_of_one_two_and_four_card_shares_all_start_with_their_cards(
 
 def test_a_rolling_update_then_a_drain_and_uncordon_restart_every_replica_with_its_share(
         installed: RealCluster) -> None:
-    """40 replicas (every slot), rolled to a new template 10 at a time (maxSurge 0: the node
-    has no slot for a surge pod), then the replicas drained off the node and the node
-    uncordoned: each time all 40 replacements start with their own shares."""
+    """80 replicas (every slot), rolled to a new template 20 at a time (maxSurge 0: the
+    nodes have no slot for a surge pod), then the replicas drained off the first node and it
+    uncordoned: each time every replacement starts with its own share."""
     app = "rolling"
     dep = deployment(app, REPLICAS, share_template(installed, SHARE_MIB))
     dep["spec"]["strategy"] = {"type": "RollingUpdate",
-                               "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 10}}
+                               "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 20}}
     inst.apply_json(installed, dep)
     node = installed.node.name
     try:
@@ -215,12 +246,13 @@ def test_a_rolling_update_then_a_drain_and_uncordon_restart_every_replica_with_i
         assert not before & {p["metadata"]["uid"] for p in pods}
         assert wrong_shares(installed, pods, SHARE_MIB) == [], "after the rolling update"
         rolled = {p["metadata"]["uid"] for p in pods}
+        drained = {p["metadata"]["uid"] for p in pods if p["spec"]["nodeName"] == node}
         installed.kubectl("drain", node, f"--pod-selector=app={app}", "--timeout=180s",
                           timeout=200)
         try:
-            installed.wait_for("the replacements Pending on the cordoned node", lambda: len([
+            installed.wait_for("the replacements Pending beside the cordoned node", lambda: len([
                 p for p in pods_of(installed, app)
-                if p["metadata"]["uid"] not in rolled]) == REPLICAS, timeout=180, interval=2.0)
+                if p["metadata"]["uid"] not in drained]) == REPLICAS, timeout=180, interval=2.0)
         finally:
             installed.kubectl("uncordon", node)
         pods = wait_running(installed, app, REPLICAS)
@@ -229,5 +261,51 @@ def test_a_rolling_update_then_a_drain_and_uncordon_restart_every_replica_with_i
                            lambda: not (node_files(installed) & (before | rolled)), timeout=60)
     finally:
         installed.kubectl("uncordon", node, check=False)
+        installed.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--wait=true",
+                          check=False, timeout=180)
+
+
+@pytest.mark.parametrize("part", ["agent", "kubelet", "containerd"])
+def test_a_part_restarted_mid_burst_leaves_no_replica_stuck_or_with_a_wrong_share(
+        installed: RealCluster, part: str) -> None:
+    """80 replicas created at once; while they start, the first node's agent (its pod deleted:
+    the DaemonSet makes a new one), kubelet or containerd is restarted. Every replica ends
+    Running with exactly its share; a pod refused meanwhile (phase Failed with a reason) is
+    replaced by its ReplicaSet and counts only through its replacement."""
+    from devcluster import realnode
+
+    app = f"burst-{part}"
+    inst.apply_json(installed, deployment(app, REPLICAS, share_template(installed, SHARE_MIB)))
+    try:
+        installed.wait_for("the first replicas Running", lambda: sum(
+            p.get("status", {}).get("phase") == "Running" for p in pods_of(installed, app))
+            >= 5, timeout=START_S, interval=0.5)
+        if part == "agent":
+            installed.kubectl("-n", inst.NAMESPACE, "delete", "pod", "-l",
+                              "app.kubernetes.io/name=egpu-node-agent", "--field-selector",
+                              f"spec.nodeName={installed.node.name}", "--wait=false")
+        else:
+            installed.node = realnode.restart_part(installed.info.state_dir,
+                                                   installed.node.name, part)
+        installed.wait_for(f"the {part} serving again", lambda: inst.wait_installed(
+            installed) is None, timeout=START_S, interval=5.0)
+
+        def settled() -> list[dict[str, Any]] | None:
+            pods = pods_of(installed, app)
+            for p in pods:  # a refused pod is replaced; its replacement must start
+                if p.get("status", {}).get("phase") == "Failed":
+                    installed.kubectl("-n", inst.SHARE_NS, "delete", "pod",
+                                      p["metadata"]["name"], "--wait=false")
+            up = [p for p in pods if p.get("status", {}).get("phase") == "Running"
+                  and not p["metadata"].get("deletionTimestamp")]
+            return up if len(up) == REPLICAS == len(pods) else None
+
+        pods = installed.wait_for(f"{REPLICAS} replicas Running after the {part} restart",
+                                  settled, timeout=START_S, interval=2.0)
+        crashing = [p["metadata"]["name"] for p in pods
+                    if any(c.get("restartCount") for c in p["status"]["containerStatuses"])]
+        assert crashing == [], "containers that restarted (refused by the hook?)"
+        assert wrong_shares(installed, pods, SHARE_MIB) == []
+    finally:
         installed.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--wait=true",
                           check=False, timeout=180)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from egpu.config import Config, ConfigError, load_config
+from egpu.config import Config, ConfigError, load_config, load_config_keeping
 
 
 def test_empty_is_defaults() -> None:
@@ -64,3 +66,27 @@ def test_errors_name_the_key(text: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(text)
     assert fragment in str(info.value)
+
+
+def test_a_bad_config_after_a_good_one_runs_on_the_last_good_one(tmp_path: Path) -> None:
+    """A hand-edited ConfigMap with a bad value must not take down a restarting part: it
+    runs on the last config it loaded well, and says so (source, error, generation)."""
+    path, keep = tmp_path / "config.yaml", tmp_path / "keep"
+    path.write_text("sharesPerCard: 7\n")
+    good = load_config_keeping(str(path), str(keep))
+    assert (good.source, good.config.shares_per_card, good.error) == ("file", 7, "")
+    path.write_text("sharesPerCard: 7\nmemoryOversubscriptionRatio: lots\n")
+    fallen = load_config_keeping(str(path), str(keep))
+    assert fallen.source == "last-good" and fallen.config.shares_per_card == 7
+    assert "memoryOversubscriptionRatio" in fallen.error and fallen.generation == good.generation
+    path.write_text("sharesPerCard: 9\n")
+    fixed = load_config_keeping(str(path), str(keep))
+    assert (fixed.source, fixed.config.shares_per_card) == ("file", 9)
+    assert fixed.generation != good.generation
+
+
+def test_a_part_that_never_had_a_good_config_refuses_to_start(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("sharesPerCard: none\n")
+    with pytest.raises(ConfigError, match="sharesPerCard"):
+        load_config_keeping(str(path), str(tmp_path / "keep"))

@@ -1,0 +1,18 @@
+"""``egpu_config_info``: which config each part runs (a Prometheus info-style gauge)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from egpu.config import LoadedConfig
+from egpu.contract import METRIC_CONFIG_INFO
+
+
+def config_info(registry: CollectorRegistry, part: str, loaded: LoadedConfig) -> None:
+    """Register ``egpu_config_info{part, generation, source} 1`` in ``registry``: the config
+    generation the part runs, and whether it is the file's ("file") or, the file being bad,
+    the last good one ("last-good", alert EgpuConfigNotApplied)."""
+    gauge = Gauge(METRIC_CONFIG_INFO, "The config a part runs: its generation (SHA-256 prefix "
+                  "of the config text) and source (file, or last-good when the file is bad)",
+                  ["part", "generation", "source"], registry=registry)
+    gauge.labels(part, loaded.generation, loaded.source).set(1)
