@@ -228,6 +228,7 @@ def run(argv: Sequence[str] | None = None) -> int:
             heartbeat_now.set()
 
     HealthWatcher([c.uuid for c in cards.get()], unhealthy).start(stop)
+    server: PluginServer | None = None
     if args.device_plugin:
         server = PluginServer(plugin, args.plugin_dir)
         threading.Thread(target=server.run, args=(stop,), daemon=True, name="egpu-dp").start()
@@ -241,7 +242,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         return scan_cards(args.runtime_dir)
 
     if args.metrics_port:
-        from prometheus_client import REGISTRY, start_http_server
+        from prometheus_client import REGISTRY
+
+        from node_agent.metrics import http
 
         config_info(REGISTRY, "node-agent", loaded)
         REGISTRY.register(EgpuCollector(Sources(
@@ -250,7 +253,8 @@ def run(argv: Sequence[str] | None = None) -> int:
             else registry.shares, regions_under(args.runtime_dir),
             discovery.memory_used_bytes, discovery.utilization_percent,
             card_regions=card_regions, heartbeat=lambda: last_beat[-1] if last_beat else None)))
-        start_http_server(args.metrics_port)
+        # ready once the kubelet has the slots (a roll's old agent stops only then)
+        http.serve(args.metrics_port, lambda: server is None or server.serving)
 
     def usage() -> NodeUsage | None:
         try:

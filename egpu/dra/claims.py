@@ -74,7 +74,13 @@ from egpu.contract import (
     LABEL_MANAGED_BY,
 )
 from egpu.dra.shareconfig import ShareConfig
-from egpu.dra.slices import MIB, bytes_quantity, count_quantity, parse_quantity
+from egpu.dra.slices import (
+    MIB,
+    bytes_quantity,
+    count_quantity,
+    normal_quantities,
+    project_onto,
+)
 from egpu.requests import ContainerKind, ContainerRequest, PodRequest, Share
 
 API_VERSION: Final = "resource.k8s.io/v1"
@@ -304,29 +310,7 @@ def template_name(spec: dict[str, Any]) -> str:
     return DRA_TEMPLATE_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:HASH_DIGITS]
 
 
-def _normal(value: Any) -> Any:
-    """``value`` with every Quantity string as its number (``8Gi`` equals ``8192Mi``)."""
-    if isinstance(value, dict):
-        return {k: _normal(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_normal(v) for v in value]
-    if isinstance(value, str):
-        number = parse_quantity(value)
-        return number if number is not None else value
-    return value
-
-
-def _project(read: Any, written: Any) -> Any:
-    """``read`` cut to the keys of ``written`` (what the API server defaults, such as
-    ``allocationMode: ExactCount``, is not egpu's to compare); lists item by item."""
-    if isinstance(written, dict) and isinstance(read, dict):
-        return {k: _project(read[k], v) for k, v in written.items() if k in read}
-    if isinstance(written, list) and isinstance(read, list) and len(read) == len(written):
-        return [_project(r, w) for r, w in zip(read, written, strict=True)]
-    return read
-
-
 def same_template_spec(read: Any, written: dict[str, Any]) -> bool:
     """Whether a template ``spec`` read from the API server says what ``written`` says
     (fields the server added ignored, Quantities compared by value)."""
-    return bool(_normal(_project(read, written)) == _normal(written))
+    return bool(normal_quantities(project_onto(read, written)) == normal_quantities(written))

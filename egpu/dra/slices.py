@@ -353,32 +353,34 @@ class SlicePlan:
         return bool(self.create or self.update or self.delete)
 
 
-def _normal(value: Any) -> Any:
+def normal_quantities(value: Any) -> Any:
     """``value`` with every Quantity string replaced by its number (``"40Gi"`` and
-    ``"40960Mi"`` compare equal), for comparing what was written with what is read back."""
+    ``"40960Mi"`` compare equal), for comparing what was written with what is read back
+    (ResourceSlices here, claim templates in egpu.dra.claims)."""
     if isinstance(value, dict):
-        return {k: _normal(v) for k, v in value.items()}
+        return {k: normal_quantities(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_normal(v) for v in value]
+        return [normal_quantities(v) for v in value]
     if isinstance(value, str):
         number = parse_quantity(value)
         return number if number is not None else value
     return value
 
 
-def _project(read: Any, written: Any) -> Any:
+def project_onto(read: Any, written: Any) -> Any:
     """``read`` cut to the keys of ``written`` (fields the API server defaults are not egpu's
     to compare); lists item by item when their lengths agree."""
     if isinstance(written, dict) and isinstance(read, dict):
-        return {k: _project(read[k], v) for k, v in written.items() if k in read}
+        return {k: project_onto(read[k], v) for k, v in written.items() if k in read}
     if isinstance(written, list) and isinstance(read, list) and len(read) == len(written):
-        return [_project(r, w) for r, w in zip(read, written, strict=True)]
+        return [project_onto(r, w) for r, w in zip(read, written, strict=True)]
     return read
 
 
 def _content(spec: Any) -> Any:
-    """A slice spec without its generation, its capacities normalized (``_normal``; attribute
-    strings such as the model stay strings): what a change of generation tracks."""
+    """A slice spec without its generation, its capacities normalized
+    (``normal_quantities``; attribute strings such as the model stay strings): what a change
+    of generation tracks."""
     if not isinstance(spec, dict):
         return spec
     spec = dict(spec)
@@ -388,7 +390,7 @@ def _content(spec: Any) -> Any:
     devices = []
     for device in spec.get("devices") or []:
         device = dict(device)
-        device["capacity"] = _normal(device.get("capacity") or {})
+        device["capacity"] = normal_quantities(device.get("capacity") or {})
         devices.append(device)
     spec["devices"] = devices
     return spec
@@ -397,7 +399,7 @@ def _content(spec: Any) -> Any:
 def same_content(read: Any, written: ResourceSliceSpec) -> bool:
     """Whether the spec ``read`` from the API server holds what ``written`` says, the pool
     generation aside (fields the server added are ignored; Quantities compare by value)."""
-    return bool(_content(_project(read, written)) == _content(written))
+    return bool(_content(project_onto(read, written)) == _content(written))
 
 
 def _generation(obj: dict[str, Any]) -> int:

@@ -1,25 +1,27 @@
 """The device plugin's gRPC edge (kubelet device plugin API v1beta1).
 
-``EgpuDevicePlugin`` serves DevicePlugin on ``<plugin_dir>/egpu.sock``: ListAndWatch streams the
-slots (``slots``) and sends a new list whenever a card's health changes; GetPreferredAllocation
-and Allocate delegate to ``matching``. When the kubelet asks before the agent's pod watch has
-delivered the pod (no pending container uses the cards), they call ``catch_up`` (re-list the
-node's pods, wait for the watch) and match again, for at most ``ALLOCATE_POD_WAIT_S`` per call
-(less when a LIST shows that the API server has no such pod either), before answering without
-it (Allocate then refuses: ``EGPU_ALLOCATION_ERROR``, ``NVIDIA_VISIBLE_DEVICES=void``).
-Allocate names the container's cards as CDI devices (``cdi_devices``: ``egpu.io/gpu=<uuid>``,
-and ``nvidia.com/gpu=...`` where that spec exists) when the agent has written its CDI spec.
-``PluginServer`` starts the server, registers with the kubelet (Registration.Register on
-``<plugin_dir>/kubelet.sock``) and serves again and re-registers when the kubelet restarts (it
-removes every socket of the folder when it starts: a missing socket of ours, or a new
-kubelet.sock inode, is the signal).
+``EgpuDevicePlugin`` serves DevicePlugin on ``<plugin_dir>/egpu-<token>.sock``: ListAndWatch
+streams the slots (``slots``) and sends a new list whenever a card's health changes;
+GetPreferredAllocation and Allocate delegate to ``matching``. When the kubelet asks before the
+agent's pod watch has delivered the pod (no pending container uses the cards), they call
+``catch_up`` (re-list the node's pods, wait for the watch) and match again, for at most
+``ALLOCATE_POD_WAIT_S`` per call (less when a LIST shows that the API server has no such pod
+either), before answering without it (Allocate then fails: the kubelet fails the pod's
+admission, and its controller replaces it). Allocate names the container's cards as CDI devices
+(``cdi_devices``: ``egpu.io/gpu=<uuid>``, and ``nvidia.com/gpu=...`` where that spec exists)
+when the agent has written its CDI spec. ``PluginServer`` starts the server, registers with the
+kubelet (Registration.Register on ``<plugin_dir>/kubelet.sock``) and serves again and
+re-registers when the kubelet restarts (it removes every socket of the folder when it starts: a
+missing socket of ours, or a new kubelet.sock inode, is the signal).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,7 +41,7 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-PLUGIN_SOCKET = "egpu.sock"
+PLUGIN_SOCKET_PREFIX = "egpu-"  # + a token of the serving process + ".sock"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 ALLOCATE_POD_WAIT_S = 5.0  # the longest an RPC waits for a pod the agent has not seen yet (s);
 #                            the kubelet gives Allocate far longer
@@ -124,6 +126,7 @@ class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         self._changed = threading.Condition()
         self._generation = 0
         self._stopped = False
+        self.lists_sent = 0  # device lists sent to the kubelet (ListAndWatch), readiness
 
     @classmethod
     def from_functions(cls, cards: Callable[[], tuple[Card, ...]], shares_per_card: int,
@@ -177,6 +180,7 @@ class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
                     continue
                 generation = self._generation
             yield self.device_list()
+            self.lists_sent += 1
 
     def _settle(self, attempt: Callable[[], _T], waits: Callable[[_T], bool], deadline: float,
                 what: str) -> _T:
@@ -265,27 +269,36 @@ class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreStartContainerResponse()
 
 
-def register(plugin_dir: str, resource: str = RES_GPU, timeout: float = 5.0) -> None:
-    """Registration.Register with the kubelet at ``<plugin_dir>/kubelet.sock``.
-    Raises grpc.RpcError when the kubelet refuses or cannot be reached."""
+def register(plugin_dir: str, endpoint: str, resource: str = RES_GPU,
+             timeout: float = 5.0) -> None:
+    """Registration.Register with the kubelet at ``<plugin_dir>/kubelet.sock``, naming our
+    socket ``endpoint`` (a file name in ``plugin_dir``). Raises grpc.RpcError when the kubelet
+    refuses or cannot be reached."""
     target = f"unix://{os.path.join(plugin_dir, KUBELET_SOCKET)}"
     with grpc.insecure_channel(target) as channel:
         api_pb2_grpc.RegistrationStub(channel).Register(
             api_pb2.RegisterRequest(
-                version=API_VERSION, endpoint=PLUGIN_SOCKET, resource_name=resource,
+                version=API_VERSION, endpoint=endpoint, resource_name=resource,
                 options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)),
             timeout=timeout)
 
 
 class PluginServer:
-    """Serves ``plugin`` on ``<plugin_dir>/egpu.sock`` and keeps it registered."""
+    """Serves ``plugin`` on ``<plugin_dir>/egpu-<token>.sock`` and keeps it registered.
+
+    The token is this server's own (random), so that during a node agent roll the new agent
+    serves and registers beside the old one, which keeps serving until it stops: the kubelet
+    moves the resource to the newest registration, and the old agent's socket, when it goes,
+    is no longer the resource's (kubelet v1.37 ignores a replaced endpoint's end). The node's
+    slots stay offered throughout (docs/node.md, "Node agent rolls")."""
 
     def __init__(self, plugin: EgpuDevicePlugin, plugin_dir: str = DEFAULT_PLUGIN_DIR,
                  resource: str = RES_GPU) -> None:
         self.plugin = plugin
         self.plugin_dir = plugin_dir
         self.resource = resource
-        self.socket = os.path.join(plugin_dir, PLUGIN_SOCKET)
+        self.endpoint = f"{PLUGIN_SOCKET_PREFIX}{secrets.token_hex(4)}.sock"
+        self.socket = os.path.join(plugin_dir, self.endpoint)
         self._server: grpc.Server | None = None
         self._kubelet_inode: int | None = None
         self.registrations = 0
@@ -301,10 +314,18 @@ class PluginServer:
         self._server = server
 
     def stop(self) -> None:
-        """Stop serving (ListAndWatch streams end)."""
+        """Stop serving (ListAndWatch streams end) and remove our socket (only ours)."""
         if self._server is not None:
             self._server.stop(grace=0.5).wait()
             self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket)
+
+    @property
+    def serving(self) -> bool:
+        """Registered with the kubelet, whose ListAndWatch has our slots (readiness)."""
+        return self._server is not None and self.registrations > 0 \
+            and self.plugin.lists_sent > 0
 
     def _kubelet_socket_inode(self) -> int | None:
         try:
@@ -325,7 +346,7 @@ class PluginServer:
         self.stop()
         self.start()
         try:
-            register(self.plugin_dir, self.resource)
+            register(self.plugin_dir, self.endpoint, self.resource)
         except grpc.RpcError as exc:
             log.warning("registration with the kubelet failed: %s", exc)
             self.stop()

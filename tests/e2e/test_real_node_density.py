@@ -58,7 +58,10 @@ def second_node(installed: RealCluster) -> Iterator[Any]:
         installed.wait_for("the second node's agent serving its slots", serving, timeout=300,
                            interval=2.0)
         yield node
-    finally:
+    finally:  # its pods go with their kubelet still there, then the node
+        installed.kubectl("-n", inst.SHARE_NS, "delete", "pods", "--all", "--field-selector",
+                          f"spec.nodeName={SECOND_NODE}", "--wait=true", "--timeout=120s",
+                          check=False, timeout=150)
         realnode.remove(installed.info.state_dir, SECOND_NODE)
 
 def deployment(name: str, replicas: int, pod: dict[str, Any]) -> dict[str, Any]:
@@ -245,7 +248,6 @@ def test_a_rolling_update_then_a_drain_and_uncordon_restart_every_replica_with_i
         pods = wait_running(installed, app, REPLICAS)
         assert not before & {p["metadata"]["uid"] for p in pods}
         assert wrong_shares(installed, pods, SHARE_MIB) == [], "after the rolling update"
-        rolled = {p["metadata"]["uid"] for p in pods}
         drained = {p["metadata"]["uid"] for p in pods if p["spec"]["nodeName"] == node}
         installed.kubectl("drain", node, f"--pod-selector=app={app}", "--timeout=180s",
                           timeout=200)
@@ -257,8 +259,8 @@ def test_a_rolling_update_then_a_drain_and_uncordon_restart_every_replica_with_i
             installed.kubectl("uncordon", node)
         pods = wait_running(installed, app, REPLICAS)
         assert wrong_shares(installed, pods, SHARE_MIB) == [], "after drain and uncordon"
-        installed.wait_for("no file of a drained replica on the node",
-                           lambda: not (node_files(installed) & (before | rolled)), timeout=60)
+        installed.wait_for("no file of a replaced or drained replica on the nodes",
+                           lambda: not (node_files(installed) & (before | drained)), timeout=60)
     finally:
         installed.kubectl("uncordon", node, check=False)
         installed.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--wait=true",
@@ -268,8 +270,9 @@ def test_a_rolling_update_then_a_drain_and_uncordon_restart_every_replica_with_i
 @pytest.mark.parametrize("part", ["agent", "kubelet", "containerd"])
 def test_a_part_restarted_mid_burst_leaves_no_replica_stuck_or_with_a_wrong_share(
         installed: RealCluster, part: str) -> None:
-    """80 replicas created at once; while they start, the first node's agent (its pod deleted:
-    the DaemonSet makes a new one), kubelet or containerd is restarted. Every replica ends
+    """80 replicas created at once; while they start, the node agents (rolled, as a config
+    change or an upgrade does: the new agent serves beside the old one), the first node's
+    kubelet or its containerd is restarted. Every replica ends
     Running with exactly its share; a pod refused meanwhile (phase Failed with a reason) is
     replaced by its ReplicaSet and counts only through its replacement."""
     from devcluster import realnode
@@ -281,9 +284,8 @@ def test_a_part_restarted_mid_burst_leaves_no_replica_stuck_or_with_a_wrong_shar
             p.get("status", {}).get("phase") == "Running" for p in pods_of(installed, app))
             >= 5, timeout=START_S, interval=0.5)
         if part == "agent":
-            installed.kubectl("-n", inst.NAMESPACE, "delete", "pod", "-l",
-                              "app.kubernetes.io/name=egpu-node-agent", "--field-selector",
-                              f"spec.nodeName={installed.node.name}", "--wait=false")
+            installed.kubectl("-n", inst.NAMESPACE, "rollout", "restart",
+                              "daemonset/egpu-node-agent")
         else:
             installed.node = realnode.restart_part(installed.info.state_dir,
                                                    installed.node.name, part)
@@ -302,10 +304,41 @@ def test_a_part_restarted_mid_burst_leaves_no_replica_stuck_or_with_a_wrong_shar
 
         pods = installed.wait_for(f"{REPLICAS} replicas Running after the {part} restart",
                                   settled, timeout=START_S, interval=2.0)
-        crashing = [p["metadata"]["name"] for p in pods
-                    if any(c.get("restartCount") for c in p["status"]["containerStatuses"])]
-        assert crashing == [], "containers that restarted (refused by the hook?)"
+        # a container the kubelet restarted because its restart cut a start short is fine;
+        # one refused by egpu (the hook's message in its last state) is the bug
+        restarted = {p["metadata"]["name"]: c.get("lastState", {}).get("terminated", {})
+                     for p in pods for c in p["status"]["containerStatuses"]
+                     if c.get("restartCount")}
+        refused = {n: t for n, t in restarted.items() if "egpu" in str(t.get("message", ""))}
+        assert refused == {}, f"containers egpu refused: {refused}"
+        if restarted:
+            print(f"{part}: {len(restarted)} containers restarted by the kubelet: "
+                  f"{sorted({(t.get('reason'), t.get('exitCode')) for t in restarted.values()})}")
         assert wrong_shares(installed, pods, SHARE_MIB) == []
+    finally:
+        installed.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--wait=true",
+                          check=False, timeout=180)
+
+
+def test_share_pods_created_during_a_node_agent_roll_all_start(installed: RealCluster) -> None:
+    """`kubectl rollout restart` of the node agents (what a config change or an upgrade does)
+    while 10 share pods are created: the new agent serves beside the old one until the
+    kubelet has its slots (surge, readiness /healthz), so no pod fails admission and none
+    waits for slots. Bug caught: the old agent stopped first, the node offered 0 slots for
+    about 8 s, pods failed with UnexpectedAdmissionError or waited 5 min (issue 22)."""
+    app = "during-roll"
+    count = 10
+    installed.kubectl("-n", inst.NAMESPACE, "rollout", "restart", "daemonset/egpu-node-agent")
+    created = time.monotonic()
+    inst.apply_json(installed, deployment(app, count, share_template(installed, SHARE_MIB)))
+    try:
+        pods = wait_running(installed, app, count)  # fails at once on a Failed pod
+        took = time.monotonic() - created
+        installed.kubectl("-n", inst.NAMESPACE, "rollout", "status", "daemonset/egpu-node-agent",
+                          "--timeout=300s", timeout=310)
+        assert wrong_shares(installed, pods, SHARE_MIB) == []
+        assert took <= 30, f"{count} pods Running {took:.0f} s after the roll began (p99 <= 30 s)"
+        print(f"{count} share pods Running {took:.1f} s after the node agents' roll began")
     finally:
         installed.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--wait=true",
                           check=False, timeout=180)

@@ -7,6 +7,7 @@ that install first, and its own at the end.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -83,3 +84,136 @@ def test_helm_installed_share_pod_sees_exactly_its_share(helm_installed: RealClu
     assert "egpu.io/allocation" in live["metadata"]["annotations"]
     assert result["total_mib"] == 24000 and result["nvml_total_mib"] == 24000, result
     assert result["alloc_free"] == 0 and result["alloc_one_more_mib"] == 2, result
+
+
+# --- day two: upgrade with a values file, bad values, a bad ConfigMap (issue 22) ----------------
+OVERSUBSCRIBED_MIB = 140000  # an 81559 MiB card books it at ratio 2.0, not at the default 1.5
+
+
+def _values(cluster: RealCluster, work: Path, **config: object) -> Path:
+    """The values file docs/operating.md's upgrade command takes (the caBundle: the one the
+    install put into the MutatingWebhookConfiguration)."""
+    import yaml
+
+    repo_ref, _, tag = inst.devimages.IMAGE_EGPU.rpartition(":")
+    registration = inst.get_json(cluster, "mutatingwebhookconfiguration", "egpu-webhook")
+    path = work / "egpu-values.yaml"
+    path.write_text(yaml.safe_dump({
+        "namespace": {"create": False},
+        "images": {"egpu": {"repository": repo_ref, "tag": tag}},
+        "webhook": {"caBundle": registration["webhooks"][0]["clientConfig"]["caBundle"]},
+        "logLevel": "DEBUG",
+        "config": config,
+    }))
+    return path
+
+
+def _metrics(cluster: RealCluster, selector: str, port: int) -> list[str]:
+    return [inst.scrape(f"http://{p['status']['podIP']}:{port}/metrics")
+            for p in inst.get_json(cluster, "pods", "-n", inst.NAMESPACE, "-l", selector)["items"]
+            if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")]
+
+
+def _rolled(cluster: RealCluster) -> None:
+    for what in ("deployment/egpu-scheduler", "daemonset/egpu-node-agent",
+                 "deployment/egpu-webhook"):
+        cluster.kubectl("-n", inst.NAMESPACE, "rollout", "status", what, "--timeout=300s",
+                        timeout=310)
+    inst.wait_slots(cluster)
+
+
+def test_helm_upgrade_with_a_values_file_applies_the_new_ratio_and_log_level(
+        helm_installed: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """docs/operating.md's upgrade: `helm upgrade -f values` (no --reuse-values) with a new
+    oversubscription ratio and log level. The extender and the agents roll by themselves
+    (config checksum), the next placement uses the new ratio, the running share pod keeps its
+    share and its exporter series. Bugs caught: only the ConfigMap changed (the extender kept
+    1.5 until a manual restart); a float from --set read as text crashed a restarting part."""
+    home = tmp_path_factory.mktemp("helm-upgrade")
+    before = inst.get_json(helm_installed, "pod", "-n", inst.SHARE_NS, "chat-serving-helm")
+    values = _values(helm_installed, home, memoryOversubscriptionRatio=2.0)
+    _helm(helm_installed, home, "upgrade", RELEASE, str(CHART), "--namespace", inst.NAMESPACE,
+          "-f", str(values), "--wait", "--timeout", "300s")
+    _rolled(helm_installed)
+    extender = [c for p in inst.get_json(helm_installed, "pods", "-n", inst.NAMESPACE, "-l",
+                                         "app.kubernetes.io/name=egpu-scheduler")["items"]
+                for c in p["spec"]["containers"] if c["name"] == "extender"]
+    assert extender and all("--log-level=DEBUG" in c["command"] for c in extender)
+    for text in _metrics(helm_installed, "app.kubernetes.io/name=egpu-scheduler", 8889):
+        assert 'source="file"' in text and "egpu_config_info" in text, text[-500:]
+    # the next placement books at 2.0: a share that 1.5 x 81559 MiB cannot hold
+    pod = inst.share_pod("oversubscribed", inst.SHARE_NS,
+                         helm_installed.inputs / "pods" / "01-vllm-online.yaml", inst.REAL_LABEL,
+                         overrides={"egpu.io/gpu-memory": OVERSUBSCRIBED_MIB})
+    pod["metadata"]["annotations"]["egpu.io/memory-oversubscription"] = "true"
+    pod["spec"]["containers"][0]["command"] = ["sleep", "3600"]
+    inst.apply_json(helm_installed, pod)
+    helm_installed.wait_for("the oversubscribed share bound", lambda: "egpu.io/allocation" in (
+        inst.get_json(helm_installed, "pod", "-n", inst.SHARE_NS, "oversubscribed")["metadata"]
+        .get("annotations") or {}), timeout=60)
+    after = inst.get_json(helm_installed, "pod", "-n", inst.SHARE_NS, "chat-serving-helm")
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert any('pod="chat-serving-helm"' in text and "egpu_container_memory_limit_bytes" in text
+               for text in _metrics(helm_installed, "app.kubernetes.io/name=egpu-node-agent",
+                                    9400))
+    helm_installed.kubectl("-n", inst.SHARE_NS, "delete", "pod", "oversubscribed", "--wait=true",
+                           timeout=90)
+
+
+def test_a_bad_value_is_refused_by_helm_and_changes_nothing(
+        helm_installed: RealCluster, tmp_path: Path) -> None:
+    history = _helm(helm_installed, tmp_path, "history", RELEASE, "-n", inst.NAMESPACE)
+    proc = subprocess.run(
+        [str(devbuild.binary_path("helm")), "upgrade", RELEASE, str(CHART), "--namespace",
+         inst.NAMESPACE, "--reuse-values", "--set", "config.memoryOversubscriptionRatio=0.5"],
+        capture_output=True, text=True, timeout=HELM_TIMEOUT_S,
+        env={**os.environ, "KUBECONFIG": helm_installed.kubeconfig,
+             "HELM_CACHE_HOME": str(tmp_path / "c"), "HELM_CONFIG_HOME": str(tmp_path / "f"),
+             "HELM_DATA_HOME": str(tmp_path / "d")})
+    assert proc.returncode != 0 and "memoryOversubscriptionRatio" in proc.stderr, proc.stderr
+    assert _helm(helm_installed, tmp_path, "history", RELEASE, "-n", inst.NAMESPACE) == history
+
+
+def test_a_bad_configmap_edit_leaves_every_part_running_on_its_last_good_config(
+        helm_installed: RealCluster) -> None:
+    """A hand edit of egpu-config with a bad value, then the node agents rolled (new pods: the
+    node keeps their last good config) and the extenders' containers restarted (as a crash
+    or a liveness kill would: the pod's emptyDir keeps it): each comes back Ready on its
+    last good config and says so (egpu_config_info source="last-good"). Bug caught: a
+    restarting part went into a crash loop on the bad value."""
+    cm = inst.get_json(helm_installed, "configmap", "-n", inst.NAMESPACE, "egpu-config")
+    good = cm["data"]["config.yaml"]
+    bad = good + "\nsharesPerCard: lots\n"
+    helm_installed.kubectl("-n", inst.NAMESPACE, "patch", "configmap", "egpu-config",
+                           "--type=merge", "-p", json.dumps({"data": {"config.yaml": bad}}))
+    try:
+        helm_installed.kubectl("-n", inst.NAMESPACE, "rollout", "restart",
+                               "daemonset/egpu-node-agent")
+        helm_installed.kubectl("-n", inst.NAMESPACE, "rollout", "status",
+                               "daemonset/egpu-node-agent", "--timeout=300s", timeout=310)
+
+        def files_updated() -> bool:  # the kubelet syncs ConfigMap volumes within a minute
+            return all("lots" in helm_installed.node.run(
+                "sh", "-c", f"cat /proc/{pid}/root/etc/egpu/config.yaml") for pid in [
+                    line.split()[0] for line in helm_installed.node.run(
+                        "pgrep", "-af", "egpu-extender").splitlines()])
+
+        helm_installed.wait_for("the bad config in the extenders' volumes", files_updated,
+                                timeout=120, interval=3.0)
+        for cid in helm_installed.node.crictl("ps", "--name", "extender", "-q").split():
+            helm_installed.node.crictl("stop", cid)
+        helm_installed.kubectl("-n", inst.NAMESPACE, "wait", "pod", "-l",
+                               "app.kubernetes.io/name=egpu-scheduler", "--for=condition=Ready",
+                               "--timeout=120s", timeout=130)
+        for selector, port in (("app.kubernetes.io/name=egpu-node-agent", 9400),
+                               ("app.kubernetes.io/name=egpu-scheduler", 8889)):
+            texts = _metrics(helm_installed, selector, port)
+            assert texts and all('source="last-good"' in t for t in texts), (
+                selector, texts[0][-800:] if texts else "no pods")
+    finally:
+        helm_installed.kubectl("-n", inst.NAMESPACE, "patch", "configmap", "egpu-config",
+                               "--type=merge", "-p", json.dumps({"data": {"config.yaml": good}}))
+        helm_installed.kubectl("-n", inst.NAMESPACE, "rollout", "restart",
+                               "deployment/egpu-scheduler", "daemonset/egpu-node-agent")
+        _rolled(helm_installed)

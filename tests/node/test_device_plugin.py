@@ -78,7 +78,7 @@ def rig() -> Iterator[Rig]:
 def test_registration_and_slots(rig: Rig) -> None:
     request = rig.kubelet.requests[0]
     assert (request.version, request.endpoint, request.resource_name) == \
-        ("v1beta1", "egpu.sock", "egpu.io/gpu")
+        ("v1beta1", rig.server.endpoint, "egpu.io/gpu")
     assert request.options.get_preferred_allocation_available
     devices = rig.kubelet.devices
     assert len(devices) == 8 * SHARES and all(d.health == "Healthy" for d in devices)
@@ -375,3 +375,61 @@ def test_the_plugin_takes_what_it_needs_through_one_agent_side(tmp_path: Any) ->
     envs = dict(answer.container_responses[0].envs)
     assert (envs["EGPU_POD_UID"], envs["NVIDIA_VISIBLE_DEVICES"]) == ("uid-p", CARD_UUIDS[1])
     assert agent.consumed == [("uid-p", "main")] and registry.pending() == []
+
+
+# --- node agent rolls: the new agent serves beside the old one -----------------------------------
+def test_a_new_agent_takes_over_while_the_old_one_still_serves_and_the_old_ones_end_leaves_it(
+        rig: Rig) -> None:
+    """A DaemonSet roll with surge: the new agent registers its own socket beside the old
+    one; the kubelet moves to it; the old agent stopping removes only its own socket. Bug
+    caught: both on egpu.sock, the new agent's start unlinked the old one's socket and the
+    old one's end removed the new one's: the node offered 0 slots in between (pods created
+    during a roll failed with UnexpectedAdmissionError)."""
+    old = rig.server
+    new_plugin = EgpuDevicePlugin.from_functions(lambda: tuple(rig.cards), SHARES,
+                                                 rig.registry.pending, rig.registry.consume,
+                                                 NODE)
+    new = PluginServer(new_plugin, f"{rig.folder}/plugins")
+    try:
+        lists = rig.kubelet.lists
+        assert new.ensure() and new.endpoint != old.endpoint
+        rig.kubelet.wait_for_list(lists + 1)
+        assert rig.kubelet.requests[-1].endpoint == new.endpoint
+        assert os.path.exists(old.socket) and os.path.exists(new.socket)
+        old.stop()
+        assert not os.path.exists(old.socket) and os.path.exists(new.socket)
+        assert new.serving and not new.ensure()  # nothing to do: still registered
+        rig.registry.update(pod_manifest("p", NODE, {"main": [(1, 1000, 10)]}, uid="uid-h"))
+        assert rig.kubelet.allocate([slot_id(CARD_UUIDS[1], 0)])["EGPU_POD_UID"] == "uid-h"
+    finally:
+        new_plugin.stop()
+        new.stop()
+
+
+def test_the_agent_is_ready_only_once_the_kubelet_has_its_slots(tmp_path: Any) -> None:
+    """/healthz (the DaemonSet's readiness probe): 503 until registered and listed, then 200;
+    a roll's old agent is stopped only then."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from node_agent.metrics import http
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ready = {"now": False}
+    http.serve(port, lambda: ready["now"], host="127.0.0.1")
+
+    def status() -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    assert status() == 503
+    ready["now"] = True
+    assert status() == 200
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        assert b"# HELP" in r.read()
