@@ -312,8 +312,9 @@ def test_a_part_restarted_mid_burst_leaves_no_replica_stuck_or_with_a_wrong_shar
         refused = {n: t for n, t in restarted.items() if "egpu" in str(t.get("message", ""))}
         assert refused == {}, f"containers egpu refused: {refused}"
         if restarted:
-            print(f"{part}: {len(restarted)} containers restarted by the kubelet: "
-                  f"{sorted({(t.get('reason'), t.get('exitCode')) for t in restarted.values()})}")
+            reasons = sorted({f"{t.get('reason')} {t.get('exitCode')}"
+                              for t in restarted.values()})
+            print(f"{part}: {len(restarted)} containers restarted by the kubelet: {reasons}")
         assert wrong_shares(installed, pods, SHARE_MIB) == []
     finally:
         installed.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--wait=true",

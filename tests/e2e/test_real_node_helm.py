@@ -203,14 +203,23 @@ def test_a_bad_configmap_edit_leaves_every_part_running_on_its_last_good_config(
                                 timeout=120, interval=3.0)
         for cid in helm_installed.node.crictl("ps", "--name", "extender", "-q").split():
             helm_installed.node.crictl("stop", cid)
-        helm_installed.kubectl("-n", inst.NAMESPACE, "wait", "pod", "-l",
-                               "app.kubernetes.io/name=egpu-scheduler", "--for=condition=Ready",
-                               "--timeout=120s", timeout=130)
+
+        def on_last_good(selector: str, port: int) -> bool:
+            try:
+                texts = _metrics(helm_installed, selector, port)
+            except OSError:
+                return False  # a container still restarting
+            return bool(texts) and all('source="last-good"' in t for t in texts)
+
         for selector, port in (("app.kubernetes.io/name=egpu-node-agent", 9400),
                                ("app.kubernetes.io/name=egpu-scheduler", 8889)):
-            texts = _metrics(helm_installed, selector, port)
-            assert texts and all('source="last-good"' in t for t in texts), (
-                selector, texts[0][-800:] if texts else "no pods")
+            helm_installed.wait_for(f"{selector} serving on its last good config",
+                                    lambda s=selector, p=port: on_last_good(s, p), timeout=120,
+                                    interval=2.0)
+        restarts = {p["metadata"]["name"]: c.get("restartCount", 0)
+                    for p in inst.get_json(helm_installed, "pods", "-n", inst.NAMESPACE)["items"]
+                    for c in p["status"].get("containerStatuses", [])}
+        assert all(n <= 1 for n in restarts.values()), f"a part restarting again: {restarts}"
     finally:
         helm_installed.kubectl("-n", inst.NAMESPACE, "patch", "configmap", "egpu-config",
                                "--type=merge", "-p", json.dumps({"data": {"config.yaml": good}}))
