@@ -130,7 +130,8 @@ def wrong_shares(cluster: RealCluster, pods: list[dict[str, Any]], mib: int) -> 
     for pod in pods:
         name = pod["metadata"]["name"]
         record = Allocation.decode(pod["metadata"]["annotations"]["egpu.io/allocation"])
-        cards = sorted(record.containers[0].uuids)
+        probe = pod["spec"]["containers"][0]["name"]  # the app container runs the probe
+        cards = sorted(next(c for c in record.containers if c.name == probe).uuids)
         result = inst.probe_result(cluster, inst.SHARE_NS, name, timeout=120)
         seen = (result["total_mib"], result["alloc_one_more_mib"],
                 sorted(result.get("cards") or []))
@@ -196,7 +197,8 @@ def test_deployments_of_one_two_and_four_card_shares_all_start_with_their_cards(
     """Mixed shapes: 4-card replicas bound first (binpack fills card 0's slots with 1-card
     pods, after which no 4-card pod fits: a limit of slot counting, not of this issue), then
     1-card, 2-card and another 1-card size created together (sizes the kubelet tells apart,
-    and one size on several cards)."""
+    and one size on several cards), and pods with a share in an init container, a sidecar and
+    the app container."""
     shapes = {"four": (4, 1000, 2), "one": (1, 1500, 8), "two": (2, 2000, 4),
               "small": (1, 500, 6)}  # 30 of the node's 40 slots
     base = share_template(installed, SHARE_MIB)
@@ -210,19 +212,36 @@ def test_deployments_of_one_two_and_four_card_shares_all_start_with_their_cards(
             installed.wait_for("the 4-card replicas bound", lambda: sum(
                 bool(p["spec"].get("nodeName")) for p in pods_of(installed, "four")) == 2,
                 timeout=120, interval=1.0)
+    # an init container and a sidecar with shares beside the app's: the kubelet hands the app
+    # container the init's slot (its reuse pool), so placement must have put both on one card
+    staged = copy.deepcopy(base)
+    app_container = staged["spec"]["containers"][0]
+    share_limits = {k: v for k, v in app_container["resources"]["limits"].items()
+                    if k not in ("egpu.io/gpu-memory",)}
+    staged["spec"]["initContainers"] = [
+        {"name": "prep", "image": app_container["image"], "command": ["true"],
+         "resources": {"limits": {**share_limits, "egpu.io/gpu-memory": 500}}},
+        {"name": "side", "image": app_container["image"], "restartPolicy": "Always",
+         "command": ["sleep", "3600"],
+         "resources": {"limits": {**share_limits, "egpu.io/gpu-memory": 300}}}]
+    inst.apply_json(installed, deployment("staged", 3, staged))
     try:
         wrong = []
-        for app, (gpus, mib, replicas) in shapes.items():
+        for app, (gpus, mib, replicas) in [*shapes.items(), ("staged", (1, SHARE_MIB, 3))]:
             pods = wait_running(installed, app, replicas)
             for pod in pods:
                 record = Allocation.decode(pod["metadata"]["annotations"]["egpu.io/allocation"])
-                assert len(record.containers[0].uuids) == gpus, json.dumps(record.to_dict())
+                app_entry = next(c for c in record.containers if not c.init)
+                assert len(app_entry.uuids) == gpus, json.dumps(record.to_dict())
+                if app == "staged":
+                    by_name = {c.name: set(c.uuids) for c in record.containers}
+                    assert by_name["prep"] <= by_name["side"], by_name  # the kubelet's reuse
             wrong += wrong_shares(installed, pods, mib)
         assert wrong == []
-        print(f"mixed shapes: {sum(r for *_, r in shapes.values())} pods Running after "
+        print(f"mixed shapes: {3 + sum(r for *_, r in shapes.values())} pods Running after "
               f"{time.monotonic() - started:.0f} s")
     finally:
-        for app in shapes:
+        for app in [*shapes, "staged"]:
             installed.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--wait=true",
                               check=False, timeout=180)
 
