@@ -24,9 +24,6 @@ issue 17): cap errors <= 3, split30 in 27..33, over_cap_max_pts <= 3 (+ one kern
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,10 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 sys.path.insert(0, str(REPO))
 
-from egpu.records import ConfigCard, ContainerConfig  # noqa: E402
+from testbed.fakenode import FakeNode, build  # noqa: E402
 
-LIB = REPO / "libinterpose" / "build"
-FAKE = REPO / "fakegpu" / "build"
 CAPS = tuple(range(10, 100, 10))
 SPLIT = (30, 70)
 SETTLE_WINDOWS = 2  # 1 s windows left out: the process's start and the estimate settling
@@ -47,69 +42,12 @@ NEVER = 100_000_000  # compute_load -s: synchronise every NEVER launches, i.e. n
 KERNELS = {"10us": (10, NEVER), "50us": (50, 16), "20ms": (20000, 2)}
 
 
-def card_uuid(i: int) -> str:
-    return f"GPU-cafe0000-0000-4000-8000-{i:012x}"
-
-
-class Node:
-    """A fake node with one card per share run at once, and an egpu runtime dir."""
-
-    def __init__(self, tmp: Path, cards: int) -> None:
-        self.tmp = tmp
-        (tmp / "fake.ini").write_text(
-            "".join(f"[card]\nuuid = {card_uuid(i)}\nmemory_mib = 24576\n\n" for i in range(cards))
-        )
-        self.n = 0
-
-    def env(self, card: int, cores: int, kernel_us: int) -> dict[str, str]:
-        """The environment of a fresh strict high-priority share of `cores` % on `card`."""
-        self.n += 1
-        rt = self.tmp / "rt"
-        cfg = ContainerConfig(
-            namespace="bench",
-            pod=f"p{self.n}",
-            pod_uid=f"u{self.n}",
-            container="c",
-            priority="high",
-            compute_policy="strict",
-            memory_oversubscription=False,
-            container_region=str(rt / "containers" / f"u{self.n}" / "region"),
-            cards=(ConfigCard(card_uuid(card), 4096, cores, str(rt / "cards" / card_uuid(card))),),
-        )
-        path = self.tmp / f"cfg{self.n}.json"
-        path.write_text(cfg.encode())
-        return {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "LD_LIBRARY_PATH": str(FAKE),
-            "LD_PRELOAD": str(LIB / "libegpu_interpose.so"),
-            "FAKEGPU_CONFIG": str(self.tmp / "fake.ini"),
-            "FAKEGPU_STATE_DIR": str(self.tmp / "fake"),
-            "FAKEGPU_KERNEL_US": str(kernel_us),
-            "EGPU_RUNTIME_DIR": str(rt),
-            "EGPU_CONFIG_PATH": str(path),
-            "CUDA_VISIBLE_DEVICES": card_uuid(card),
-        }
-
-    def run(self, shares: list[tuple[int, int]], kernel: str, seconds: float) -> list[dict]:
-        """Run (card, cores) shares at once; their compute_load results, in order."""
-        kernel_us, sync = KERNELS[kernel]
-        procs = [
-            subprocess.Popen(
-                [str(LIB / "compute_load"), "-t", str(seconds), "-s", str(sync)],
-                env=self.env(card, cores, kernel_us),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for card, cores in shares
-        ]
-        out = []
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=seconds + 60)
-            if p.returncode:
-                raise SystemExit(f"compute_load rc={p.returncode}: {stderr}")
-            out.append(json.loads(stdout.splitlines()[0]))
-        return out
+def run(node: FakeNode, shares: list[tuple[int, int]], kernel: str, seconds: float) -> list[dict]:
+    """Run (card, cores) shares at once; their compute_load results, in order."""
+    kernel_us, sync = KERNELS[kernel]
+    procs = [node.load(node.env(card, cores, kernel_us), seconds, "-s", sync)
+             for card, cores in shares]
+    return [node.result(p, seconds + 60) for p in procs]
 
 
 def settled(r: dict) -> float:
@@ -134,22 +72,21 @@ def main() -> None:
         raise SystemExit(f"--seconds: {a.seconds}; allowed: at least {SETTLE_WINDOWS + 1}")
     if not 1 <= a.at_once <= len(CAPS):
         raise SystemExit(f"--at-once: {a.at_once}; allowed: 1..{len(CAPS)}")
-    for d in ("fakegpu", "libinterpose"):
-        subprocess.run(["make", "-s", "-C", str(REPO / d)], check=True, capture_output=True)
+    build()
     figures: dict[str, float] = {}
     worst_over = 0.0
     with tempfile.TemporaryDirectory() as t:
-        node = Node(Path(t), a.at_once)
+        node = FakeNode(Path(t), a.at_once)
         for kernel in KERNELS:
             errs = []
             for i in range(0, len(CAPS), a.at_once):
                 caps = CAPS[i : i + a.at_once]
-                rows = node.run(list(enumerate(caps)), kernel, a.seconds)
+                rows = run(node, list(enumerate(caps)), kernel, a.seconds)
                 for cap, r in zip(caps, rows, strict=True):
                     errs.append(abs(settled(r) - cap))
                     worst_over = max(worst_over, over_cap(r, cap))
                     print(f"{kernel} cap {cap}%: {settled(r):.1f}% windows {r['win_use_pct']}")
-            rows = node.run([(0, SPLIT[0]), (0, SPLIT[1])], kernel, a.seconds)
+            rows = run(node, [(0, SPLIT[0]), (0, SPLIT[1])], kernel, a.seconds)
             sa, sb = settled(rows[0]), settled(rows[1])
             for cap, r in zip(SPLIT, rows, strict=True):
                 worst_over = max(worst_over, over_cap(r, cap))

@@ -14,6 +14,18 @@ settings.load_profile("egpu")
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("EGPU_SHARED_DIR", REPO.parent / "shared"))
+# Suites that measure real time against the fake GPU: they run first, before any test starts
+# a control plane or a real node (those stay up for the whole session, tests/e2e/conftest.py)
+# and takes cores from their launching threads.
+REALTIME_SUITES = (REPO / "tests" / "compute", REPO / "tests" / "security")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def realtime(item: pytest.Item) -> bool:
+        path = Path(str(item.path)).resolve()
+        return any(path.is_relative_to(suite) for suite in REALTIME_SUITES)
+
+    items.sort(key=lambda item: not realtime(item))  # stable: each part keeps its order
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@
  * interposer its launches go through the compute gate. Against the fake GPU every launch
  * takes FAKEGPU_KERNEL_US of simulated device time, so GPU use = launches x kernel time.
  *
- *   compute_load -t SECONDS [-d NDEV] [-s SYNC_EVERY] [-p PERIOD_US] [-k KERNEL_US]
+ *   compute_load -t SECONDS [-d NDEV] [-s SYNC_EVERY] [-p PERIOD_US] [-k KERNEL_US] [-i EMPTY_US]
  *     -d   use devices 0..NDEV-1, one thread each (a multi-card container)
  *     -s   loop mode: synchronize the stream every SYNC_EVERY launches (default 16)
  *     -p   periodic mode: one launch every PERIOD_US, synchronized; latency recorded
@@ -16,8 +16,18 @@
  *
  * Prints one JSON object per device on stdout:
  *   {"dev":0,"launches":N,"wall_s":W,"use_pct":U,"win_use_pct":[...1 s windows...],
- *    "max_gap_ms":G,"lat_us_p50":..,"lat_us_p99":..,"lat_us_max":..}
- *   graph mode adds "capture_rc" (cuStreamEndCapture's answer) and "graph_kernels":N
+ *    "max_gap_ms":G,"t0_ns":T0,"idle_pct":I,"empty_over_ms":O,"empty_over_n":C,
+ *    "lat_us_p50":..,"lat_us_p99":..,"lat_us_max":..}
+ * t0_ns: CLOCK_MONOTONIC at the start of the loop (windows begin there; comparable across
+ * processes of one host). The stream's own work is taken to end where its kernels would (each
+ * queued when its launch call returned, after the previous one, for the kernel time).
+ * idle_pct: the time before each launch call since that end, in % of the wall time: the
+ * host's, this program's or a co-tenant's kernels' delay, never the gate's (the gate holds a
+ * launch inside its call). empty_over_ms / empty_over_n: the gaps from that end (or from the
+ * last synchronisation's return, if later: a co-tenant's kernels may have run first) to the
+ * next launch's return (the gate's hold included) longer than -i EMPTY_US (default 1000): what
+ * exceeds it, summed, and how many: where a co-tenant's low-priority work may go beside this
+ * share.
  * win_use_pct: GPU use in consecutive 1 s windows (scaled by -w WINDOW_MS).
  *
  *   compute_load -t SECONDS -b CHUNK    (bench mode, bench/compute.py)
@@ -70,6 +80,7 @@ static double g_seconds = 3, g_kernel_us, g_window_ms = 1000;
 static long g_chunk; /* -b: bench mode */
 static int g_ndev = 1, g_sync = 16;
 static long g_period_us;
+static double g_empty_over_us = 1000;
 
 static uint64_t now_ns(void)
 {
@@ -119,6 +130,10 @@ static void *run_dev(void *arg)
     uint64_t t0 = now_ns(), end = t0 + (uint64_t)(g_seconds * 1e9), last = t0, max_gap = 0;
     uint64_t next = t0;
     double unit_us = g_kernel_us * (g_graph ? g_graph : 1); /* device time of one launch */
+    uint64_t unit_ns = (uint64_t)(unit_us * 1e3), over_ns = (uint64_t)(g_empty_over_us * 1e3);
+    /* own_end: where the stream's own kernels end; empty_end: also no earlier than the last
+     * synchronisation's return (a co-tenant's kernels may have run before them) */
+    uint64_t own_end = t0, empty_end = t0, idle = 0, empty_over = 0, empty_over_n = 0;
     while (now_ns() < end && n < cap) {
         if (g_period_us) {
             uint64_t t = now_ns();
@@ -126,18 +141,25 @@ static void *run_dev(void *arg)
             next += (uint64_t)g_period_us * 1000;
         }
         uint64_t a = now_ns();
+        if (a > own_end) idle += a - own_end;
         if (g_graph && gx) CK(p_cuGraphLaunch(gx, s));
         else if (!g_graph) CK(launch(f, s));
         else break; /* the capture failed: nothing to launch */
         uint64_t b = now_ns();
+        if (b > empty_end + over_ns) {
+            empty_over += b - empty_end - over_ns;
+            empty_over_n++;
+        }
+        own_end = (b > own_end ? b : own_end) + unit_ns;
+        empty_end = (b > empty_end ? b : empty_end) + unit_ns;
         ts[n++] = b;
         if (b - last > max_gap) max_gap = b - last;
         last = b;
-        if (g_period_us) {
+        if (g_period_us || n % (size_t)g_sync == 0) {
             CK(p_cuStreamSynchronize(s));
-            lat[nl++] = now_ns() - a;
-        } else if (n % (size_t)g_sync == 0) {
-            CK(p_cuStreamSynchronize(s));
+            uint64_t t = now_ns(); /* the stream is empty: its work ended by now */
+            if (t > empty_end) empty_end = t;
+            if (g_period_us) lat[nl++] = t - a;
         }
     }
     CK(p_cuStreamSynchronize(s));
@@ -146,6 +168,10 @@ static void *run_dev(void *arg)
     int off = snprintf(j->json, sizeof j->json,
                        "{\"dev\":%d,\"launches\":%zu,\"wall_s\":%.4f,\"use_pct\":%.3f,\"max_gap_ms\":%.3f,",
                        j->dev, n, wall, 100.0 * (double)n * unit_us / 1e6 / wall, (double)max_gap / 1e6);
+    off += snprintf(j->json + off, sizeof j->json - (size_t)off,
+                    "\"t0_ns\":%llu,\"idle_pct\":%.3f,\"empty_over_ms\":%.3f,\"empty_over_n\":%llu,",
+                    (unsigned long long)t0, 100.0 * (double)idle / 1e9 / wall, (double)empty_over / 1e6,
+                    (unsigned long long)empty_over_n);
     if (g_graph)
         off += snprintf(j->json + off, sizeof j->json - (size_t)off, "\"capture_rc\":%d,\"graph_kernels\":%d,",
                         capture_rc, g_graph);
@@ -214,7 +240,7 @@ int main(int argc, char **argv)
     const char *k = getenv("FAKEGPU_KERNEL_US");
     g_kernel_us = k ? atof(k) : 0;
     int opt;
-    while ((opt = getopt(argc, argv, "t:d:s:p:k:w:g:b:ec")) != -1) {
+    while ((opt = getopt(argc, argv, "t:d:s:p:k:w:g:b:i:ec")) != -1) {
         switch (opt) {
         case 't': g_seconds = atof(optarg); break;
         case 'd': g_ndev = atoi(optarg); break;
@@ -222,6 +248,7 @@ int main(int argc, char **argv)
         case 'p': g_period_us = atol(optarg); break;
         case 'k': g_kernel_us = atof(optarg); break;
         case 'w': g_window_ms = atof(optarg); break;
+        case 'i': g_empty_over_us = atof(optarg); break;
         case 'e': case 'c': g_entry = opt; break;
         case 'g': g_graph = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
         case 'b': g_chunk = atol(optarg) > 0 ? atol(optarg) : 10000; break;

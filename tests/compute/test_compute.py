@@ -11,6 +11,7 @@ Two levels:
 
 from __future__ import annotations
 
+import json
 import struct
 import subprocess
 import time
@@ -18,7 +19,17 @@ import time
 import pytest
 
 from . import cardregion
-from .conftest import LIB, SPLIT_RUN_S, Node, not_starved, result, settled_mean
+from .conftest import (
+    LIB,
+    SPLIT_RUN_S,
+    UNHELD_SLACK_PTS,
+    Node,
+    held_busy_and_bound_ms,
+    not_starved,
+    result,
+    settled_mean,
+    unheld,
+)
 
 # --------------------------------------------------------------------------------------
 # The controller core on a simulated clock
@@ -193,12 +204,18 @@ def test_fc13_every_launch_entry_point_is_capped(node: Node, entry: str) -> None
     assert max(steady) <= 33 and sum(steady) / len(steady) >= 0.8 * 30 - 3, r
 
 
+# The hold a high share's launch leaves (the gate's default, EGPU_COMPUTE_HI_HOLD_US)
+HI_HOLD_MS = 2.0
+
+
 @pytest.mark.parametrize("lo_cores", [0, 50], ids=["uncapped", "capped-50"])
 def test_fc14_high_priority_goes_first(node: Node, lo_cores: int) -> None:
     """FC-14: a high-priority loop of small kernels (0.5 ms every 100 ms) beside a
-    low-priority loop of 2 ms kernels: its latency stays near solo (at most the low work
-    already queued ahead of it: preemption is at kernel boundaries), and the low loop
-    resumes within 20 ms each time (its longest pause between launches)."""
+    low-priority loop of 2 ms kernels: its median latency stays near that of the same loop
+    alone on another card in the same run (at most the low work already queued ahead of it:
+    preemption is at kernel boundaries), and the low loop is held only around the high
+    share's launches. The tail latency, the low loop's longest pause and its use are figures
+    of bench/compute_priority.py: a busy host moves them."""
     solo = node.load(node.env("solo", [1], kernel_us=500), 2.5, "-p", 100000)
     lo = node.load(node.env("lo", [0], cores=lo_cores, priority="low", kernel_us=2000), 4, "-s", 4)
     hi = node.load(node.env("hi", [0], kernel_us=500), 3, "-p", 100000, delay=0.5)
@@ -208,26 +225,46 @@ def test_fc14_high_priority_goes_first(node: Node, lo_cores: int) -> None:
     # priority was seen in the last second); without the gate the low loop's queue of four
     # 2 ms kernels would add ~4 ms at the median
     assert rh["lat_us_p50"] <= rs["lat_us_p50"] + 2500, (rs, rh)
-    # ~30 samples: their p99 is their maximum, which the 2-core machine's scheduler decides
-    # as much as egpu (8.9 ms seen once in 12 runs): a loose bound; the median shows the gate
-    assert rh["lat_us_p99"] <= rs["lat_us_p99"] + 12000, (rs, rh)
-    # a capped share also pauses for its own cap: after a burst, up to burst / rate
-    # (10 ms of bucket at 50%: 20 ms); what priority adds on top stays within 20 ms
-    assert rl["max_gap_ms"] <= 20 + (10 / (lo_cores / 100) if lo_cores else 0), rl
-    want = 47 if lo_cores else 80
-    assert rl["use_pct"] >= want, rl
+    if lo_cores:
+        assert max(rl["win_use_pct"][1:]) <= lo_cores + 3, rl
+    else:
+        # held only while a high launch's mark stands (its kernel, the hold, one low kernel
+        # queued behind): a low share that stays held after the high work (a mark that never
+        # lapses) shows time held in the gate instead of use or its own idle time
+        held_pct = 100 * rh["launches"] * (0.5 + HI_HOLD_MS + 2) / 1000 / rl["wall_s"]
+        assert rl["use_pct"] + rl["idle_pct"] >= 100 - held_pct - UNHELD_SLACK_PTS, (rl, rh)
 
 
 def test_fc14_low_priority_waits_while_high_is_busy_and_resumes(node: Node) -> None:
-    """A busy high-priority share holds a low one off the card; once it stops, the low one
-    takes the card within 20 ms (no cap set)."""
-    lo = node.load(node.env("lo", [0], priority="low", kernel_us=1000), 3, "-s", 2, "-w", 500)
-    hi = node.load(node.env("hi", [0], kernel_us=1000), 1.0, "-s", 1, delay=0.5)
+    """A busy high-priority share holds a low one off the card (the low share uses no more
+    than the high one's empty gaps allow); once it stops, the low one takes the card again
+    (no cap set). Windows of 0.5 s, placed by the processes' own clocks."""
+    window_ms = 500
+    lo = node.load(node.env("lo", [0], priority="low", kernel_us=1000), 4, "-s", 2,
+                   "-w", window_ms)
+    hi = node.load(node.env("hi", [0], kernel_us=1000), 1.5, "-s", 1, delay=1.0)
     rh, rl = result(hi)[0], result(lo)[0]
-    assert rh["use_pct"] >= 60, rh  # the high share had the card (nearly) to itself
-    w = rl["win_use_pct"]  # 0.5 s windows: [alone, with hi, with hi, after, after, after]
-    assert w[1] <= 10 and w[2] <= 10, rl
-    assert min(w[4:]) >= 70, rl
+    assert unheld(rh), rh  # the high share had the card, but for its own gaps
+    hi_start = rh["t0_ns"]
+    hi_end = hi_start + rh["wall_s"] * 1e9
+    win_ns = window_ms * 1e6
+
+    def starts(i: int) -> float:
+        return rl["t0_ns"] + i * win_ns
+
+    n = len(rl["win_use_pct"])
+    during = [i for i in range(n) if starts(i) >= hi_start and starts(i + 1) <= hi_end]
+    before = [i for i in range(1, n) if starts(i + 1) <= hi_start]
+    after = [i for i in range(n) if starts(i) >= hi_end + 20e6]  # resumed within 20 ms
+    assert during and before and after, ("the runs did not overlap as set up", rh, rl)
+    busy, bound = held_busy_and_bound_ms(
+        rh, rl, 1000, window_ms=window_ms, windows=slice(during[0], during[-1] + 1))
+    assert busy <= bound, (busy, bound, rh, rl)
+    # resumed: after the high share, the low one runs as it did alone before it (a held
+    # share that never resumes shows ~0)
+    alone = sum(rl["win_use_pct"][i] for i in before) / len(before)
+    resumed = min(rl["win_use_pct"][i] for i in after)
+    assert resumed >= 0.7 * alone, (alone, resumed, rl)
 
 
 @pytest.mark.parametrize("source", ["env", "file"])
@@ -235,7 +272,8 @@ def test_fc14_low_priority_waits_while_high_is_busy_and_resumes(node: Node) -> N
 def test_fc14_starvation_floor(node: Node, floor: int, source: str) -> None:
     """The floor (off by default) keeps a low share alive beside a high share that never goes
     idle; set by the config file's low_priority_floor (clusters: lowPriorityFloorPercent) or,
-    on raw nodes, EGPU_LOW_PRIORITY_FLOOR."""
+    on raw nodes, EGPU_LOW_PRIORITY_FLOOR. The setting the share runs with is read from its
+    slot on the card; what it does in real time is checked against the high share's gaps."""
     if source == "file":
         # the file wins over the environment, also when it says 0
         extra: dict = {"low_priority_floor": floor, "EGPU_LOW_PRIORITY_FLOOR": 10 - floor}
@@ -244,14 +282,20 @@ def test_fc14_starvation_floor(node: Node, floor: int, source: str) -> None:
     hi = node.load(node.env("hi", [0], kernel_us=1000), 3, "-s", 1)
     node.wait_attached(0, hi)  # the low share starts beside a running high share
     lo = node.load(node.env("lo", [0], priority="low", kernel_us=1000, **extra), 2.5, "-s", 1)
-    rl, _ = result(lo)[0], result(hi)[0]
+    node.wait_attached(0, lo)
+    _, shares = cardregion.read(node.region(0))
+    [low_slot] = [s for s in shares if lo.pid in s.pids]
+    assert low_slot.raw["floor_pct"] == floor, low_slot.raw
+    rl, rh = result(lo)[0], result(hi)[0]
+    assert unheld(rh), rh
+    busy, bound = held_busy_and_bound_ms(rh, rl, 1000)
     if floor:
-        assert floor / 2 <= rl["use_pct"] <= floor + 3, rl
+        # the floor's trickle on top of what the high share's gaps let through
+        span_ms = 1000 * len(rl["win_use_pct"][1:])
+        assert busy <= bound + (floor + 3) / 100 * span_ms, (busy, bound, rl, rh)
+        assert rl["use_pct"] >= floor / 2, rl  # the floor holds (0 without one)
     else:
-        # held off the card once the high share's poller has seen it arrive; before that, its
-        # first launches go through (a few ms; 49 ms seen on two loaded cores)
-        assert max(rl["win_use_pct"][1:]) <= 1.5, rl
-        assert rl["use_pct"] <= 3, rl
+        assert busy <= bound, (busy, bound, rl, rh)
 
 
 def test_fc14_a_low_share_that_booked_cores_still_yields_to_an_uncapped_high_share(
@@ -259,13 +303,14 @@ def test_fc14_a_low_share_that_booked_cores_still_yields_to_an_uncapped_high_sha
     """A high share with nothing booked is elastic beside shares that booked; a low share's
     booking is no reservation against it (low yields while high-priority work runs). Before,
     the low share's wait counted as demand, the high share's rate fell to 48% and the low
-    one ran in the gaps (13%)."""
+    one ran in the gaps (13%): the high share held in the gate, the low one past its gaps."""
     hi = node.load(node.env("hi", [0], kernel_us=1000), 3, "-s", 1)
     node.wait_attached(0, hi)
     lo = node.load(node.env("lo", [0], priority="low", cores=50, kernel_us=1000), 2.5, "-s", 1)
     rl, rh = result(lo)[0], result(hi)[0]
-    assert rl["use_pct"] <= 3, (rl, rh)
-    assert min(rh["win_use_pct"][1:]) >= 70, (rh, rl)
+    assert unheld(rh), (rh, rl)
+    busy, bound = held_busy_and_bound_ms(rh, rl, 1000)
+    assert busy <= bound, (busy, bound, rl, rh)
 
 
 def test_fc15_oversubscription_never_fails_below_the_cap(node: Node) -> None:
@@ -308,14 +353,14 @@ def probe(env: dict, *steps: object) -> list[list[str]]:
     return [line.split() for line in p.stdout.splitlines()]
 
 
-def test_uncapped_share_costs_almost_nothing(node: Node) -> None:
-    """No cap, high priority, no low share on the card: launches go straight to the driver.
-    The fake's launch with no kernel time is a few tens of ns; the interposer adds a load and
-    a branch. Loose bound here (a shared machine); bench/compute.py reports the figure."""
-    env_plain = node.env("u", [0], kernel_us=0, preload=False)
-    env_pre = node.env("u", [0], kernel_us=0)
-    best = {"plain": 0.0, "pre": 0.0}
-    for name, env in (("plain", env_plain), ("pre", env_pre)) * 2:
-        r = result(node.load(env, 0.5, "-s", 1000000))[0]
-        best[name] = max(best[name], r["launches"] / r["wall_s"])
-    assert best["pre"] >= 0.7 * best["plain"], best
+def test_an_uncapped_share_alone_adds_no_driver_call(node: Node) -> None:
+    """No cap, high priority, no low share on the card: launches go straight to the driver,
+    and the gate adds no call of its own (no event recorded or queried: the fake driver's
+    call counts). What the fast path costs in ns is bench/compute.py's uncapped_added_ns (a
+    timing: a host moves it)."""
+    counts = node.tmp / "calls.jsonl"
+    env = node.env("u", [0], kernel_us=0, FAKEGPU_CALL_COUNTS=counts)
+    r = result(node.load(env, 0.5, "-s", 1000000))[0]
+    [calls] = [json.loads(line) for line in counts.read_text().splitlines()]
+    assert calls["launch"] == r["launches"], (calls, r)
+    assert calls["event_record"] == 0 and calls["event_query"] == 0, calls

@@ -12,8 +12,11 @@ Then, whatever the attack:
 
 - both honest containers exit 0 within their time (no SIGBUS, no hang);
 - the high share keeps to its cap (each steady 1 s window <= cap + 3 points) and is not
-  starved (tests/compute/conftest.py: not_starved, launch-bound on a shared 2-core machine);
-- the low share stays held while the high one is busy (priority holds; no floor is set);
+  starved: held to its cap only while it was launching (the time its own thread left the
+  stream empty, compute_load's idle_pct, is the host's, not the gate's);
+- the low share stays held while the high one is busy (priority holds; no floor is set): it
+  uses no more than the high share's empty gaps let through (tests/compute/conftest.py,
+  held_busy_and_bound_ms);
 - inside each honest container, mid-attack, cuMemGetInfo's total is the share and an
   allocation over it fails with out-of-memory while one within it succeeds;
 - the node agent's view of the card (scan_cards) lists the honest shares with their booked
@@ -23,7 +26,8 @@ Then, whatever the attack:
   card folder, the config, the preload list or the interposer failed (its own share file
   is its own to wreck).
 
-Real time on a shared machine: each test reruns on an AssertionError (conftest.py).
+Real time on a shared machine: no test reruns; what a busy host moves (the high share's gaps
+and idle time) is measured in the same run and the bounds follow it.
 """
 
 from __future__ import annotations
@@ -32,9 +36,9 @@ import time
 from dataclasses import dataclass
 
 from demo.sandbox import Container, Result
-from tests.compute.conftest import not_starved
+from tests.compute.conftest import held_busy_and_bound_ms
 
-from .conftest import CARD, Attempt, Share, Tenancy, attempts, load_rows
+from .conftest import CARD, KERNEL_US, Attempt, Share, Tenancy, attempts, load_rows
 
 HIGH = Share("5ec00000-0000-4000-8000-000000000001", "high", 50, 4096)
 LOW = Share("5ec00000-0000-4000-8000-000000000002", "low", 50, 4096)
@@ -48,14 +52,8 @@ HOSTILE_S = 30  # stopped (SIGTERM, then it reports) once the honest shares are 
 # (1 ms: ~12%, 2 ms: ~39% next to a high share capped at 50%, in these containers).
 SYNC_EVERY = "16"
 CAP_SLACK = 3  # points over the cap a steady 1 s window may show (FC-13)
-# A held low share (no floor) next to the busy high one, in its 1 s windows after the first:
-# each at most LOW_HELD_WINDOW_MAX %, on average at most LOW_HELD_MEAN_MAX %. What it gets is
-# the high share's launch gaps longer than the priority hold, which the host decides: up to
-# 3.6 % a window seen without an attack, 5-10 % in single windows with one (a container
-# starting, the probes' `runc exec`); a share whose priority lapsed takes ~45 %.
-LOW_HELD_WINDOW_MAX = 10.0
-LOW_HELD_MEAN_MAX = 5.0
 LOW_END_SLACK_S = 0.5
+GATE_TICK_MS = 50  # the gate's rate tick (libinterpose/src/compute.c, TICK_DEFAULT_NS)
 CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY = 0, 2
 
 # What the node or a co-tenant owns, as the hostile program names it (its own share file,
@@ -152,15 +150,19 @@ def assert_co_tenants_unharmed(o: Outcome) -> None:
     assert steady, high
     cap = HIGH.cores
     assert max(steady) <= cap + CAP_SLACK, f"high share over its cap {cap}%: {high}"
-    assert sum(steady) / len(steady) >= not_starved(cap), f"high share starved: {high}"
+    # held to its cap only while launching: a gate that an attack stalls holds it below
+    launching = 1 - high["idle_pct"] / 100
+    assert high["use_pct"] >= (cap - CAP_SLACK) * launching - CAP_SLACK, (
+        f"high share starved: {high}")
     # a held low share's last launch may return only when the high one stops: it ends with it
     assert o.low_end <= o.high_end + LOW_END_SLACK_S, (
         "setup: the low share outlived the high one (host too slow to start it): "
         f"{o.low_end - o.high_end:.2f} s later{o.tail()}")
-    held = low["win_use_pct"][1:]
-    assert held, low
-    assert max(held) <= LOW_HELD_WINDOW_MAX and sum(held) / len(held) <= LOW_HELD_MEAN_MAX, (
-        f"low share not held while the high one was busy: {low}")
+    assert low["win_use_pct"][1:], low
+    busy, bound = held_busy_and_bound_ms(high, low, KERNEL_US)
+    assert busy <= bound, (
+        f"low share not held while the high one was busy: {busy:.0f} ms of the card, "
+        f"its bound {bound:.0f} ms: {low}; the high share: {high}")
     for name, (over, within) in o.probes.items():
         for r in (over, within):
             assert r.returncode == 0, f"{name} share's probe: rc={r.returncode}\n{r.stderr}"
@@ -183,10 +185,14 @@ def assert_co_tenants_unharmed(o: Outcome) -> None:
     used = slots[HIGH.owner].reported_percent(o.view_ns)
     assert 0 < used <= cap + CAP_SLACK, f"high share's reported use {used}%: {slots}"
     assert not slots[HIGH.owner].over_cap(o.view_ns), slots[HIGH.owner]
-    # the low share's figure is its smoothed use: at most what it measured itself in a window
+    # the low share's figure is its use smoothed over the gate's 50 ms ticks (halved each
+    # tick): at most half of all the card time it ever used, over one tick -- bounded by what
+    # the program itself launched (an independent count), not by its 1 s windows, which a
+    # burst inside one tick can exceed twentyfold
     low_used = slots[LOW.owner].used_percent(o.view_ns)
-    assert low_used <= max(low["win_use_pct"]) + CAP_SLACK, (
-        f"low share's measured use {low_used}%: {slots[LOW.owner]}; its own windows: {low}")
+    low_busy_ms = low["use_pct"] * low["wall_s"] * 10
+    assert low_used <= 100 * low_busy_ms / (2 * GATE_TICK_MS) + CAP_SLACK, (
+        f"low share's measured use {low_used}%: {slots[LOW.owner]}; what it launched: {low}")
 
 
 def assert_nothing_protected_changed(o: Outcome) -> None:
