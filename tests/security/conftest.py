@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import struct
 import subprocess
