@@ -6,7 +6,10 @@ egpu.io/allocation) and what the kube-scheduler allocated to ResourceClaims of t
 gpu.egpu.io (their consumed capacity; SHARES says the DRA part). Each share line names the
 pod and container, MiB, cores, priority and compute policy, and for a DRA share its claim.
 USED and COMPUTE come from the node agents' egpu.io/usage annotation, "-" where no agent has
-published it yet.
+published it yet. Under each node, the config its agent runs (annotation egpu.io/config:
+generation and source), and whether it is the ConfigMap's (egpu-system/egpu-config, read
+when allowed): "not applied yet" while a roll is under way, "last-good" when the ConfigMap is
+bad and the agent kept its last good config (docs/operating.md, "Changing the config").
 
 API reads, one LIST each per call: nodes, pods (all namespaces) and resourceclaims
 (resource.k8s.io/v1, all namespaces). Without the right to list resourceclaims, or on a
@@ -22,6 +25,8 @@ from dataclasses import asdict
 from typing import Any
 
 from egpu.cluster_view import PATH_DRA, NodeView, ShareView, cluster_view
+from egpu.config import config_generation
+from egpu.contract import CONFIG_MAP_NAME, NAMESPACE
 
 COMMAND = "top"
 HELP = "show per node and card the booked and used memory and cores, and the shares"
@@ -62,11 +67,26 @@ def fetch_claims(api_client: Any) -> tuple[list[Any], str | None]:
     return _items(answer), None
 
 
+def fetch_config_generation(core: Any) -> str | None:
+    """The generation of the ConfigMap egpu-system/egpu-config's config.yaml (one GET), or
+    None when it cannot be read (absent, not allowed, another install namespace)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        cm = core.read_namespaced_config_map(CONFIG_MAP_NAME, NAMESPACE,
+                                             _request_timeout=TIMEOUT_S)
+    except ApiException:
+        return None
+    text = (cm.data or {}).get("config.yaml")
+    return None if text is None else config_generation(text)
+
+
 def fetch(kubeconfig: str | None, context: str | None
-          ) -> tuple[list[Any], list[Any], list[Any], str | None]:
-    """Nodes, pods (all namespaces) and ResourceClaims (``fetch_claims``) as JSON dicts, and
-    why the claims are missing (None when they are not), through the API: one LIST each.
-    Raises the client's errors (cannot reach, not allowed to list nodes or pods)."""
+          ) -> tuple[list[Any], list[Any], list[Any], str | None, str | None]:
+    """Nodes, pods (all namespaces) and ResourceClaims (``fetch_claims``) as JSON dicts, why
+    the claims are missing (None when they are not), and the ConfigMap's config generation
+    (``fetch_config_generation``), through the API: one LIST or GET each. Raises the client's
+    errors (cannot reach, not allowed to list nodes or pods)."""
     from kubernetes import client, config
 
     api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
@@ -75,7 +95,7 @@ def fetch(kubeconfig: str | None, context: str | None
     pods = _items(core.list_pod_for_all_namespaces(_preload_content=False,
                                                    _request_timeout=TIMEOUT_S))
     claims, note = fetch_claims(api_client)
-    return nodes, pods, claims, note
+    return nodes, pods, claims, note, fetch_config_generation(core)
 
 
 def _mib(value: int | None) -> str:
@@ -99,8 +119,20 @@ def format_share(share: ShareView) -> str:
     return line
 
 
-def format_views(views: list[NodeView]) -> str:
-    """The text table: one line per card, then one indented line per share."""
+def format_config(config: str, wanted: str | None) -> str:
+    """A node's config line (without the node's name): ``config <generation> (<source>)``,
+    and against the ConfigMap's generation ``wanted`` (None: unknown) whether it is applied."""
+    generation, _, source = config.partition(" ")
+    line = f"config {generation} ({source or 'file'})"
+    if wanted is not None and generation != wanted:
+        line += (f", ConfigMap {wanted}: the ConfigMap is bad, last good kept" if source ==
+                 "last-good" else f", ConfigMap {wanted}: not applied yet")
+    return line
+
+
+def format_views(views: list[NodeView], config_generation: str | None = None) -> str:
+    """The text table: one line per card, then one indented line per share, then the node's
+    config line (``format_config``) where its agent said which config it runs."""
     lines = [f"{'NODE':<14} {'GPU':>3} {'MODEL':<24} {'MEM MiB':>8} {'BOOKED':>8} {'USED':>8} "
              f"{'CORES':>6} {'COMPUTE':>8} SHARES"]
     for node in views:
@@ -120,13 +152,15 @@ def format_views(views: list[NodeView]) -> str:
                 f"{card.booked_cores:>5}% {compute:>8} {len(card.shares)}{dra}{over}{health}")
             for share in card.shares:
                 lines.append(f"{'':<14} {'':>3}   {format_share(share)}")
+        if node.config:
+            lines.append(f"{node.name:<14} {format_config(node.config, config_generation)}")
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the table (or JSON); 2 when the cluster cannot be reached."""
     try:
-        nodes, pods, claims, note = fetch(args.kubeconfig, args.context)
+        nodes, pods, claims, note, generation = fetch(args.kubeconfig, args.context)
     except Exception as exc:  # the client raises many kinds; all mean "cannot reach"
         print(f"egpu top: cannot read the cluster: {exc}", file=sys.stderr)
         return 2
@@ -137,5 +171,5 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps([asdict(v) for v in views], indent=1))
     else:
-        print(format_views(views))
+        print(format_views(views, generation))
     return 0

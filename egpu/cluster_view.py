@@ -5,7 +5,8 @@ JSON-like dicts (as the API returns them) and returns ``NodeView``s: each card's
 booked MiB and cores, measured use (node annotation ``egpu.io/usage``) and the shares placed
 on it, from both allocation paths. Used by ``egpu top`` / ``kubectl egpu`` and the demo's
 placement table. Malformed annotations and claims are reported in ``NodeView.problems``, never
-raised.
+raised. ``NodeView.config``: the config the node's agent runs (annotation ``egpu.io/config``:
+``<generation> <source>``; "" before an agent published it).
 
 - The scheduler extender's shares: a pod's ``egpu.io/allocation`` record alone (cards, each
   container's kind, the resolved priority and compute policy), never its spec; only a record
@@ -31,7 +32,7 @@ from typing import Any
 
 from egpu.booking import allocation_bookings, record_bookings
 from egpu.config import Config
-from egpu.contract import ANN_ALLOCATION, ANN_INVENTORY, ANN_USAGE
+from egpu.contract import ANN_ALLOCATION, ANN_CONFIG, ANN_INVENTORY, ANN_USAGE
 from egpu.dra.allocation import (
     ClaimDevice,
     ClaimError,
@@ -96,6 +97,7 @@ class NodeView:
     name: str
     cards: list[CardView]
     problems: list[str] = field(default_factory=list)
+    config: str = ""  # the agent's "<generation> <source>" (egpu.io/config), "" if not said
 
 
 def _meta(obj: Mapping[str, Any], key: str) -> Any:
@@ -128,7 +130,7 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
         annotations = _annotations(node)
         if ANN_INVENTORY not in annotations:
             continue
-        view = NodeView(name, [])
+        view = NodeView(name, [], config=str(annotations.get(ANN_CONFIG, "")))
         views[name] = view
         try:
             inventory = Inventory.decode(annotations[ANN_INVENTORY])

@@ -281,7 +281,9 @@ class LoadedConfig:
     error: str = ""
 
 
-def _generation(text: str) -> str:
+def config_generation(text: str) -> str:
+    """A config text's generation: the first 12 hex digits of its SHA-256 (what each part
+    reports in egpu_config_info and the node agent in the node annotation egpu.io/config)."""
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -304,7 +306,7 @@ def load_config_keeping(path: str | None, keep_dir: str | None) -> LoadedConfig:
             raise
         with open(kept, encoding="utf-8") as handle:
             text = handle.read()
-        return LoadedConfig(load_config(text), "last-good", _generation(text),
+        return LoadedConfig(load_config(text), "last-good", config_generation(text),
                             f"{path}: {exc}")
     if keep_dir:
         try:
@@ -315,4 +317,4 @@ def load_config_keeping(path: str | None, keep_dir: str | None) -> LoadedConfig:
             os.replace(tmp, os.path.join(keep_dir, LAST_GOOD_FILE))
         except OSError:
             pass  # nothing kept this time: the part runs on the good file all the same
-    return LoadedConfig(config, "file", _generation(text))
+    return LoadedConfig(config, "file", config_generation(text))

@@ -149,6 +149,9 @@ DRA_CONFIG_KIND: Final = "ShareConfig"  # priority, computePolicy, memoryOversub
 # pod: extender | dra (migrations); node (node agent): how the node takes shares, and the
 # extender places none on a node that says dra (the DRA node pool, docs/dra.md)
 ANN_ALLOCATION_MODE: Final = "egpu.io/allocation-mode"
+# node (node agent): the config it runs, "<generation> <source>" (egpu.config.LoadedConfig:
+# the SHA-256 prefix of its text; file | last-good), shown by `kubectl egpu`
+ANN_CONFIG: Final = "egpu.io/config"
 ALLOCATION_MODE_EXTENDER: Final = "extender"  # sections 1-2: extender, device plugin
 ALLOCATION_MODE_DRA: Final = "dra"  # ResourceClaims placed by the kube-scheduler
 ALLOCATION_MODES: Final = (ALLOCATION_MODE_EXTENDER, ALLOCATION_MODE_DRA)

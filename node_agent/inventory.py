@@ -1,7 +1,8 @@
 """The node annotations ``egpu.io/inventory``, ``egpu.io/inventory-heartbeat``,
-``egpu.io/usage`` (measured use, node_agent.usage) and ``egpu.io/allocation-mode`` (``dra`` on
+``egpu.io/usage`` (measured use, node_agent.usage), ``egpu.io/allocation-mode`` (``dra`` on
 a node of the DRA pool, whose agent serves no device plugin: the extender places no share
-there), sent together in one PATCH.
+there) and ``egpu.io/config`` (the config the agent runs: ``<generation> <source>``), sent
+together in one PATCH.
 
 ``inventory_patch(cards, now, usage, mode)`` is the pure merge patch; ``publish`` sends it with the
 kubernetes client (PATCH nodes/<name>, needs RBAC ``nodes: patch``).
@@ -16,6 +17,7 @@ from egpu.contract import (
     ALLOCATION_MODE_EXTENDER,
     ALLOCATION_MODES,
     ANN_ALLOCATION_MODE,
+    ANN_CONFIG,
     ANN_INVENTORY,
     ANN_INVENTORY_HEARTBEAT,
     ANN_USAGE,
@@ -29,10 +31,11 @@ def rfc3339(moment: datetime) -> str:
 
 
 def inventory_patch(cards: tuple[Card, ...], now: datetime, usage: NodeUsage | None = None,
-                    mode: str = ALLOCATION_MODE_EXTENDER) -> dict[str, Any]:
+                    mode: str = ALLOCATION_MODE_EXTENDER, config: str | None = None
+                    ) -> dict[str, Any]:
     """The strategic-merge patch body that sets the annotations (usage: left as it is when
     None, e.g. when it could not be measured this time; mode: one of ALLOCATION_MODES, else
-    ValueError)."""
+    ValueError; config: ``<generation> <source>``, left as it is when None)."""
     if mode not in ALLOCATION_MODES:
         raise ValueError(f"mode: {mode!r}; allowed: {', '.join(ALLOCATION_MODES)}")
     annotations = {
@@ -42,10 +45,12 @@ def inventory_patch(cards: tuple[Card, ...], now: datetime, usage: NodeUsage | N
     }
     if usage is not None:
         annotations[ANN_USAGE] = usage.encode()
+    if config is not None:
+        annotations[ANN_CONFIG] = config
     return {"metadata": {"annotations": annotations}}
 
 
 def publish(core_v1: Any, node: str, cards: tuple[Card, ...], usage: NodeUsage | None = None,
-            mode: str = ALLOCATION_MODE_EXTENDER) -> None:
+            mode: str = ALLOCATION_MODE_EXTENDER, config: str | None = None) -> None:
     """PATCH the node's annotations now. Raises kubernetes ApiException on failure."""
-    core_v1.patch_node(node, inventory_patch(cards, datetime.now(UTC), usage, mode))
+    core_v1.patch_node(node, inventory_patch(cards, datetime.now(UTC), usage, mode, config))

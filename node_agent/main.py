@@ -270,7 +270,8 @@ def run(argv: Sequence[str] | None = None) -> int:
             cdi.publish(cards.get())
         if core_v1 is not None:
             try:
-                inventory.publish(core_v1, args.node_name, cards.get(), usage(), mode)
+                inventory.publish(core_v1, args.node_name, cards.get(), usage(), mode,
+                                  f"{loaded.generation} {loaded.source}")
                 last_beat[:] = [time.time()]
             except Exception as exc:  # the API server may be away; retry at the next beat
                 log.warning("inventory heartbeat: %s", exc)

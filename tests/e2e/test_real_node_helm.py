@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,6 +123,22 @@ def _rolled(cluster: RealCluster) -> None:
     inst.wait_slots(cluster)
 
 
+def _config_lines(cluster: RealCluster) -> list[str]:
+    """`kubectl egpu`'s config lines (egpu top, as a user runs it): one per node whose agent
+    said which config it runs."""
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "top", "--kubeconfig",
+                           cluster.kubeconfig], capture_output=True, text=True, timeout=120,
+                          cwd=inst.REPO, check=True)
+    return [line for line in proc.stdout.splitlines() if " config " in line]
+
+
+def _configmap_generation(cluster: RealCluster) -> str:
+    from egpu.config import config_generation
+
+    cm = inst.get_json(cluster, "configmap", "-n", inst.NAMESPACE, "egpu-config")
+    return config_generation(cm["data"]["config.yaml"])
+
+
 def test_helm_upgrade_with_a_values_file_applies_the_new_ratio_and_log_level(
         helm_installed: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> None:
     """docs/operating.md's upgrade: `helm upgrade -f values` (no --reuse-values) with a new
@@ -141,6 +158,11 @@ def test_helm_upgrade_with_a_values_file_applies_the_new_ratio_and_log_level(
     assert extender and all("--log-level=DEBUG" in c["command"] for c in extender)
     for text in _metrics(helm_installed, "app.kubernetes.io/name=egpu-scheduler", 8889):
         assert 'source="file"' in text and "egpu_config_info" in text, text[-500:]
+    # `kubectl egpu` says the real node's agent runs the upgraded ConfigMap's config
+    wanted = f"config {_configmap_generation(helm_installed)} (file)"
+    helm_installed.wait_for("the agents' config lines at the new generation", lambda: (
+        (lines := _config_lines(helm_installed)) and all(
+            line.split(None, 1)[1] == wanted for line in lines)), timeout=90, interval=3.0)
     # the next placement books at 2.0: a share that 1.5 x 81559 MiB cannot hold
     pod = inst.share_pod("oversubscribed", inst.SHARE_NS,
                          helm_installed.inputs / "pods" / "01-vllm-online.yaml", inst.REAL_LABEL,
@@ -216,6 +238,12 @@ def test_a_bad_configmap_edit_leaves_every_part_running_on_its_last_good_config(
             helm_installed.wait_for(f"{selector} serving on its last good config",
                                     lambda s=selector, p=port: on_last_good(s, p), timeout=120,
                                     interval=2.0)
+        # and `kubectl egpu` says so, beside the ConfigMap's (bad) generation
+        kept = f"ConfigMap {_configmap_generation(helm_installed)}: the ConfigMap is bad"
+        helm_installed.wait_for("the agents' config lines on the last good config", lambda: (
+            (lines := _config_lines(helm_installed)) and all(
+                "(last-good)" in line and kept in line for line in lines)),
+            timeout=90, interval=3.0)
         restarts = {p["metadata"]["name"]: c.get("restartCount", 0)
                     for p in inst.get_json(helm_installed, "pods", "-n", inst.NAMESPACE)["items"]
                     for c in p["status"].get("containerStatuses", [])}

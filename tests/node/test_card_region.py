@@ -195,6 +195,14 @@ def test_usage_annotation_goes_with_the_heartbeat(tmp_path: Path) -> None:
     assert ANN_USAGE not in inventory_patch(CARDS, datetime.now(UTC))["metadata"]["annotations"]
 
 
+def test_the_heartbeat_says_which_config_the_agent_runs() -> None:
+    from egpu.contract import ANN_CONFIG
+
+    patch = inventory_patch(CARDS, datetime.now(UTC), config="3fa9c2e1b7d0 last-good")
+    assert patch["metadata"]["annotations"][ANN_CONFIG] == "3fa9c2e1b7d0 last-good"
+    assert ANN_CONFIG not in inventory_patch(CARDS, datetime.now(UTC))["metadata"]["annotations"]
+
+
 LAYOUT_C = r"""
 #include <stddef.h>
 #include <stdio.h>

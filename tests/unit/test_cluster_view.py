@@ -280,9 +280,9 @@ def test_kubectl_egpu_prints_dra_shares_and_says_when_it_cannot_list_claims(
 
     dra_pod = claim_pod("share-pod", "share-pod-egpu-x", {"main": None})
     claims = [claim("share-pod-egpu-x", [("gpu", "gpu-a", "8Gi", "30")])]
-    answers = [([node()], [dra_pod], claims, None),
+    answers = [([node()], [dra_pod], claims, None, None),
                ([node()], [dra_pod], [], "cannot list resourceclaims (resource.k8s.io/v1): "
-                                         "not allowed (403); DRA shares ...")]
+                                         "not allowed (403); DRA shares ...", None)]
     monkeypatch.setattr(top_cmd, "fetch", lambda *_: answers.pop(0))
     args = argparse.Namespace(kubeconfig=None, context=None, node=None, output="text")
     assert top_cmd.run(args) == 0
@@ -291,3 +291,27 @@ def test_kubectl_egpu_prints_dra_shares_and_says_when_it_cannot_list_claims(
     assert top_cmd.run(args) == 0
     out, err = capsys.readouterr()
     assert "egpu top: cannot list resourceclaims" in err and "share-pod" not in out
+
+
+def test_kubectl_egpu_says_which_config_each_node_agent_runs_against_the_configmap() -> None:
+    """The bug it would catch: a config change that never reached a node (its agent not
+    rolled, or on its last good config) looks applied from `kubectl egpu`."""
+    from egpu.config import config_generation
+
+    wanted = config_generation("sharesPerCard: 8\n")
+    nodes = []
+    for name, config in (("current", f"{wanted} file"), ("rolling", "0123456789ab file"),
+                         ("kept", "0123456789ab last-good"), ("old-agent", None)):
+        n = node(name)
+        if config:
+            n["metadata"]["annotations"]["egpu.io/config"] = config
+        nodes.append(n)
+    text = format_views(cluster_view(nodes, []), wanted)
+    lines = {line.split()[0]: line for line in text.splitlines() if " config " in line}
+    assert lines["current"].split(None, 1)[1] == f"config {wanted} (file)"
+    assert lines["rolling"].endswith(f"ConfigMap {wanted}: not applied yet")
+    assert lines["kept"].endswith(f"ConfigMap {wanted}: the ConfigMap is bad, last good kept")
+    assert "old-agent" not in lines  # an agent that does not say: no line, no guess
+    # without the ConfigMap (not allowed to read it): the generation alone
+    assert "rolling        config 0123456789ab (file)" in format_views(
+        cluster_view(nodes, []), None).splitlines()
