@@ -45,11 +45,11 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import stat
 import struct
 import time
 
 from egpu.contract import CONTAINER_REGION_FILE, CONTAINERS_SUBDIR, RUNTIME_DIR
+from egpu.safefile import NotRegularFile, open_regular
 
 TYPE_CHECKING = False  # no typing at run time: the hook's startup
 if TYPE_CHECKING:
@@ -359,39 +359,13 @@ def _open_dir(card_dir: str | int) -> tuple[int, bool]:
 
 
 def _open_regular(dir_fd: int, name: str, where: str, flags: int, mode: int = 0o600) -> int:
-    """An fd of regular file ``name`` in ``dir_fd``: checked by lstat first (a FIFO, device
-    or folder is never opened), opened O_NOFOLLOW|O_NONBLOCK, checked again by fstat; opened
-    for writing, it must have one link (a hard link to another file is never written or
-    chmod-ed). Raises FileNotFoundError (absent, and no O_CREAT) or RosterError."""
-    path = f"{where}/{name}"
+    """An fd of regular file ``name`` in ``dir_fd`` (egpu.safefile.open_regular: never a
+    FIFO, device, folder or link; one link when opened for writing). Raises
+    FileNotFoundError (absent, and no O_CREAT) or RosterError."""
     try:
-        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        if not flags & os.O_CREAT:
-            raise
-    else:
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a symlink" if stat.S_ISLNK(info.st_mode) else (
-                f"not a regular file (mode {info.st_mode:o})")
-            raise RosterError(f"{path} is {kind}; egpu expects a regular file there")
-    try:
-        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode,
-                     dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-            raise RosterError(f"{path} is not a regular file; egpu expects one there") from None
-        raise
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise RosterError(f"{path} is not a regular file; egpu expects one there")
-        if flags & (os.O_RDWR | os.O_WRONLY) and info.st_nlink != 1:
-            raise RosterError(f"{path} has {info.st_nlink} hard links; egpu expects a regular "
-                              "file with one link (refusing to change it)")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        return open_regular(name, flags, mode, dir_fd=dir_fd, where=where)
+    except NotRegularFile as exc:
+        raise RosterError(str(exc)) from None
 
 
 def read_roster(card_dir: str | int, *, where: str | None = None) -> Roster:

@@ -27,6 +27,8 @@ import errno
 import os
 import stat
 
+from egpu.safefile import NotRegularFile, open_regular
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -120,25 +122,17 @@ def make_dirs(base: int, base_path: str, names: tuple[str, ...] | list[str],
 
 
 def _open_file(folder: int, name: str, path: str, flags: int, mode: int) -> int:
+    """egpu.safefile.open_regular, one link also when read; blocking again once checked."""
     _check_name(name, path)
     try:
-        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode,
-                     dir_fd=folder)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise HostPathError(f"{path} is a symlink; egpu expects a regular file "
-                                "(refusing to follow it)") from None
-        if exc.errno == errno.EISDIR:
-            raise HostPathError(f"{path} is a folder; egpu expects a regular file") from None
-        raise
+        fd = open_regular(name, flags, mode, dir_fd=folder, where=os.path.dirname(path))
+    except NotRegularFile as exc:
+        raise HostPathError(str(exc)) from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise HostPathError(f"{path} is not a regular file (mode {info.st_mode:o}); "
-                                "egpu expects a regular file")
-        if info.st_nlink != 1:
-            raise HostPathError(f"{path} has {info.st_nlink} hard links; egpu expects a "
-                                "regular file with one link (refusing to change it)")
+        links = os.fstat(fd).st_nlink
+        if links != 1:
+            raise HostPathError(f"{path} has {links} hard links; egpu expects a regular file "
+                                "with one link (refusing to change it)")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

@@ -16,10 +16,10 @@ metric a moment stale is fine). Layout, little-endian (sizes in bytes)::
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from dataclasses import dataclass
 
+from egpu import safefile
 from egpu.contract import CONTAINER_REGION_FILE, CONTAINERS_SUBDIR
 
 REGION_MAGIC = 0x3147455250474545
@@ -81,16 +81,16 @@ class NotARegionFile(OSError):
 def open_regular(name: str, *, dir_fd: int | None = None, size: int | None = None,
                  min_size: int = 0) -> int:
     """A read-only fd of the regular file ``name`` (relative to ``dir_fd``), never blocking
-    and never through a symlink: O_NONBLOCK (a FIFO a container planted opens at once instead
-    of waiting for a writer, which would stop the agent's heartbeat), O_NOFOLLOW, then fstat:
-    a regular file of exactly ``size`` bytes (when given) and at least ``min_size``. The
-    caller closes it. Raises OSError (NotARegionFile for the wrong kind or size)."""
-    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 dir_fd=dir_fd)
+    and never through a symlink (egpu.safefile.open_regular: a FIFO a container planted would
+    otherwise stop the agent's heartbeat), of exactly ``size`` bytes (when given) and at least
+    ``min_size``. The caller closes it. Raises OSError (NotARegionFile for the wrong kind or
+    size)."""
+    try:
+        fd = safefile.open_regular(name, dir_fd=dir_fd)
+    except safefile.NotRegularFile as exc:
+        raise NotARegionFile(str(exc)) from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise NotARegionFile(f"{name}: not a regular file (mode {info.st_mode:o})")
         if (size is not None and info.st_size != size) or info.st_size < min_size:
             raise NotARegionFile(f"{name}: {info.st_size} bytes, expected "
                                  f"{size if size is not None else f'>= {min_size}'}")
