@@ -65,7 +65,7 @@ def scrape(tmp_path: Path, count: int) -> tuple[str, float]:
 
 
 def test_scrape_with_100_containers(tmp_path: Path) -> None:
-    text, took_ms = scrape(tmp_path, 100)
+    text, _ = scrape(tmp_path, 100)  # how long it takes: bench/node.py's scrape_ms
     families = {f.name: f for f in text_string_to_metric_families(text)}
     limits = families[METRIC_CONTAINER_MEMORY_LIMIT].samples
     assert len(limits) == 100
@@ -81,4 +81,3 @@ def test_scrape_with_100_containers(tmp_path: Path) -> None:
     cores = {s.labels["UUID"]: s.value for s in families[METRIC_CARD_CORES_BOOKED].samples}
     assert cores == {UUIDS[0]: 500, UUIDS[1]: 500}
     assert families[METRIC_CARD_MEMORY_TOTAL].samples[0].value == 24576 * MIB
-    assert took_ms < 500  # the benchmark (bench/node.py) measures the real figure
