@@ -49,12 +49,13 @@ import struct
 import time
 
 from egpu.contract import CONTAINER_REGION_FILE, CONTAINERS_SUBDIR, RUNTIME_DIR
+from egpu.records import _Record
 from egpu.safefile import NotRegularFile, open_regular
 
 TYPE_CHECKING = False  # no typing at run time: the hook's startup
 if TYPE_CHECKING:
     from collections.abc import Iterable
-    from typing import Any
+    from typing import ClassVar
 
 ROSTER_FILE = "roster"
 SHARE_FILE_PREFIX = "share-"
@@ -168,14 +169,15 @@ def name_matches_prefix(name: str, prefix: str) -> bool:
     return name.startswith(prefix) or prefix.startswith(name)
 
 
-class RosterEntry:
+class RosterEntry(_Record):
     """One share in a roster: owner (never 0), priority (PRIORITY_*), policy (POLICY_*),
     cores (%, 0..100), floor_pct (0..100), flags (FLAG_*), name (its folder name, cut to
-    NAME_BYTES - 1 bytes of UTF-8). Immutable: equality, hash and repr over the fields, as a
-    frozen dataclass (not one: the hook's startup); ``replace(**changes)``."""
+    NAME_BYTES - 1 bytes of UTF-8). Immutable, with equality, hash, repr and
+    ``replace(**changes)`` over the fields: egpu.records' record base, as every record."""
 
     __slots__ = ("cores", "flags", "floor_pct", "name", "owner", "policy", "priority")
-    _FIELDS = ("owner", "priority", "policy", "cores", "floor_pct", "flags", "name")
+    _FIELDS: ClassVar[tuple[str, ...]] = (
+        "owner", "priority", "policy", "cores", "floor_pct", "flags", "name")
     owner: int
     priority: int
     policy: int
@@ -201,39 +203,6 @@ class RosterEntry:
         set_(self, "floor_pct", floor_pct)
         set_(self, "flags", flags)
         set_(self, "name", _truncate_name(name))
-
-    def _values(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in self._FIELDS)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"cannot assign to field {name!r}: RosterEntry is immutable")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"cannot delete field {name!r}: RosterEntry is immutable")
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RosterEntry):
-            return NotImplemented
-        return self._values() == other._values()
-
-    def __hash__(self) -> int:
-        return hash(self._values())
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
-        return f"RosterEntry({fields})"
-
-    def __reduce__(self) -> tuple[type[RosterEntry], tuple[Any, ...]]:
-        return RosterEntry, self._values()
-
-    def replace(self, **changes: Any) -> RosterEntry:
-        """A copy with ``changes`` (field name -> value)."""
-        values = dict(zip(self._FIELDS, self._values(), strict=True))
-        unknown = set(changes) - set(values)
-        if unknown:
-            raise TypeError(f"RosterEntry has no field {sorted(unknown)[0]!r}")
-        values.update(changes)
-        return RosterEntry(**values)
 
     def encode(self) -> bytes:
         """The entry's 64 bytes."""
