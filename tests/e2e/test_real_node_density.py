@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,27 @@ def second_node(installed: RealCluster) -> Iterator[Any]:
                           f"spec.nodeName={SECOND_NODE}", "--wait=true", "--timeout=120s",
                           check=False, timeout=150)
         realnode.remove(installed.info.state_dir, SECOND_NODE)
+
+def delete_deployment(cluster: RealCluster, app: str) -> None:
+    """Delete Deployment ``app`` and wait until every pod of it is gone (foreground cascade:
+    the Deployment stays until its ReplicaSets and pods are deleted). A pod that does not go
+    fails the test that made it, with the namespace's state, instead of blocking whatever runs
+    next on the node (a replica left Terminating once failed the Helm module's teardown)."""
+    in_flight = sys.exc_info()[1]  # called from a finally of a failing test
+    cluster.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--cascade=foreground",
+                    "--ignore-not-found", "--wait=true", "--timeout=240s", check=False,
+                    timeout=260)
+    try:
+        cluster.wait_for(f"every pod of {app} gone", lambda: not inst.get_json(
+            cluster, "pods", "-n", inst.SHARE_NS, "-l", f"app={app}")["items"],
+            timeout=60, interval=2.0)
+    except Exception as exc:
+        state = f"{exc}\n{inst.describe_namespace(cluster, inst.SHARE_NS)}"
+        if in_flight is not None:
+            print(state)  # never hide the failure of the test itself
+            return
+        raise AssertionError(state) from exc
+
 
 def deployment(name: str, replicas: int, pod: dict[str, Any]) -> dict[str, Any]:
     """A Deployment of ``replicas`` copies of ``pod`` (a share pod of realnode_install)."""
@@ -188,8 +210,7 @@ def test_a_deployment_of_eighty_replicas_fills_two_nodes_each_replica_with_its_o
             if round_ == "first start":
                 scale(installed, app, REPLICAS)
     finally:
-        installed.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--wait=true",
-                          check=False, timeout=180)
+        delete_deployment(installed, app)
 
 
 def test_deployments_of_one_two_and_four_card_shares_all_start_with_their_cards(
@@ -242,8 +263,7 @@ def test_deployments_of_one_two_and_four_card_shares_all_start_with_their_cards(
               f"{time.monotonic() - started:.0f} s")
     finally:
         for app in [*shapes, "staged"]:
-            installed.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--wait=true",
-                              check=False, timeout=180)
+            delete_deployment(installed, app)
 
 
 def test_a_rolling_update_then_a_drain_and_uncordon_restart_every_replica_with_its_share(
@@ -282,8 +302,7 @@ def test_a_rolling_update_then_a_drain_and_uncordon_restart_every_replica_with_i
                            lambda: not (node_files(installed) & (before | drained)), timeout=60)
     finally:
         installed.kubectl("uncordon", node, check=False)
-        installed.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--wait=true",
-                          check=False, timeout=180)
+        delete_deployment(installed, app)
 
 
 @pytest.mark.parametrize("part", ["agent", "kubelet", "containerd"])
@@ -336,8 +355,7 @@ def test_a_part_restarted_mid_burst_leaves_no_replica_stuck_or_with_a_wrong_shar
             print(f"{part}: {len(restarted)} containers restarted by the kubelet: {reasons}")
         assert wrong_shares(installed, pods, SHARE_MIB) == []
     finally:
-        installed.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--wait=true",
-                          check=False, timeout=180)
+        delete_deployment(installed, app)
 
 
 def test_share_pods_created_during_a_node_agent_roll_all_start(installed: RealCluster) -> None:
@@ -360,5 +378,4 @@ def test_share_pods_created_during_a_node_agent_roll_all_start(installed: RealCl
         assert took <= 30, f"{count} pods Running {took:.0f} s after the roll began (p99 <= 30 s)"
         print(f"{count} share pods Running {took:.1f} s after the node agents' roll began")
     finally:
-        installed.kubectl("-n", inst.SHARE_NS, "delete", "deployment", app, "--wait=true",
-                          check=False, timeout=180)
+        delete_deployment(installed, app)

@@ -53,8 +53,10 @@ def helm_installed(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathF
     inst.wait_installed(real_cluster)
     real_cluster.ensure_namespace(inst.SHARE_NS)
     yield real_cluster
+    # what the module made; kubectl's own timeout, so that a slow deletion is reported by the
+    # next module's checks, not raised here
     real_cluster.kubectl("-n", inst.SHARE_NS, "delete", "pods", "-l", "egpu-e2e=real-node",
-                         "--wait=true", check=False, timeout=120)
+                         "--wait=true", "--timeout=110s", check=False, timeout=130)
     _helm(real_cluster, work, "uninstall", RELEASE, "--namespace", inst.NAMESPACE, "--wait")
 
 
