@@ -1,5 +1,5 @@
-/* fakegpu: card config (FAKEGPU_CONFIG, ini) and the card-wide shared state
- * (FAKEGPU_STATE_DIR/state, mmap'd, robust process-shared mutex, per-pid usage so that a
+/* fakegpu: card config (FAKEGPU_CONFIG, ini; else /etc/fakegpu/cards.ini where present) and the
+ * card-wide shared state (FAKEGPU_STATE_DIR/state, else /var/run/fakegpu where present, mmap'd, robust process-shared mutex, per-pid usage so that a
  * dead process's memory is reclaimed). */
 #define _GNU_SOURCE
 #include "fake_common.h"
@@ -35,10 +35,26 @@ static char *trim(char *s)
     return s;
 }
 
+/* Where the fake container toolkit (devcluster/fake_toolkit.py) puts the container's card list
+ * and the card-wide state: read there when the environment does not say, as the real driver
+ * needs no environment (a process `kubectl exec` starts gets containerd's copy of the
+ * container's environment, without what the toolkit added at create). */
+#define FG_CONTAINER_CONFIG "/etc/fakegpu/cards.ini"
+#define FG_CONTAINER_STATE "/var/run/fakegpu"
+
+static const char *env_or_present(const char *name, const char *fallback, int want_dir)
+{
+    const char *v = getenv(name);
+    if (v && *v) return v;
+    struct stat st;
+    if (stat(fallback, &st) == 0 && (want_dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode))) return fallback;
+    return NULL;
+}
+
 /* Config: ini sections "[card]" with uuid=, name=, memory_mib=, numa_node=. */
 static void load_config(fg_world *w)
 {
-    const char *path = getenv("FAKEGPU_CONFIG");
+    const char *path = env_or_present("FAKEGPU_CONFIG", FG_CONTAINER_CONFIG, 0);
     FILE *f = path && *path ? fopen(path, "r") : NULL;
     if (path && *path && !f) fprintf(stderr, "fakegpu: cannot open FAKEGPU_CONFIG %s\n", path);
     if (!f) {
@@ -121,7 +137,7 @@ static void reap_locked(fg_shared *sh)
 
 static void attach(fg_world *w)
 {
-    const char *dir = getenv("FAKEGPU_STATE_DIR");
+    const char *dir = env_or_present("FAKEGPU_STATE_DIR", FG_CONTAINER_STATE, 1);
     snprintf(w->state_dir, sizeof w->state_dir, "%s", dir && *dir ? dir : "/tmp/fakegpu-state");
     mkdir(w->state_dir, 0777);
     char path[600];

@@ -19,6 +19,7 @@ import re
 import pytest
 
 from egpu.contract import METRIC_CONTAINER_MEMORY_LIMIT
+from egpu.records import Allocation
 from testbed import realnode_install as inst
 from tests.e2e.conftest import RealCluster
 
@@ -96,6 +97,41 @@ def test_share_pod_sees_exactly_its_share_through_cdi(installed: RealCluster) ->
     spec = json.loads(installed.node.crictl("inspect", cid))
     text = json.dumps(spec)
     assert "egpu.io/gpu=" in text or "egpu-hook" in text, "no CDI device or hook in the spec"
+
+
+# What `kubectl exec` runs in the share pod: NVML only (the pod's probe holds all of its share,
+# so a new CUDA context would not fit): the cards it sees and the first one's memory.
+EXEC_PROBE = """
+import ctypes as C, json
+nvml = C.CDLL("libnvidia-ml.so.1")
+assert nvml.nvmlInit_v2() == 0
+count, name, handle = C.c_uint(), C.create_string_buffer(96), C.c_void_p()
+nvml.nvmlDeviceGetCount_v2(C.byref(count))
+cards = [name.value.decode() for i in range(count.value)
+         if nvml.nvmlDeviceGetHandleByIndex_v2(i, C.byref(handle)) == 0
+         and nvml.nvmlDeviceGetUUID(handle, name, 96) == 0]
+class Memory(C.Structure):
+    _fields_ = [("total", C.c_ulonglong), ("free", C.c_ulonglong), ("used", C.c_ulonglong)]
+mem = Memory()
+nvml.nvmlDeviceGetHandleByIndex_v2(0, C.byref(handle))
+nvml.nvmlDeviceGetMemoryInfo(handle, C.byref(mem))
+print(json.dumps({"cards": cards, "total_mib": mem.total >> 20}))
+"""
+
+
+def test_a_process_kubectl_exec_starts_sees_the_same_cards_and_share(
+        installed: RealCluster) -> None:
+    """`kubectl exec` into the share pod: the new process gets containerd's copy of the
+    container's environment, without what the (fake) toolkit added at create; it must still
+    see the pod's card and its share. Bug caught: the fake driver, told nothing, showed its
+    default card (a card outside the share) to exec'd processes."""
+    live = inst.get_json(installed, "pod", "-n", SHARE_NS, "chat-serving-cdi")
+    allocation = Allocation.decode(live["metadata"]["annotations"]["egpu.io/allocation"])
+    uuids = [card.uuid for entry in allocation.containers for card in entry.cards]
+    out = installed.kubectl("-n", SHARE_NS, "exec", "chat-serving-cdi", "--", "python3", "-c",
+                            EXEC_PROBE, timeout=60)
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen == {"cards": uuids, "total_mib": 24000}, (seen, allocation)
 
 
 def test_exporter_shows_the_share_pods_memory_limit(installed: RealCluster) -> None:
