@@ -86,3 +86,11 @@ class DraPublisher:
                      self.node, done.generation, len(done.create), len(done.update),
                      len(done.delete))
         return done
+
+    def withdraw(self) -> int:
+        """Delete every ResourceSlice of this node's driver (egpu is being removed from the
+        node: node_agent.uninstall); returns how many. Raises the client's ApiException."""
+        slices = self.store.list_slices(self.node)
+        for item in slices:
+            self.store.delete_slice(item["metadata"]["name"])
+        return len(slices)

@@ -29,9 +29,11 @@ from egpu.contract import (
     ALLOCATION_MODE_DRA,
     ALLOCATION_MODE_EXTENDER,
     CONFIG_FILE_ENV,
+    DRA_DRIVER,
     ENV_NODE_PRIVATE_DIR,
     ENV_RUNTIME_DIR,
     HOST_HOOK_PATH,
+    HOST_INSTALL_DIR,
     NODE_PRIVATE_DIR,
     RUNTIME_DIR,
 )
@@ -120,6 +122,15 @@ def parser() -> argparse.ArgumentParser:
                    help="with --dra: the kubelet's root folder, whose plugins_registry/ the "
                         "DRA kubelet plugin registers in and plugins/gpu.egpu.io/ it serves "
                         "in (default: %(default)s)")
+    p.add_argument("--pod-name", default=os.environ.get("POD_NAME", ""),
+                   help="the agent's own pod (downward API): when it stops because its "
+                        "DaemonSet is being deleted, it removes egpu from the node "
+                        "(node_agent.uninstall; default: $POD_NAME, '' never removes)")
+    p.add_argument("--pod-namespace", default=os.environ.get("POD_NAMESPACE", ""),
+                   help="its namespace (default: $POD_NAMESPACE)")
+    p.add_argument("--install-dir", default=HOST_INSTALL_DIR,
+                   help="the host's egpu install folder (hook, interposer) as the agent sees "
+                        "it; emptied when egpu is removed (default: %(default)s)")
     p.add_argument("--dra-memory-oversubscription", action="store_true",
                    help="with --dra: offer each card's memory x the config's "
                         "memoryOversubscriptionRatio, for every claim on this node "
@@ -150,7 +161,13 @@ def _core_v1(kubeconfig: str | None) -> Any:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the agent until SIGTERM/SIGINT; returns the exit status (2: bad options or
-    no NVML)."""
+    no NVML). ``egpu-node-agent uninstall ...`` is the chart's pre-delete hook instead
+    (node_agent.uninstall)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["uninstall"]:
+        from node_agent import uninstall as removal
+
+        return removal.main(argv[1:])
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     if not args.node_name:
@@ -184,6 +201,11 @@ def run(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, on_signal)
 
     core_v1 = None if args.no_kubernetes else _core_v1(args.kubeconfig)
+    uninstaller = None
+    if core_v1 is not None and args.pod_name and args.pod_namespace:
+        from node_agent.uninstall import Uninstaller
+
+        uninstaller = Uninstaller.from_pod(core_v1, args.pod_namespace, args.pod_name)
     cdi = None
     if args.cdi_spec_dir:
         cdi = CdiPublisher(args.cdi_spec_dir,
@@ -282,7 +304,28 @@ def run(argv: Sequence[str] | None = None) -> int:
                 log.warning("ResourceSlices: %s", exc)
         heartbeat_now.wait(args.heartbeat_seconds)
         heartbeat_now.clear()
+    if uninstaller is not None and uninstaller.removed():
+        _remove_from_node(args, core_v1, cdi, dra)
     return 0
+
+
+def _remove_from_node(args: argparse.Namespace, core_v1: Any, cdi: CdiPublisher | None,
+                      dra: Any) -> None:
+    """egpu is being removed (the agent's DaemonSet is going): take egpu off this node."""
+    from node_agent.uninstall import cdi_files, clean_node
+
+    folders = [args.runtime_dir, args.private_dir, args.install_dir]
+    if args.dra:
+        folders.append(os.path.join(args.dra_kubelet_dir, "plugins", DRA_DRIVER))
+    left = clean_node(core_v1, args.node_name, folders,
+                      cdi_files(cdi.spec_dir) if cdi is not None else [],
+                      dra.withdraw if dra is not None else None)
+    if left:
+        log.error("egpu removed from node %s, but these are left: %s", args.node_name,
+                  "; ".join(left))
+    else:
+        log.info("egpu removed from node %s: annotations, CDI specs, %s", args.node_name,
+                 ", ".join(folders))
 
 
 def main() -> None:

@@ -25,13 +25,16 @@ pytestmark = pytest.mark.e2e
 CHART = inst.REPO / "charts" / "egpu"
 RELEASE = "egpu"
 HELM_TIMEOUT_S = 300
+UNINSTALL_TIMEOUT = "10m"  # docs/operating.md: the kubelet keeps a stopped plugin's capacity 5 min
+UNINSTALL_TIMEOUT_S = 630
 
 
 def _helm(cluster: RealCluster, home: Path, *args: str) -> str:
     env = {**os.environ, "KUBECONFIG": cluster.kubeconfig, "HELM_CACHE_HOME": str(home / "c"),
            "HELM_CONFIG_HOME": str(home / "f"), "HELM_DATA_HOME": str(home / "d")}
     proc = subprocess.run([str(devbuild.binary_path("helm")), *args], capture_output=True,
-                          text=True, env=env, timeout=HELM_TIMEOUT_S)
+                          text=True, env=env, timeout=UNINSTALL_TIMEOUT_S
+                          if args[:1] == ("uninstall",) else HELM_TIMEOUT_S)
     if proc.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed: {proc.stdout}{proc.stderr}")
     return proc.stdout
@@ -57,7 +60,9 @@ def helm_installed(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathF
     # next module's checks, not raised here
     real_cluster.kubectl("-n", inst.SHARE_NS, "delete", "pods", "-l", "egpu-e2e=real-node",
                          "--wait=true", "--timeout=110s", check=False, timeout=130)
-    _helm(real_cluster, work, "uninstall", RELEASE, "--namespace", inst.NAMESPACE, "--wait")
+    if RELEASE in _helm(real_cluster, work, "list", "--namespace", inst.NAMESPACE, "-q").split():
+        _helm(real_cluster, work, "uninstall", RELEASE, "--namespace", inst.NAMESPACE, "--wait",
+              "--timeout", UNINSTALL_TIMEOUT)
 
 
 def test_helm_lint_is_clean(real_cluster: RealCluster, tmp_path: Path) -> None:
@@ -256,3 +261,53 @@ def test_a_bad_configmap_edit_leaves_every_part_running_on_its_last_good_config(
         helm_installed.kubectl("-n", inst.NAMESPACE, "rollout", "restart",
                                "deployment/egpu-scheduler", "daemonset/egpu-node-agent")
         _rolled(helm_installed)
+
+
+# --- uninstall (last: it removes the install) ----------------------------------------------------
+EGPU_NODE_FOLDERS = ("/var/run/egpu", "/var/run/egpu-node", "/usr/local/egpu")
+
+
+def test_helm_uninstall_takes_egpu_off_the_node_and_leaves_share_pods_running(
+        helm_installed: RealCluster, tmp_path: Path) -> None:
+    """docs/operating.md's `helm uninstall` with a share pod running. Bugs caught: the node kept
+    egpu's annotations, a 0 egpu.io/gpu capacity, /var/run/cdi/egpu.json, /var/run/egpu/*,
+    /var/run/egpu-node/* and /usr/local/egpu after uninstall; an uninstall that killed the
+    user's running pods."""
+    cluster = helm_installed
+    pod = inst.share_pod("survivor", inst.SHARE_NS,
+                         cluster.inputs / "pods" / "01-vllm-online.yaml", inst.REAL_LABEL)
+    pod["spec"]["containers"][0]["command"] = ["sleep", "3600"]
+    inst.apply_json(cluster, pod)
+    cluster.kubectl("-n", inst.SHARE_NS, "wait", "pod/survivor", "--for=condition=Ready",
+                    "--timeout=120s", timeout=130)
+    before = inst.get_json(cluster, "pod", "-n", inst.SHARE_NS, "survivor")
+    node_before = inst.get_json(cluster, "node", cluster.node.name)
+    assert "egpu.io/inventory" in node_before["metadata"]["annotations"]
+    assert int(node_before["status"]["capacity"]["egpu.io/gpu"]) > 0
+    assert cluster.node.run("ls", "-A", *EGPU_NODE_FOLDERS).split()  # something to remove
+
+    try:
+        _helm(cluster, tmp_path, "uninstall", RELEASE, "--namespace", inst.NAMESPACE, "--wait",
+              "--timeout", UNINSTALL_TIMEOUT)
+    except AssertionError as exc:  # say why: the Job's log and what is left
+        raise AssertionError(f"{exc}\nthe hook Job's log:\n" + cluster.kubectl(
+            "-n", inst.NAMESPACE, "logs", "job/egpu-uninstall", "--tail=40", check=False) +
+            cluster.kubectl("-n", inst.NAMESPACE, "get", "pods,daemonsets,jobs", "-o", "wide",
+                            check=False)) from None
+
+    node = inst.get_json(cluster, "node", cluster.node.name)
+    left = sorted(k for k in node["metadata"].get("annotations") or {} if k.startswith("egpu.io/"))
+    assert left == [], f"egpu annotations left on the node: {left}"
+    for part in ("capacity", "allocatable"):
+        assert "egpu.io/gpu" not in node["status"][part], node["status"][part]
+    listing = cluster.node.run("sh", "-c", "ls -A " + " ".join(EGPU_NODE_FOLDERS) +
+                               " 2>/dev/null; ls /var/run/cdi 2>/dev/null", check=False)
+    assert not [line for line in listing.split() if line and not line.endswith(":")
+                and not line.startswith("nvidia")], f"left on the node:\n{listing}"
+    jobs = cluster.kubectl("-n", inst.NAMESPACE, "get", "jobs,serviceaccounts", "-o", "name",
+                           check=False)
+    assert "egpu-uninstall" not in jobs, jobs
+    after = inst.get_json(cluster, "pod", "-n", inst.SHARE_NS, "survivor")
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["status"]["phase"] == "Running"
+    assert after["status"]["containerStatuses"][0]["restartCount"] == 0

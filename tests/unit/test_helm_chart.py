@@ -78,18 +78,21 @@ def helm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def helm(helm_env: dict[str, str]) -> Callable[..., Objects]:
     """helm(**values) -> the objects of `helm template egpu charts/egpu --namespace egpu-system`
-    with each value set by --set (dotted names, as --set takes them)."""
+    with each value set by --set (dotted names, as --set takes them), hooks left out (they are
+    Helm's alone: manifests/ has no hooks); helm(_hooks="true", **values) -> the hooks only."""
     binary = _binary("helm")
     cache: dict[tuple[tuple[str, str], ...], Objects] = {}
 
-    def render(**values: str) -> Objects:
+    def render(_hooks: str = "", **values: str) -> Objects:
         key = tuple(sorted(values.items()))
         if key not in cache:
             argv: list[str | Path] = [binary, "template", RELEASE, CHART, "--namespace", NAMESPACE]
             for name, value in key:
                 argv += ["--set", f"{name}={value}"]
             cache[key] = _objects(_run(argv, helm_env), "helm template")
-        return copy.deepcopy(cache[key])
+        return copy.deepcopy({k: obj for k, obj in cache[key].items()
+                              if (HOOK in (obj["metadata"].get("annotations") or {}))
+                              == bool(_hooks)})
 
     return render
 
@@ -128,6 +131,7 @@ def _name(key: Key) -> str:
 # --- comparing ----------------------------------------------------------------------------------
 
 CONFIG_CHECKSUM = "egpu.io/config-checksum"
+HOOK = "helm.sh/hook"
 
 
 def _normalized(obj: dict[str, Any]) -> dict[str, Any]:
@@ -476,6 +480,7 @@ def test_a_config_change_rolls_exactly_the_parts_that_read_the_config_at_start(h
     ("loglevel=debug", "loglevel"),
     ("logLevel=verbose", "logLevel"),
     ("webhook.replicas=0", "replicas"),
+    ("uninstall.capacityWaitSeconds=-1", "capacityWaitSeconds"),
 ])
 def test_a_bad_value_is_refused_by_helm_before_anything_renders(helm_env, value: str,
                                                                 fragment: str) -> None:
@@ -490,3 +495,40 @@ def test_a_float_given_with_set_renders_a_config_every_part_reads(helm) -> None:
     config = next(o for k, o in helm(**{"config.memoryOversubscriptionRatio": "2.0"}).items()
                   if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "egpu-config")
     assert load_config(config["data"]["config.yaml"]).memory_oversubscription_ratio == 2.0
+
+
+# --- helm uninstall takes egpu off the nodes (issue 22) ------------------------------------------
+
+def test_the_uninstall_hook_deletes_the_agents_before_helm_deletes_their_rbac(helm) -> None:
+    """Bug caught: a hook that runs after Helm's deletions (post-delete) or without a Job, or
+    that names no DaemonSet, leaves every node's files, annotations and capacity behind
+    (the agents lose their ClusterRoleBinding before they stop)."""
+    hooks = helm(_hooks="true")
+    job = hooks[("Job", NAMESPACE, "egpu-uninstall")]
+    assert job["metadata"]["annotations"][HOOK] == "pre-delete"
+    for key, obj in hooks.items():
+        annotations = obj["metadata"]["annotations"]
+        assert annotations[HOOK] == "pre-delete", _name(key)
+        if key[0] != "Job":  # its RBAC exists before the Job runs
+            assert int(annotations["helm.sh/hook-weight"]) < 0, _name(key)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["egpu-node-agent", "uninstall"]
+    assert "--daemonsets=egpu-node-agent" in container["args"]
+    assert "--capacity-wait-seconds=360" in container["args"]
+    pool = helm(_hooks="true", **{"dra.enabled": "true", "dra.nodeSelector.pool": "dra"})
+    args = pool[("Job", NAMESPACE, "egpu-uninstall")]["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert "--daemonsets=egpu-node-agent,egpu-node-agent-dra" in args
+    assert helm(_hooks="true", **{"uninstall.cleanNodes": "false"}) == {}
+
+
+def test_the_agent_knows_its_pod_and_mounts_what_it_removes(helm) -> None:
+    """Bug caught: an agent without POD_NAME/POD_NAMESPACE never learns that its DaemonSet is
+    going; one without the install folder mounted leaves /usr/local/egpu on the node."""
+    agent = helm()[("DaemonSet", NAMESPACE, "egpu-node-agent")]["spec"]["template"]["spec"]
+    container = next(c for c in agent["containers"] if c["name"] == "agent")
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+           for e in container["env"]}
+    assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts["/usr/local/egpu"] == "install"
