@@ -5,6 +5,7 @@
 #include "card_region.h"
 
 #include "egpu_fsutil.h"
+#include "fastclock.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -35,13 +36,6 @@ uint64_t egpu_owner_id(const char *key)
         h *= 0x100000001b3ULL;
     }
     return h ? h : 1;
-}
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
 static void mutex_init_shared(pthread_mutex_t *mu)
@@ -400,11 +394,11 @@ static int open_own_file(int dir_fd, uint64_t owner, int create)
  * too). A process that died half-way is taken over after SHARE_INIT_WAIT_NS. */
 static void share_file_ready(egpu_card_slot *s)
 {
-    uint64_t deadline = mono_ns() + SHARE_INIT_WAIT_NS;
+    uint64_t deadline = egpu_now_ns() + SHARE_INIT_WAIT_NS;
     for (;;) {
         uint64_t m = __atomic_load_n(&s->share_magic, __ATOMIC_ACQUIRE);
         if (m == EGPU_SHARE_MAGIC && s->share_version == EGPU_SHARE_VERSION) return;
-        if (m == SHARE_INIT_MARK && mono_ns() < deadline) {
+        if (m == SHARE_INIT_MARK && egpu_now_ns() < deadline) {
             usleep(1000);
             continue;
         }
@@ -462,7 +456,7 @@ egpu_card_region *egpu_card_attach(const char *dir, const char *uuid, const egpu
     if (mmap(s, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, own_fd, 0) == MAP_FAILED) goto fail;
     share_file_ready(s);
     int locked = egpu_card_lock(r, idx) == 0;
-    join_locked(s, own_fd, t, pid, mono_ns());
+    join_locked(s, own_fd, t, pid, egpu_now_ns());
     if (locked) egpu_card_unlock(r, idx);
     if (roster_fd >= 0) {
         flock(roster_fd, LOCK_UN);
@@ -471,7 +465,7 @@ egpu_card_region *egpu_card_attach(const char *dir, const char *uuid, const egpu
     r->self = idx;
     r->dir_fd = dir_fd;
     r->own_fd = own_fd;
-    egpu_card_refresh(r, mono_ns(), 0);
+    egpu_card_refresh(r, egpu_now_ns(), 0);
     *slot = idx;
     return r;
 fail:;

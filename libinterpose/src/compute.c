@@ -9,15 +9,6 @@
 #define _GNU_SOURCE
 #include "compute_core.h"
 
-#include <time.h>
-
-uint64_t egpu_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- parameters ------------------------------------------------------------------------
  * egpu_ctl_params' defaults (docs/compute.md; where no config file exists, EGPU_COMPUTE_*
  * may change some: compute_setup.c). */

@@ -272,7 +272,5 @@ void egpu_compute_setup(void);
 int egpu_compute_poll_now(void);
 /* Stops the poller and releases the card slots (atexit). */
 void egpu_compute_shutdown(void);
-/* Monotonic host clock, ns. */
-uint64_t egpu_now_ns(void);
 
 #endif

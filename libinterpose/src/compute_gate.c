@@ -209,7 +209,7 @@ static uint64_t admit_slow(card_ent *c, gate_thread *th, gate_stream *gs, int de
             poll_locked(ctx, 0, NULL);
             pthread_mutex_unlock(&g_c.mu);
         }
-        sleep_ns(u64min(wait, g_c.p.wait_step_ns)); /* never a busy spin, never holding a lock */
+        egpu_sleep_ns(u64min(wait, g_c.p.wait_step_ns)); /* never a busy spin, never holding a lock */
         *now = egpu_now_ns();
     }
     if (waited_from) egpu_ctl_waited(c->r, c->slot, &g_c.p, why, *now - waited_from, *now);

@@ -155,12 +155,6 @@ void refresh_estimates(card_ent *c);
 static inline uint64_t u64min(uint64_t a, uint64_t b) { return a < b ? a : b; }
 static inline uint64_t u64max(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
-static inline void sleep_ns(uint64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / 1000000000ULL), (long)(ns % 1000000000ULL)};
-    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
-}
-
 /* The gate's own event queries, synchronisations and anchors run in RELAXED capture mode
  * (capture.h): an application's graph capture must never be invalidated by them. */
 static inline egpu_capture_relax relax_capture(void)

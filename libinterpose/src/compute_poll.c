@@ -25,7 +25,7 @@ static ctx_ent *ctx_find(CUcontext ctx)
 }
 
 /* Host time of an anchor event: record on our own idle stream, wait, take the midpoint of
- * the tightest of three tries. The current context must be ctx. */
+ * the tightest of three brackets (from the record call's return to the wait's). The current context must be ctx. */
 static int make_anchor_relaxed(ctx_ent *e);
 int make_anchor(ctx_ent *e)
 {
@@ -44,8 +44,15 @@ static int make_anchor_relaxed(ctx_ent *e)
     for (int i = 0; i < ANCHOR_TRIES; i++) {
         CUevent ev;
         if (d->cuEventCreate(&ev, 0) != CUDA_SUCCESS) break;
+        /* the bracket opens when the record call returns: the event is queued then, and a
+         * driver call's own CPU (~2.5 us for a record) must not pull the anchor early, or every
+         * group measured from it ends early and a short-kernel share runs over its cap */
+        if (d->cuEventRecord(ev, e->anchor_stream) != CUDA_SUCCESS) {
+            d->cuEventDestroy(ev);
+            break;
+        }
         uint64_t t0 = egpu_now_ns();
-        if (d->cuEventRecord(ev, e->anchor_stream) != CUDA_SUCCESS || d->cuEventSynchronize(ev) != CUDA_SUCCESS) {
+        if (d->cuEventSynchronize(ev) != CUDA_SUCCESS) {
             d->cuEventDestroy(ev);
             break;
         }
@@ -306,7 +313,7 @@ void *poller(void *arg)
             }
         }
         pthread_mutex_unlock(&g_c.mu);
-        sleep_ns(active ? g_c.poll_ns : u64min(g_c.poll_ns * IDLE_POLL_FACTOR, g_c.p.tick_ns / MODES_PER_TICK));
+        egpu_sleep_ns(active ? g_c.poll_ns : u64min(g_c.poll_ns * IDLE_POLL_FACTOR, g_c.p.tick_ns / MODES_PER_TICK));
     }
     return NULL;
 }

@@ -2,11 +2,10 @@
 #define _GNU_SOURCE
 #include "fastclock.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
-
-#include "compute.h" /* egpu_now_ns: clock_gettime(CLOCK_MONOTONIC) */
 
 /* A base older than this is not trusted (the poller stopped): clock_gettime instead. */
 #define FASTCLOCK_STALE_NS 1000000000ULL
@@ -15,6 +14,19 @@
 #define FASTCLOCK_CALIBRATE_NS 5000000ULL
 /* ... and over at most about this long, so that it follows the kernel's (NTP) adjustments. */
 #define FASTCLOCK_WINDOW_NS 10000000000ULL
+
+uint64_t egpu_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+void egpu_sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000ULL), (long)(ns % 1000000000ULL)};
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
+}
 
 #if defined(__x86_64__)
 static inline uint64_t counter(void)

@@ -7,7 +7,13 @@
  * counter is read directly (~8 ns) and scaled to CLOCK_MONOTONIC from a base point that the
  * poller refreshes every tick (egpu_fastclock_rebase), so the result stays within ~1 us of
  * clock_gettime and comparable with other processes' times in the card region. Elsewhere (or
- * before the first rebase) it is clock_gettime. */
+ * before the first rebase) it is clock_gettime.
+ *
+ * This file and fastclock.c are the interposer's one clock: every time the launch gate, the
+ * controller and the card files read, and every sleep of the gate, goes through them. The
+ * simulated-clock tests (tests/compute_sim.c) link their own definitions of these functions
+ * instead of fastclock.c, so that the shipped gate runs on simulated time (a link-time seam:
+ * nothing on the launch path pays for it). */
 #ifndef EGPU_FASTCLOCK_H
 #define EGPU_FASTCLOCK_H
 
@@ -19,5 +25,9 @@ void egpu_fastclock_init(void);
 void egpu_fastclock_rebase(void);
 /* CLOCK_MONOTONIC ns. */
 uint64_t egpu_fastclock_ns(void);
+/* CLOCK_MONOTONIC ns by clock_gettime (~20 ns): where a read is not on the launch path. */
+uint64_t egpu_now_ns(void);
+/* Sleeps ns nanoseconds (again after a signal): the gate's only way to wait. */
+void egpu_sleep_ns(uint64_t ns);
 
 #endif

@@ -24,7 +24,7 @@ from .conftest import (
     SPLIT_RUN_S,
     Node,
     held_busy_and_bound_ms,
-    not_starved,
+    ran_in_every_window,
     result,
     settled_mean,
     unheld,
@@ -44,6 +44,34 @@ def sim(case: str) -> list[str]:
     bad = [line for line in lines if not line.startswith(("ok ", "info "))]
     assert not bad and p.returncode == 0, "\n".join(bad)
     return lines
+
+
+def _make_list(makefile: str, name: str) -> set[str]:
+    """The file names a Makefile variable lists (continued lines joined)."""
+    text = makefile.replace("\\\n", " ")
+    line = next(x for x in text.splitlines() if x.startswith(f"{name} ="))
+    return set(line.split("=", 1)[1].split())
+
+
+def test_the_simulated_clock_runs_the_shipped_gate() -> None:
+    """The exact compute checks judge the code that ships: gate_sim.so is built from the
+    interposer's own gate and controller sources, all but the clock (fastclock.c), and the
+    clock functions are all that the simulation supplies. Fails if a model of the gate (as
+    compute_sim.c once held) or any other substitute comes back."""
+    makefile = (LIB.parent / "Makefile").read_text()
+    shipped, simulated = _make_list(makefile, "SRCS"), _make_list(makefile, "GATE_SRCS")
+    assert simulated <= shipped
+    gate = {f for f in shipped if f.startswith(("src/compute", "src/card_region"))}
+    assert gate and gate <= simulated
+    assert "src/fastclock.c" in shipped - simulated
+    undefined = subprocess.run(
+        ["nm", "-u", str(LIB / "gate_sim.so")], capture_output=True, text=True, check=True
+    ).stdout.split()
+    supplied = {name for name in undefined if name.startswith("egpu_")}
+    assert supplied == {
+        "egpu_now_ns", "egpu_fastclock_ns", "egpu_fastclock_init", "egpu_fastclock_rebase",
+        "egpu_sleep_ns",
+    }
 
 
 def test_fc13_sim_caps_long_and_short_kernels() -> None:
@@ -155,9 +183,10 @@ def test_fc13_caps_hold_end_to_end(node: Node, kernel_us: int, sync: int) -> Non
         assert r["use_pct"] <= cap + 3, r
         assert max(steady) <= cap + 3 + quantum, r
         # 50 us kernels: nine shares need ~90 000 gated launches a second in all from two
-        # cores: only "not starved" is checked here (conftest.LAUNCH_BOUND_FLOOR)
-        low = cap - 3 if kernel_us >= 1000 else not_starved(cap)
-        assert mean >= low, r
+        # cores: the host decides how close to the cap they get (conftest); the sim holds it
+        if kernel_us >= 1000:
+            assert mean >= cap - 3, r
+        assert ran_in_every_window(r), r
         assert r["max_gap_ms"] < 1000, r  # 20 ms kernels at 10%: ~180 ms between launches
 
 
@@ -172,7 +201,7 @@ def test_fc13_split_30_70_end_to_end(node: Node, kernel_us: int, sync: int) -> N
         assert 27 <= 100 * sa / (sa + sb) <= 33, (ra, rb)
         assert sa + sb >= 85, (ra, rb)
     else:  # launch-bound: the host may hold either share under its cap (conftest)
-        assert sa >= not_starved(30) and sb >= not_starved(70), (ra, rb)
+        assert ran_in_every_window(ra) and ran_in_every_window(rb), (ra, rb)
 
 
 def test_fc13_multi_card_container_capped_on_every_card(node: Node) -> None:
@@ -230,9 +259,12 @@ def test_fc14_low_priority_waits_while_high_is_busy_and_resumes(node: Node) -> N
     than the high one's empty gaps allow); once it stops, the low one takes the card again
     (no cap set). Windows of 0.5 s, placed by the processes' own clocks."""
     window_ms = 500
-    lo = node.load(node.env("lo", [0], priority="low", kernel_us=1000), 4, "-s", 2,
+    lo = node.load(node.env("lo", [0], priority="low", kernel_us=1000), 5, "-s", 2,
                    "-w", window_ms)
-    hi = node.load(node.env("hi", [0], kernel_us=1000), 1.5, "-s", 1, delay=1.0)
+    # the high share starts a little over 1 s into the low one's run, whatever its start-up
+    # took: a fixed delay from the spawn left no window before it on a loaded host
+    node.wait_attached(0, lo)
+    hi = node.load(node.env("hi", [0], kernel_us=1000), 1.5, "-s", 1, delay=1.2)
     rh, rl = result(hi)[0], result(lo)[0]
     assert unheld(rh), rh  # the high share had the card, but for its own gaps
     hi_start = rh["t0_ns"]
