@@ -25,13 +25,11 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY egpu/ egpu/
 COPY cli/ cli/
-COPY demo/ demo/
 COPY webhook/ webhook/
 COPY scheduler/ scheduler/
 COPY node_agent/ node_agent/
 COPY runtime_hook/ runtime_hook/
 COPY certs/ certs/
-COPY devcluster/ devcluster/
 RUN pip install . && rm -rf /src
 WORKDIR /
 COPY --from=interposer /src/libinterpose/build/libegpu_interpose.so /opt/egpu/lib/libegpu_interpose.so

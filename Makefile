@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	@echo "==> installing egpu and its dependencies (pip)"
 	$(BIN)/pip install --progress-bar on -q --upgrade pip
 	$(BIN)/pip install --progress-bar on -e '.[test,dev]'
+	@# the repository's development tools (demo/, devcluster/, testbed/), which the egpu
+	@# package does not ship, are importable in this venv from the clone
+	echo '$(CURDIR)' > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/egpu-dev-tree.pth"
 	@touch $(STAMP)
 
 # Debian packages the tests and the demo use: runc (the runtime hook's runc containers, the

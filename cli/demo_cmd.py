@@ -16,6 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from cli import NOT_IN_THE_WHEEL
+
 COMMAND = "demo"
 HELP = "run egpu end to end on a local cluster with simulated GPU nodes"
 
@@ -44,8 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start (or stop) the demo; 1 when a step fails, with the reason."""
-    from demo import run as demo
-    from devcluster.cluster import DevClusterError
+    try:
+        from demo import run as demo
+        from devcluster.cluster import DevClusterError
+    except ImportError:
+        print(NOT_IN_THE_WHEEL.format(command="egpu demo"), file=sys.stderr)
+        return 1
 
     state_dir = args.state_dir or demo.default_state_dir()
     try:

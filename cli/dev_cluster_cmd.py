@@ -12,6 +12,9 @@ Run `egpu dev-cluster -- --help` for every option (docs/devcluster.md).
 from __future__ import annotations
 
 import argparse
+import sys
+
+from cli import NOT_IN_THE_WHEEL
 
 COMMAND = "dev-cluster"
 HELP = "start, inspect or stop a local control plane with simulated GPU nodes"
@@ -24,7 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Delegate to ``devcluster.main``."""
-    from devcluster import main
+    try:
+        from devcluster import main
+    except ImportError:
+        print(NOT_IN_THE_WHEEL.format(command="egpu dev-cluster"), file=sys.stderr)
+        return 1
 
     arguments = [a for a in args.arguments if a != "--"] if args.arguments[:1] == ["--"] \
         else args.arguments

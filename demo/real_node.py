@@ -79,6 +79,7 @@ PROBE = textwrap.dedent('''
     out = {"preload": open("/etc/ld.so.preload").read().strip()
            if os.path.exists("/etc/ld.so.preload") else "",
            "config": os.path.exists("/run/egpu/config.json")}
+    out["dev_nodes"] = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
     out["init"] = cuda.cuInit(0)
     dev = C.c_int()
     out["device"] = cuda.cuDeviceGet(C.byref(dev), 0)

@@ -50,6 +50,7 @@ from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
 from devcluster import supervisor
 from devcluster.errors import DevClusterError
+from devcluster.fake_toolkit import make_device_nodes
 from devcluster.net import free_port, http_ok, ssl_context
 from devcluster.supervisor import STOP_GRACE_S, ProcessInfo
 from devcluster.waiting import wait_until
@@ -190,7 +191,9 @@ def _start_node_agents(options: Options, info: devcluster.ClusterInfo, config_fi
         for sub in ("device-plugins", "run", "private", "fakegpu"):
             (home / sub).mkdir(parents=True, exist_ok=True)
         _fake_gpu_config(home / "fakegpu.ini", spec)
+        make_device_nodes(home / "dev", len(devnodes.inventory(spec).cards))
         argv = [str(BIN / "egpu-node-agent"), "--node-name", name, "--kubeconfig", info.kubeconfig,
+                "--dev-root", str(home / "dev"),
                 "--config", str(config_file), "--nvml-library", str(FAKEGPU / "libnvidia-ml.so.1"),
                 "--plugin-dir", str(home / "device-plugins"), "--runtime-dir", str(home / "run"),
                 "--private-dir", str(home / "private"),

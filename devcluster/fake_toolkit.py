@@ -24,11 +24,44 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# The fake GPU's device nodes, as the NVIDIA driver makes them: one character device per card
+# (/dev/nvidia<i>, major 195, minor i) and the control nodes. A real driver gives nvidia-uvm a
+# dynamic major; the fake keeps every node on 195 (minors 250, 251 for the uvm pair).
+NVIDIA_MAJOR = 195
+CONTROL_NODES = (("nvidiactl", 255), ("nvidia-uvm", 250), ("nvidia-uvm-tools", 251))
 LIB_DIR_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu"  # Debian's multiarch folder, on ld's path
 CARDS_IN_CONTAINER = "/etc/fakegpu/cards.ini"
 STATE_IN_CONTAINER = "/var/run/fakegpu"
 DRIVER_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
 NO_CARDS = ("", "void", "none")
+
+
+def device_nodes(ncards: int) -> list[tuple[str, int, int]]:
+    """The fake GPU's device nodes for ``ncards`` cards: (name under /dev, major, minor)."""
+    return [(name, NVIDIA_MAJOR, minor) for name, minor in CONTROL_NODES] + [
+        (f"nvidia{i}", NVIDIA_MAJOR, i) for i in range(ncards)]
+
+
+def make_device_nodes(folder: Path, ncards: int) -> None:
+    """The fake GPU's device nodes in ``folder`` (a node agent's ``--dev-root``): character
+    devices where this process may make them (root), else links to /dev/null (a character
+    device too) for an agent that only looks at them. Existing entries are replaced."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, major, minor in device_nodes(ncards):
+        path = folder / name
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        try:
+            os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))  # S_IFCHR
+        except PermissionError:
+            path.symlink_to("/dev/null")
+
+
+def device_node_commands(dev: str, ncards: int) -> list[str]:
+    """Shell commands that make the fake GPU's device nodes in folder ``dev`` (a real node's
+    own /dev, as root)."""
+    return [f"mknod -m 666 {dev}/{name} c {major} {minor}"
+            for name, major, minor in device_nodes(ncards)]
 
 
 def parse_cards(text: str) -> list[list[str]]:

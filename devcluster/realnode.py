@@ -61,6 +61,7 @@ from devcluster.realnode_config import cards_ini as cards_ini
 from devcluster.realnode_config import cgroup_name as cgroup_name
 from devcluster.realnode_config import cni_conflist as cni_conflist
 from devcluster.realnode_config import containerd_config as containerd_config
+from devcluster.realnode_config import dev_commands as dev_commands
 from devcluster.realnode_config import guard_ruleset as guard_ruleset
 from devcluster.realnode_config import hook_base_spec as hook_base_spec
 from devcluster.realnode_config import kube_proxy_config as kube_proxy_config
@@ -384,7 +385,7 @@ def add(info: ClusterInfo, name: str = "egpu-real-0", index: int | None = None,
         _apiserver_endpoint(info)
         _make_cgroups(node.cgroup)
         _write_files(info, node, cards)
-        _start_namespaces(node)
+        _start_namespaces(node, len(cards))
         _route_to_peers(state_dir, node)
         node.save()
         step("host, files and namespaces")
@@ -450,7 +451,7 @@ def _base_spec(node: RealNode) -> str:
     return json.dumps(spec, indent=1)
 
 
-def _start_namespaces(node: RealNode) -> None:
+def _start_namespaces(node: RealNode, ncards: int) -> None:
     node_dir = Path(node.node_dir)
     holder = _start(node, "holder", ["unshare", "--net", "--mount", "--propagation",
                                      "private", "--", "sleep", "infinity"])
@@ -474,7 +475,8 @@ def _start_namespaces(node: RealNode) -> None:
         f"ip addr add {node.ip}/{LINK_PREFIX_LEN} dev eth0", "ip link set eth0 up",
         f"ip route add default via {HOST_LINK_IP}", "sysctl -qw net.ipv4.ip_forward=1",
         f"nft -f {shlex.quote(str(Path(node.node_dir) / 'config' / 'guard.nft'))}",
-        *mounts, "mkdir -p /run/containerd /var/run/cdi", "mount --make-rshared /",
+        *mounts, *dev_commands(ncards), "mkdir -p /run/containerd /var/run/cdi",
+        "mount --make-rshared /",
     ])
     _sh("nsenter", "-t", str(holder.pid), "-m", "-n", "--", "sh", "-c", script)
 

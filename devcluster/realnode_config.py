@@ -15,6 +15,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from devcluster.fake_toolkit import device_node_commands
+
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_POD_CIDR = "198.18.16.0/20"  # every real node's pod range together (kube-proxy)
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
@@ -39,6 +41,27 @@ def node_ip(index: int) -> str:
 
 def pod_cidr(index: int) -> str:
     return f"198.18.{16 + index}.0/24"
+
+
+HOST_DEV_IN_NODE = "/run/egpu-host-dev"  # the host's /dev, seen from a node's mount namespace
+
+
+def dev_commands(ncards: int) -> list[str]:
+    """A real node's own /dev (commands run in its mount namespace, /run already its own):
+    a tmpfs with every entry of the host's /dev bound into it (folders with what is mounted
+    below them, links copied) and the fake GPU's device nodes for ``ncards`` cards, as a GPU
+    node's /dev has the driver's. The host's /dev is left as it is."""
+    host = HOST_DEV_IN_NODE
+    return [
+        f"mkdir -p {host}", f"mount --rbind /dev {host}",
+        "mount -t tmpfs -o mode=755,nosuid tmpfs /dev",
+        f"for e in {host}/* {host}/.[!.]*; do "
+        '[ -e "$e" ] || [ -L "$e" ] || continue; n="/dev/${e##*/}"; '
+        'if [ -L "$e" ]; then cp -P "$e" "$n"; '
+        'elif [ -d "$e" ]; then mkdir -p "$n"; mount --rbind "$e" "$n"; '
+        'else : > "$n"; mount --bind "$e" "$n"; fi; done',
+        *device_node_commands("/dev", ncards),
+    ]
 
 
 def cards_ini(cards: tuple[tuple[str, str, int, int], ...]) -> str:

@@ -8,8 +8,9 @@ Pure (used by ``egpu cdi generate`` and by the node agent):
   ``EGPU_CDI_CARD_<i>=<uuid>`` to the environment. The spec-wide edits, applied whenever one
   of its devices is injected, add the control device nodes and egpu-hook as a
   ``createRuntime`` hook, which installs the interposer and the container's share. A device
-  node for which ``present(path)`` is False is left out: the runtime fails a container whose
-  CDI device names a node missing on the host (a fake GPU has none).
+  node for which ``present(path)`` is False is left out (the runtime fails a container whose
+  CDI device names a node missing on the host), with a warning; a card whose own node or
+  /dev/nvidiactl is missing is also marked unhealthy by the agent (``node_agent.devnodes``).
 - ``device_names(uuids, indexes, vendor_names)``: the fully qualified CDI device names the
   device plugin's Allocate returns for a container's cards: ``egpu.io/gpu=<uuid>`` each, and
   the NVIDIA Container Toolkit's ``nvidia.com/gpu=<name>`` each where its spec names the card.
@@ -280,8 +281,8 @@ class CdiPublisher:
         if missing != self._left_out:
             self._left_out = missing
             if missing:
-                log.info("CDI spec: device nodes missing on this node, left out: %s",
-                         ", ".join(missing))
+                log.warning("CDI spec: device nodes missing on this node, left out: %s",
+                            ", ".join(missing))
 
     def names(self, uuids: Sequence[str], cards: Sequence[Card]) -> list[str]:
         """Allocate's CDI device names for a container's cards (``device_names``; no cards:

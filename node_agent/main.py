@@ -46,6 +46,7 @@ from node_agent.deviceplugin.service import (
     EgpuDevicePlugin,
     PluginServer,
 )
+from node_agent.devnodes import HOST_DEV, missing_card_nodes, present_under
 from node_agent.draplugin.service import DEFAULT_KUBELET_DIR
 from node_agent.health import HealthWatcher
 from node_agent.metrics.card_region import CardRegion, scan_cards
@@ -59,15 +60,32 @@ CONFIG_KEEP = "config"  # <private dir>/config/: the last good config, kept for 
 
 
 class CardState:
-    """The node's cards with their current health (thread-safe)."""
+    """The node's cards with their current health (thread-safe): a card is unhealthy after a
+    critical XID (until the agent restarts) and while one of its device nodes is missing."""
 
     def __init__(self, cards: tuple[Card, ...]) -> None:
         self._cards = cards
+        self._no_node: frozenset[str] = frozenset()
         self._lock = threading.Lock()
 
     def get(self) -> tuple[Card, ...]:
         with self._lock:
-            return self._cards
+            return tuple(replace(c, healthy=False) if c.uuid in self._no_node else c
+                         for c in self._cards)
+
+    def set_missing_nodes(self, missing: dict[str, tuple[str, ...]]) -> bool:
+        """The cards whose device nodes are missing now (``devnodes.missing_card_nodes``);
+        logs each change. Returns True when that changed which cards are unhealthy."""
+        uuids = frozenset(missing)
+        with self._lock:
+            before, self._no_node = self._no_node, uuids
+            indexes = {c.uuid: c.index for c in self._cards}
+        for uuid in sorted(uuids - before):
+            log.warning("card %s (index %d): device node %s missing on this node: marked "
+                        "unhealthy", uuid, indexes.get(uuid, -1), ", ".join(missing[uuid]))
+        for uuid in sorted(before - uuids):
+            log.warning("card %s: its device nodes are back: healthy again", uuid)
+        return uuids != before
 
     def mark_unhealthy(self, uuid: str) -> bool:
         """Returns True when the card was healthy until now."""
@@ -107,6 +125,9 @@ def parser() -> argparse.ArgumentParser:
                         "spec (nvidia-ctk cdi generate) is looked for (default: %(default)s)")
     p.add_argument("--hook", default=HOST_HOOK_PATH,
                    help="host path of egpu-hook, named in the CDI spec (default: %(default)s)")
+    p.add_argument("--dev-root", default=os.environ.get("EGPU_DEV_ROOT", HOST_DEV),
+                   help="where this agent sees the host's /dev: a card whose device node is "
+                   "missing there is unhealthy (default: $EGPU_DEV_ROOT, else /dev)")
     p.add_argument("--dra", action="store_true",
                    help="publish the node's ResourceSlices of the DRA driver gpu.egpu.io (one "
                         "device per healthy card, consumable memory and cores) at each beat, "
@@ -190,6 +211,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"egpu-node-agent: {exc}", file=sys.stderr)
         return 2
     log.info("found %d cards: %s", len(cards.get()), ", ".join(c.uuid for c in cards.get()))
+    device_node = present_under(args.dev_root)
+    cards.set_missing_nodes(missing_card_nodes(cards.get(), device_node))
     stop = threading.Event()
     heartbeat_now = threading.Event()
 
@@ -210,7 +233,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.cdi_spec_dir:
         cdi = CdiPublisher(args.cdi_spec_dir,
                            [d.strip() for d in args.cdi_search_dirs.split(",") if d.strip()],
-                           args.hook, hook_args(args.runtime_dir, args.private_dir))
+                           args.hook, hook_args(args.runtime_dir, args.private_dir),
+                           present=device_node)
         cdi.publish(cards.get())  # before the plugin registers: Allocate names its devices
     dra_driver = None
     if args.dra and core_v1 is not None and cdi is not None:
@@ -288,6 +312,9 @@ def run(argv: Sequence[str] | None = None) -> int:
             return None
 
     while not stop.is_set():
+        # device nodes come and go with the driver: their health is looked at every beat
+        if cards.set_missing_nodes(missing_card_nodes(cards.get(), device_node)):
+            plugin.notify()
         if cdi is not None:
             cdi.publish(cards.get())
         if core_v1 is not None:

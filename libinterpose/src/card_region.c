@@ -20,6 +20,7 @@
 
 #define PPM 1000000ULL
 #define ROSTER_FLOCK_MS 5000                  /* a roster writer (the hook, a raw share) holds it for a few writes */
+#define NODE_LOCK_MS 10000                    /* egpu/card_roster.py NODE_LOCK_WAIT_S: another node writer's turn */
 #define SHARE_INIT_MARK 0x54494E4955504745ULL /* "EGPUINIT": a process of the share is making its file */
 #define SHARE_INIT_WAIT_NS 1000000000ULL      /* ... for at most 1 s, else it died: taken over */
 #define QUEUED_AHEAD_MAX_NS 1000000000ULL     /* a co-tenant's predicted queue end: at most 1 s ahead */
@@ -277,27 +278,88 @@ static int raw_entry_dead(int dir_fd, const egpu_roster_entry *e)
     return held == 0;
 }
 
-/* Raw nodes: adds the share to the roster itself (the folder is writable: no hook made it
- * read-only). Returns the roster fd, still flocked (the caller joins the share before it lets
- * go, so that no one reaps it in between), or -1. */
-static int roster_register(int dir_fd, const char *uuid, const egpu_share_terms *t, egpu_card_roster *ro, int *idx)
+/* The roster's write protocol, the same as the node's writers' (egpu/card_roster.py
+ * register / unregister; docs/security.md, "Node-side state"), so that a reader without the
+ * lock sees a free entry or a whole one: a new entry's terms are written before its owner
+ * word, a freed entry's owner word is cleared before its terms, an entry kept by its owner is
+ * rewritten in place (terms only), and the generation is bumped after the change. A roster
+ * file found empty is first written whole, empty. tests/roster_writes.c records these writes
+ * and tests/runtime_hook/test_roster_protocol.py checks them with the Python writer's. */
+#define ROSTER_OWNER_BYTES 8
+static int roster_put(int fd, int i, const egpu_roster_entry *e, int is_new)
 {
-    int fd = openat(dir_fd, EGPU_ROSTER_FILE, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, RAW_FILE_MODE);
+    off_t off = (off_t)(offsetof(egpu_card_roster, entry) + (size_t)i * sizeof *e);
+    size_t terms = sizeof *e - ROSTER_OWNER_BYTES;
+    if (pwrite(fd, (const char *)e + ROSTER_OWNER_BYTES, terms, off + ROSTER_OWNER_BYTES) != (ssize_t)terms) return -1;
+    if (is_new && pwrite(fd, &e->owner, ROSTER_OWNER_BYTES, off) != ROSTER_OWNER_BYTES) return -1;
+    return 0;
+}
+
+static int roster_free(int fd, int i)
+{
+    static const egpu_roster_entry zero;
+    off_t off = (off_t)(offsetof(egpu_card_roster, entry) + (size_t)i * sizeof zero);
+    size_t terms = sizeof zero - ROSTER_OWNER_BYTES;
+    if (pwrite(fd, &zero.owner, ROSTER_OWNER_BYTES, off) != ROSTER_OWNER_BYTES) return -1;
+    if (pwrite(fd, (const char *)&zero + ROSTER_OWNER_BYTES, terms, off + ROSTER_OWNER_BYTES) != (ssize_t)terms) return -1;
+    return 0;
+}
+
+static int roster_bump(int fd, egpu_card_roster *ro)
+{
+    ro->generation++;
+    off_t off = (off_t)offsetof(egpu_card_roster, generation);
+    return pwrite(fd, &ro->generation, sizeof ro->generation, off) == (ssize_t)sizeof ro->generation ? 0 : -1;
+}
+
+/* The node writers' lock (egpu/card_roster.py _node_lock): an flock of the card folder's
+ * parent, which no container sees, taken before the roster's own. Returns its fd or -1. */
+static int node_lock(int dir_fd)
+{
+    int fd = openat(dir_fd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return -1;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || egpu_flock_bounded(fd, ROSTER_FLOCK_MS) != 0) {
-        int e = errno ? errno : EINVAL;
+    if (egpu_flock_bounded(fd, NODE_LOCK_MS) != 0) {
+        int e = errno;
         close(fd);
         errno = e;
         return -1;
     }
+    return fd;
+}
+
+static void unlock_close(int fd)
+{
+    if (fd < 0) return;
+    flock(fd, LOCK_UN);
+    close(fd);
+}
+
+/* Raw nodes: adds the share to the roster itself (the folder is writable: no hook made it
+ * read-only), as the node's writers do. Returns the roster fd, still flocked, and *node_fd,
+ * the node writers' lock, still held (the caller joins the share before it lets go of both,
+ * so that no one reaps it in between), or -1. */
+static int roster_register(int dir_fd, const char *uuid, const egpu_share_terms *t, egpu_card_roster *ro, int *idx,
+                           int *node_fd)
+{
+    *node_fd = -1;
+    int fd = openat(dir_fd, EGPU_ROSTER_FILE, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, RAW_FILE_MODE);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (*node_fd = node_lock(dir_fd)) < 0 ||
+        egpu_flock_bounded(fd, ROSTER_FLOCK_MS) != 0) {
+        int e = errno ? errno : EINVAL;
+        close(fd);
+        unlock_close(*node_fd);
+        *node_fd = -1;
+        errno = e;
+        return -1;
+    }
     (void)fchmod(fd, RAW_FILE_MODE);
+    int e = 0;
     if (roster_read_fd(fd, ro) != 0) {
         if (fstat(fd, &st) != 0 || st.st_size != 0) { /* something else lives here: never overwrite it */
-            flock(fd, LOCK_UN);
-            close(fd);
-            errno = EPROTO;
-            return -1;
+            e = EPROTO;
+            goto fail;
         }
         memset(ro, 0, sizeof *ro);
         ro->magic = EGPU_ROSTER_MAGIC;
@@ -306,15 +368,23 @@ static int roster_register(int dir_fd, const char *uuid, const egpu_share_terms 
         ro->entry_size = sizeof(egpu_roster_entry);
         ro->header_size = offsetof(egpu_card_roster, entry);
         snprintf(ro->uuid, sizeof ro->uuid, "%s", uuid ? uuid : "");
+        if (pwrite(fd, ro, sizeof *ro, 0) != (ssize_t)sizeof *ro) {
+            e = EIO;
+            goto fail;
+        }
     }
     int dirty = 0;
     for (int j = 0; j < EGPU_CARD_SLOTS; j++) { /* raw shares whose processes all exited */
-        egpu_roster_entry *e = &ro->entry[j];
-        if (!e->owner || e->owner == t->owner || !raw_entry_dead(dir_fd, e)) continue;
+        egpu_roster_entry *x = &ro->entry[j];
+        if (!x->owner || x->owner == t->owner || !raw_entry_dead(dir_fd, x)) continue;
+        if (roster_free(fd, j) != 0) {
+            e = EIO;
+            goto fail;
+        }
         char old[64];
-        share_file_name(e->owner, old, sizeof old);
+        share_file_name(x->owner, old, sizeof old);
         unlinkat(dir_fd, old, 0);
-        memset(e, 0, sizeof *e);
+        memset(x, 0, sizeof *x);
         dirty = 1;
     }
     int i = roster_find(ro, t->owner);
@@ -322,34 +392,35 @@ static int roster_register(int dir_fd, const char *uuid, const egpu_share_terms 
         for (int j = 0; j < EGPU_CARD_SLOTS && i < 0; j++)
             if (!ro->entry[j].owner) i = j;
     if (i < 0) {
-        flock(fd, LOCK_UN);
-        close(fd);
-        errno = ENOSPC;
-        return -1;
+        e = ENOSPC;
+        goto fail;
     }
-    egpu_roster_entry *e = &ro->entry[i];
-    if (e->owner != t->owner || (e->flags & EGPU_ROSTER_RAW)) { /* the node's own entries stay as it wrote them */
-        memset(e, 0, sizeof *e);
-        e->owner = t->owner;
-        e->priority = t->priority;
-        e->policy = t->policy;
-        e->cores = t->cores;
-        e->floor_pct = t->floor_pct;
-        e->flags = EGPU_ROSTER_RAW;
-        snprintf(e->name, sizeof e->name, "%s", t->name ? t->name : "");
-        dirty = 1;
-    }
-    if (dirty) {
-        ro->generation++;
-        if (pwrite(fd, ro, sizeof *ro, 0) != (ssize_t)sizeof *ro) {
-            flock(fd, LOCK_UN);
-            close(fd);
-            errno = EIO;
-            return -1;
+    egpu_roster_entry *x = &ro->entry[i];
+    if (x->owner != t->owner || (x->flags & EGPU_ROSTER_RAW)) { /* the node's own entries stay as it wrote them */
+        egpu_roster_entry n = {.owner = t->owner, .priority = t->priority, .policy = t->policy, .cores = t->cores,
+                               .floor_pct = t->floor_pct, .flags = EGPU_ROSTER_RAW};
+        snprintf(n.name, sizeof n.name, "%s", t->name ? t->name : "");
+        if (memcmp(&n, x, sizeof n) != 0) {
+            if (roster_put(fd, i, &n, x->owner != t->owner) != 0) {
+                e = EIO;
+                goto fail;
+            }
+            *x = n;
+            dirty = 1;
         }
+    }
+    if (dirty && roster_bump(fd, ro) != 0) {
+        e = EIO;
+        goto fail;
     }
     *idx = i;
     return fd;
+fail:
+    unlock_close(fd);
+    unlock_close(*node_fd);
+    *node_fd = -1;
+    errno = e;
+    return -1;
 }
 
 /* ---- attach / detach --------------------------------------------------------------------- */
@@ -419,7 +490,7 @@ egpu_card_region *egpu_card_attach(const char *dir, const char *uuid, const egpu
         errno = EINVAL;
         return NULL;
     }
-    int dir_fd = open_card_dir(dir), roster_fd = -1, own_fd = -1, idx = -1;
+    int dir_fd = open_card_dir(dir), roster_fd = -1, node_fd = -1, own_fd = -1, idx = -1;
     egpu_card_region *r = MAP_FAILED;
     egpu_card_roster ro_buf;
     egpu_card_roster *ro = &ro_buf;
@@ -431,7 +502,7 @@ egpu_card_region *egpu_card_attach(const char *dir, const char *uuid, const egpu
     }
     /* a writable folder is a raw node's: register (or refresh) the share there; a container
      * sees the folder read-only and finds what the hook registered */
-    roster_fd = roster_register(dir_fd, uuid, t, ro, &idx);
+    roster_fd = roster_register(dir_fd, uuid, t, ro, &idx, &node_fd);
     if (roster_fd < 0) {
         int e = errno;
         if (roster_read(dir_fd, ro) == 0) idx = roster_find(ro, t->owner);
@@ -458,10 +529,8 @@ egpu_card_region *egpu_card_attach(const char *dir, const char *uuid, const egpu
     int locked = egpu_card_lock(r, idx) == 0;
     join_locked(s, own_fd, t, pid, egpu_now_ns());
     if (locked) egpu_card_unlock(r, idx);
-    if (roster_fd >= 0) {
-        flock(roster_fd, LOCK_UN);
-        close(roster_fd);
-    }
+    unlock_close(roster_fd);
+    unlock_close(node_fd);
     r->self = idx;
     r->dir_fd = dir_fd;
     r->own_fd = own_fd;
@@ -472,10 +541,8 @@ fail:;
     int e = errno;
     if (r != MAP_FAILED) munmap(r, sizeof *r);
     if (own_fd >= 0) close(own_fd);
-    if (roster_fd >= 0) {
-        flock(roster_fd, LOCK_UN);
-        close(roster_fd);
-    }
+    unlock_close(roster_fd);
+    unlock_close(node_fd);
     if (dir_fd >= 0) close(dir_fd);
     errno = e;
     return NULL;

@@ -29,6 +29,7 @@ import pytest
 from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
 from devcluster.dra import SLICES_PATH, DevSliceStore, publish_node_slices
+from devcluster.fake_toolkit import make_device_nodes
 from egpu.contract import (
     ANN_INVENTORY,
     DEVICE_CLASS_SHARE,
@@ -281,11 +282,13 @@ def test_the_node_agent_publishes_its_cards_and_drops_one_that_turns_unhealthy(
     (tmp_path / "cards.ini").write_text("".join(
         f"[card]\nuuid={u}\nname={A10[0]}\nmemory_mib={A10[1]}\nnuma_node={i}\n"
         for i, u in enumerate(uuids)))
+    make_device_nodes(tmp_path / "dev", len(uuids))  # the fake GPU's own device nodes
     log = open(tmp_path / "agent.log", "w")  # noqa: SIM115 (closed in the finally below)
     agent = subprocess.Popen(
         [str(Path(sys.executable).parent / "egpu-node-agent"), "--node-name", node,
          "--kubeconfig", dra.cluster.kubeconfig, "--nvml-library", str(FAKE_NVML),
          "--plugin-dir", str(tmp_path / "plugins"), "--cdi-spec-dir", "",
+         "--dev-root", str(tmp_path / "dev"),
          "--metrics-port", "0", "--runtime-dir", str(tmp_path / "runtime"),
          "--private-dir", str(tmp_path / "private"), "--heartbeat-seconds", "300", "--dra"],
         env={"PATH": "/usr/bin:/bin", "FAKEGPU_CONFIG": str(tmp_path / "cards.ini"),

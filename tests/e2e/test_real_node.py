@@ -87,6 +87,12 @@ def _assert_exact_share(result: dict, live: dict) -> None:
     assert result["total_mib"] == 24000, result
     assert result["nvml_total_mib"] == 24000, result
     assert result["alloc_one_more_mib"] == CUDA_ERROR_OUT_OF_MEMORY, result
+    # the CDI spec gave the container its card's device node and the control nodes, and no
+    # other card's (the agent sees the node's /dev: before, it looked in its own and left
+    # every node out)
+    cards = [n for n in result["dev_nodes"] if n.removeprefix("nvidia").isdigit()]
+    assert len(cards) == 1, (result, allocation)  # the input asks for one card
+    assert {"nvidiactl", "nvidia-uvm"} <= set(result["dev_nodes"]), result
 
 
 def test_share_pod_sees_exactly_its_share_through_cdi(installed: RealCluster) -> None:

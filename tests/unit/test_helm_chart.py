@@ -307,8 +307,8 @@ def test_dra_enabled_renders_manifests_with_the_dra_component(
                      ("ClusterRole", "", "egpu-webhook-claims"),
                      ("ClusterRoleBinding", "", "egpu-webhook-claims")}
     agent = dict(_containers(on))[(("DaemonSet", NAMESPACE, "egpu-node-agent"), "agent")]
-    assert agent["args"] == ["--metrics-port=9400", "--log-level=INFO", "--dra",
-                             "--no-device-plugin"]
+    assert agent["args"] == ["--metrics-port=9400", "--dev-root=/host/dev", "--log-level=INFO",
+                             "--dra", "--no-device-plugin"]
     # DRA mode's webhook creates claim templates: its token is mounted only with DRA
     webhook = ("Deployment", NAMESPACE, "egpu-webhook")
     assert on[webhook]["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
@@ -326,9 +326,11 @@ def test_a_dra_node_pool_splits_the_agents_in_two_daemonsets(helm) -> None:
     plain = ("DaemonSet", NAMESPACE, "egpu-node-agent")
     pool = ("DaemonSet", NAMESPACE, "egpu-node-agent-dra")
     containers = dict(_containers(on))
-    assert containers[(plain, "agent")]["args"] == ["--metrics-port=9400", "--log-level=INFO"]
+    assert containers[(plain, "agent")]["args"] == ["--metrics-port=9400", "--dev-root=/host/dev",
+                                                    "--log-level=INFO"]
     assert containers[(pool, "agent")]["args"] == [
-        "--metrics-port=9400", "--log-level=INFO", "--dra", "--no-device-plugin"]
+        "--metrics-port=9400", "--dev-root=/host/dev", "--log-level=INFO", "--dra",
+        "--no-device-plugin"]
     pool_spec = on[pool]["spec"]["template"]["spec"]
     assert pool_spec["nodeSelector"] == {"egpu.io/node": "true", "egpu.io/dra": "true"}
     assert {"name": "kubelet-plugins", "mountPath": "/var/lib/kubelet/plugins"} in (
