@@ -4,6 +4,7 @@ bed, which are the repository's development tools; their commands say where to r
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,8 +19,16 @@ PRODUCT = {"certs", "cli", "egpu", "node_agent", "runtime_hook", "scheduler", "w
 
 
 def test_the_wheel_holds_the_product_packages_only(tmp_path: Path) -> None:
+    # built from a copy of the tracked files: setuptools leaves a build/ folder behind, and
+    # an old one in the clone could hand the wheel packages the list no longer names
+    src = tmp_path / "src"
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], check=True,
+                             capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, tracked):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, src / rel)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--wheel-dir", str(tmp_path), str(REPO)],
+                    "--no-build-isolation", "--wheel-dir", str(tmp_path), str(src)],
                    check=True, capture_output=True)
     wheel = next(tmp_path.glob("egpu-*.whl"))
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
