@@ -9,9 +9,12 @@ ResourceSlices of driver gpu.egpu.io (``devcluster.dra.publish_node_slices``, as
 ``--dra`` publishes them), and waits until they are Ready and untainted; applies the
 DeviceClasses of manifests/dra and a ResourceClaimTemplate of one share; starts the extender
 (``python -m scheduler.main``) and points the dev cluster's ``egpu-scheduler`` profile at it
-(``devcluster.set_extender``, restored at the end). Then, in one run, P pods of each kind are
-created with a scheduling gate, the gates are lifted from 16 threads, and the rate is P / (last
-bind - first ungate); pods (and claims) are deleted between the kinds:
+(``devcluster.set_extender``, restored at the end). Then, in each of R rounds (``--rounds``,
+at least 3), P pods of each kind are created with a scheduling gate, the gates are lifted from
+16 threads, and the rate is P / (last bind - first ungate); pods (and claims) are deleted
+between the kinds. The kinds are interleaved: each round runs all three, in an order rotated
+from the round before, so that a slow stretch of the machine hits every kind alike; each ratio
+is taken within its round and the median of the rounds is reported:
 
 - ``default``: a whole card, ``nvidia.com/gpu: 1``, default-scheduler (device-plugin counting);
 - ``extender``: a share (20000 MiB, 25%) through egpu-scheduler and the extender;
@@ -22,8 +25,10 @@ bind - first ungate); pods (and claims) are deleted between the kinds:
 Everything (etcd, API server, schedulers, kwok, extender, this client) shares the machine's
 cores; the ungating rate is printed so that a client-bound run can be told apart.
 
-Last line: ``nodes=N dra_pods_per_s=N extender_pods_per_s=N default_pods_per_s=N dra_ratio=N``
-(dra_ratio = dra / default; issue 14's target: >= 0.9).
+Last line: ``nodes=N rounds=R dra_pods_per_s=N extender_pods_per_s=N default_pods_per_s=N
+dra_ratio=N extender_ratio=N`` (medians of the rounds; dra_ratio = DRA share pods / plain pods,
+extender_ratio = extender share pods / plain pods, each within one round; issue 24's targets:
+dra_ratio >= 0.5, extender_ratio >= 0.8).
 """
 
 from __future__ import annotations
@@ -46,11 +51,13 @@ from devcluster.cluster import wait_until
 from devcluster.extender import ExtenderProcess
 from egpu.contract import DEVICE_CLASS_SHARE
 from scheduler.kube import ApiStatusError, RawApi
+from testbed.stats import percentile
 
 REPO = Path(__file__).resolve().parents[1]
 GATE = "egpu.io/bench"
 NS = "egpu-bench"
 SHARES = devnodes.DEFAULT_SHARES_PER_CARD
+MIN_ROUNDS = 3
 
 
 
@@ -195,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--cards", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS,
+                        help=f"rounds of the three kinds, interleaved (at least {MIN_ROUNDS})")
     args = parser.parse_args(argv)
+    if args.rounds < MIN_ROUNDS:
+        parser.error(f"--rounds {args.rounds}: at least {MIN_ROUNDS} (a median of rounds)")
 
     state_dir = devcluster.default_state_dir()
     started = False
@@ -207,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="egpu-bench-"))
     api = RawApi(info.api_client())
     extender = None
+    rounds: dict[int, dict[str, float]] = {}
     previous = (info.extender_url, info.extender_ca_file)
     try:
         with contextlib.suppress(ApiStatusError):
@@ -231,11 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         extender = ExtenderProcess(info.kubeconfig, config, work / "extender.log")
         extender.start()
         devcluster.set_extender(info, extender.url)
-        rates = {}
-        for kind in (WHOLE, EXTENDER_SHARE, DRA_SHARE):
-            rate, ungate = run(api, kind, args.pods)
-            rates[kind] = rate
-            print(f"{kind}: {rate:.1f} pods/s (gates lifted at {ungate:.0f}/s)", flush=True)
+        for r in range(args.rounds):
+            for kind in round_order(r):
+                rate, ungate = run(api, kind, args.pods)
+                rounds.setdefault(r, {})[kind] = rate
+                print(f"round {r + 1} {kind}: {rate:.1f} pods/s (gates lifted at {ungate:.0f}/s)",
+                      flush=True)
     finally:
         if extender is not None:
             extender.stop()
@@ -243,11 +256,32 @@ def main(argv: list[str] | None = None) -> int:
         delete_nodes(api, args.nodes)
         if started:
             devcluster.down(state_dir)
-    print(f"nodes={args.nodes} dra_pods_per_s={rates[DRA_SHARE]:.1f} "
-          f"extender_pods_per_s={rates[EXTENDER_SHARE]:.1f} "
-          f"default_pods_per_s={rates[WHOLE]:.1f} "
-          f"dra_ratio={rates[DRA_SHARE] / rates[WHOLE]:.2f}")
+    print(summary_line(args.nodes, list(rounds.values())))
     return 0
+
+
+def round_order(r: int) -> tuple[str, ...]:
+    """The kinds in round ``r``: each round the order before it, rotated by one."""
+    kinds = (WHOLE, EXTENDER_SHARE, DRA_SHARE)
+    return kinds[r % 3:] + kinds[:r % 3]
+
+
+def summary_line(nodes: int, rounds: list[dict[str, float]]) -> str:
+    """The last line: the medians of the rounds' rates and of their ratios (each ratio taken
+    within its round: the interleaving's point)."""
+    def med(values: list[float]) -> float:
+        return percentile(values, 0.5)
+
+    def rate(kind: str) -> float:
+        return med([r[kind] for r in rounds])
+
+    def ratio(kind: str) -> float:
+        return med([r[kind] / r[WHOLE] for r in rounds])
+
+    return (f"nodes={nodes} rounds={len(rounds)} dra_pods_per_s={rate(DRA_SHARE):.1f} "
+            f"extender_pods_per_s={rate(EXTENDER_SHARE):.1f} "
+            f"default_pods_per_s={rate(WHOLE):.1f} dra_ratio={ratio(DRA_SHARE):.2f} "
+            f"extender_ratio={ratio(EXTENDER_SHARE):.2f}")
 
 
 if __name__ == "__main__":
