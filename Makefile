@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv native system-deps k8s image demo test unit e2e lint bench clean
+.PHONY: venv native system-deps k8s image clients demo test unit e2e lint bench clean
 
 venv: $(STAMP)
 
@@ -58,13 +58,18 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/python bench/summary.py --check
 
-unit: venv native system-deps k8s
+# The real-client tier's environments (NVIDIA's driver bindings, pinned; testbed/clients.py),
+# cached in ~/.cache/egpu/clients/
+clients: venv
+	$(BIN)/python -m testbed.clients
+
+unit: venv native system-deps k8s clients
 	$(BIN)/pytest -m "not e2e" tests
 
 e2e: venv native system-deps k8s image
 	$(BIN)/pytest -m e2e tests
 
-test: venv native system-deps lint k8s image
+test: venv native system-deps lint k8s image clients
 	$(BIN)/pytest tests
 
 # Options of `egpu demo`, e.g. `make demo DEMO_ARGS=--dra` (shares as ResourceClaims,

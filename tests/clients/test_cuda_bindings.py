@@ -1,0 +1,80 @@
+"""The interposer under NVIDIA's own driver bindings (issue 25): cuda-bindings 12.x and 13.x,
+each resolving every driver function through cuGetProcAddress with its own CUDA version, run
+against the fake driver without and with the interposer (a 4096 MiB share).
+
+What each case checks (tests/clients/driver_probe.py makes the calls):
+- every call succeeds, except those that ask for more than is free: one MiB past cuMemAlloc of
+  the free figure, a second stream-ordered allocation past half the free figure (the default
+  pool and a custom pool), a cuMemCreate past it: CUDA_ERROR_OUT_OF_MEMORY;
+- the views: cuMemGetInfo's and cuDeviceTotalMem's total, a created context's, and NVML's
+  through the bindings' own module are the card's without the interposer and the share with
+  it; a VMM allocation mapped in is charged its size; everything freed gives it all back.
+The bug each would catch: a hook the bindings cannot reach (they never call the exported
+names: a function missing from cuGetProcAddress's answers runs unhooked, or fails), a view
+that shows the card, a path that allocates past the share.
+
+Found by this tier when it was written: the fake driver's cuGetProcAddress did not know
+cuCtxDestroy (no recorded runtime trace destroys a context), so the bindings' cuCtxDestroy
+failed with "function cuCtxDestroy_v2 is not found".
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed import clients
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE = REPO / "fakegpu" / "build"
+INTERPOSER = REPO / "libinterpose" / "build" / "libegpu_interpose.so"
+PROBE = Path(__file__).with_name("driver_probe.py")
+CARD_MIB = 24576
+SHARE_MIB = 4096
+SUCCESS, OUT_OF_MEMORY = 0, 2
+# the calls that ask for more than is free
+OVER = ("alloc_one_more_mib", "async_default_pool_over", "async_custom_pool_over",
+        "vmm_create_over")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def built() -> None:
+    for d in ("fakegpu", "libinterpose"):
+        subprocess.run(["make", "-s", "-C", str(REPO / d)], check=True, capture_output=True)
+
+
+def probe(client: str, tmp: Path, share_mib: int) -> dict[str, Any]:
+    """driver_probe.py's figures in client environment ``client`` (0: no interposer)."""
+    ini = tmp / "fakegpu.ini"
+    ini.write_text("[card]\nuuid = GPU-c1c1c1c1-0000-4000-8000-000000000000\n"
+                   f"name = NVIDIA A10\nmemory_mib = {CARD_MIB}\n")
+    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(FAKE), "FAKEGPU_CONFIG": str(ini),
+           "FAKEGPU_STATE_DIR": str(tmp / "fakegpu"), "EGPU_RUNTIME_DIR": str(tmp / "egpu")}
+    (tmp / "fakegpu").mkdir(exist_ok=True)
+    if share_mib:
+        env |= {"LD_PRELOAD": str(INTERPOSER), "EGPU_MEMORY_LIMIT_MIB": str(share_mib)}
+    proc = subprocess.run([str(clients.python(client)), str(PROBE), str(share_mib)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(json.loads(proc.stdout.splitlines()[-1]))
+
+
+@pytest.mark.parametrize("share_mib", [0, SHARE_MIB], ids=["no-interposer", "share-4096"])
+@pytest.mark.parametrize("client", sorted(clients.CLIENTS))
+def test_nvidias_driver_bindings_see_and_get_the_share(client: str, share_mib: int,
+                                                       tmp_path: Path) -> None:
+    r = probe(client, tmp_path, share_mib)
+    calls = {k: v for k, v in r.items()
+             if isinstance(v, int) and not k.endswith("_mib") and k != "nvml_module"}
+    wrong = {k: v for k, v in calls.items() if v != (OUT_OF_MEMORY if k in OVER else SUCCESS)}
+    assert not wrong, (wrong, r)
+    view = share_mib or CARD_MIB
+    assert r["total_mib"] == r["device_total_mib"] == r["ctx_total_mib"] == view, r
+    assert r["nvml_total_mib"] == view, r
+    assert 0 < r["free_mib"] <= view, r
+    assert r["free_after_free_mib"] == r["free_mib"] == r["free_end_mib"], r  # all given back
+    assert r["vmm_charged_mib"] == r["vmm_size_mib"] > 0, r  # mapped memory is charged
