@@ -18,10 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-# name -> the exact packages (pip requirement lines); numpy: cuda.bindings.nvml needs it
+# name -> the exact packages (pip requirement lines); numpy: cuda.bindings.nvml needs it;
+# cuda.core (NVIDIA's high-level API) is built on the 13.x bindings
 CLIENTS: dict[str, tuple[str, ...]] = {
     "cuda-bindings-12": ("cuda-bindings==12.9.10", "numpy==2.4.6"),
-    "cuda-bindings-13": ("cuda-bindings==13.5.0", "numpy==2.4.6"),
+    "cuda-bindings-13": ("cuda-bindings==13.5.0", "cuda-core==1.2.2", "numpy==2.4.6"),
 }
 
 

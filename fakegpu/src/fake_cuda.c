@@ -795,6 +795,17 @@ FG_EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags)
 }
 FG_EXPORT CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned int flags, int prio) { (void)prio; return cuStreamCreate(ps, flags); }
 
+/* Stream priorities as current cards have them: 0 (least) to -5 (greatest); the fake runs every
+ * stream alike (cuda.core asks for the range before it makes a stream). */
+FG_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
+{
+    NEED_INIT();
+    if (!ctx_ok(cur_ctx())) return CUDA_ERROR_INVALID_CONTEXT;
+    if (least) *least = 0;
+    if (greatest) *greatest = -5;
+    return CUDA_SUCCESS;
+}
+
 FG_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 {
     NEED_INIT();

@@ -1,4 +1,5 @@
-"""The interposer under NVIDIA's own driver bindings (issue 25): cuda-bindings 12.x and 13.x,
+"""The interposer under NVIDIA's own driver bindings (issue 25): cuda-bindings 12.x and 13.x
+(and cuda.core on 13.x),
 each resolving every driver function through cuGetProcAddress with its own CUDA version, run
 against the fake driver without and with the interposer (a 4096 MiB share).
 
@@ -47,8 +48,8 @@ def built() -> None:
         subprocess.run(["make", "-s", "-C", str(REPO / d)], check=True, capture_output=True)
 
 
-def probe(client: str, tmp: Path, share_mib: int) -> dict[str, Any]:
-    """driver_probe.py's figures in client environment ``client`` (0: no interposer)."""
+def probe(client: str, tmp: Path, share_mib: int, script: Path = PROBE) -> dict[str, Any]:
+    """``script``'s figures in client environment ``client`` (share 0: no interposer)."""
     ini = tmp / "fakegpu.ini"
     ini.write_text("[card]\nuuid = GPU-c1c1c1c1-0000-4000-8000-000000000000\n"
                    f"name = NVIDIA A10\nmemory_mib = {CARD_MIB}\n")
@@ -57,7 +58,7 @@ def probe(client: str, tmp: Path, share_mib: int) -> dict[str, Any]:
     (tmp / "fakegpu").mkdir(exist_ok=True)
     if share_mib:
         env |= {"LD_PRELOAD": str(INTERPOSER), "EGPU_MEMORY_LIMIT_MIB": str(share_mib)}
-    proc = subprocess.run([str(clients.python(client)), str(PROBE), str(share_mib)], env=env,
+    proc = subprocess.run([str(clients.python(client)), str(script), str(share_mib)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return dict(json.loads(proc.stdout.splitlines()[-1]))
@@ -78,3 +79,18 @@ def test_nvidias_driver_bindings_see_and_get_the_share(client: str, share_mib: i
     assert 0 < r["free_mib"] <= view, r
     assert r["free_after_free_mib"] == r["free_mib"] == r["free_end_mib"], r  # all given back
     assert r["vmm_charged_mib"] == r["vmm_size_mib"] > 0, r  # mapped memory is charged
+
+
+@pytest.mark.parametrize("share_mib", [0, SHARE_MIB], ids=["no-interposer", "share-4096"])
+def test_cuda_core_buffers_stop_at_the_share_and_come_back_when_collected(
+        share_mib: int, tmp_path: Path) -> None:
+    """cuda.core (on cuda-bindings 13): its device memory resource, a stream-ordered pool,
+    gives 1 GiB buffers until the share (or the card) is full, then refuses with the driver's
+    OUT_OF_MEMORY; buffers freed by garbage collection are reused (as many again). Found by
+    this test: the fake had no cuCtxGetStreamPriorityRange, and cuda.core could not make a
+    stream."""
+    r = probe("cuda-bindings-13", tmp_path, share_mib, Path(__file__).with_name("core_probe.py"))
+    view = share_mib or CARD_MIB
+    assert r["meminfo"] == SUCCESS and r["total_mib"] == view, r
+    assert r["buffers"] == r["free_mib"] // 1024 == r["buffers_again"], r
+    assert "ERROR CODE: 2" in str(r["refusal"]), r  # CUDA_ERROR_OUT_OF_MEMORY
