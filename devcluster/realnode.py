@@ -51,6 +51,7 @@ from devcluster import pki as pkimod
 from devcluster import supervisor
 from devcluster.cluster import ClusterInfo, kubeconfig_text
 from devcluster.errors import DevClusterError
+from devcluster.fake_toolkit import device_node_commands
 from devcluster.kubeapi import ApiError, api_request
 from devcluster.nodes import wait_nodes_ready
 from devcluster.realnode_config import CLUSTER_POD_CIDR as CLUSTER_POD_CIDR
@@ -475,7 +476,8 @@ def _start_namespaces(node: RealNode, ncards: int) -> None:
         f"ip addr add {node.ip}/{LINK_PREFIX_LEN} dev eth0", "ip link set eth0 up",
         f"ip route add default via {HOST_LINK_IP}", "sysctl -qw net.ipv4.ip_forward=1",
         f"nft -f {shlex.quote(str(Path(node.node_dir) / 'config' / 'guard.nft'))}",
-        *mounts, *dev_commands(ncards), "mkdir -p /run/containerd /var/run/cdi",
+        *mounts, *dev_commands(device_node_commands("/dev", ncards)),
+        "mkdir -p /run/containerd /var/run/cdi",
         "mount --make-rshared /",
     ])
     _sh("nsenter", "-t", str(holder.pid), "-m", "-n", "--", "sh", "-c", script)

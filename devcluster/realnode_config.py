@@ -15,8 +15,6 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from devcluster.fake_toolkit import device_node_commands
-
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_POD_CIDR = "198.18.16.0/20"  # every real node's pod range together (kube-proxy)
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
@@ -46,11 +44,12 @@ def pod_cidr(index: int) -> str:
 HOST_DEV_IN_NODE = "/run/egpu-host-dev"  # the host's /dev, seen from a node's mount namespace
 
 
-def dev_commands(ncards: int) -> list[str]:
+def dev_commands(device_nodes: list[str]) -> list[str]:
     """A real node's own /dev (commands run in its mount namespace, /run already its own):
     a tmpfs with every entry of the host's /dev bound into it (folders with what is mounted
-    below them, links copied) and the fake GPU's device nodes for ``ncards`` cards, as a GPU
-    node's /dev has the driver's. The host's /dev is left as it is."""
+    below them, links copied), then ``device_nodes`` (the commands that make the fake GPU's
+    nodes there: ``fake_toolkit.device_node_commands``), as a GPU node's /dev has the
+    driver's. The host's /dev is left as it is."""
     host = HOST_DEV_IN_NODE
     return [
         f"mkdir -p {host}", f"mount --rbind /dev {host}",
@@ -60,7 +59,7 @@ def dev_commands(ncards: int) -> list[str]:
         'if [ -L "$e" ]; then cp -P "$e" "$n"; '
         'elif [ -d "$e" ]; then mkdir -p "$n"; mount --rbind "$e" "$n"; '
         'else : > "$n"; mount --bind "$e" "$n"; fi; done',
-        *device_node_commands("/dev", ncards),
+        *device_nodes,
     ]
 
 
