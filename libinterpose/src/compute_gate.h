@@ -56,6 +56,7 @@ typedef struct {
     CUevent anchor;
     CUstream anchor_stream;
     uint64_t anchor_ns;   /* host time of the anchor event */
+    uint64_t anchor_err_ns; /* ... to within this (half its tightest bracket) */
     uint64_t anchored_at; /* when it was made */
     int ok;
     int failures; /* anchoring attempts that failed: give up after a few */
