@@ -1,7 +1,9 @@
 /* cuda_probe: what a CUDA program sees inside a container (egpu node tests).
  *
- * Usage: cuda_probe [--clearenv] MIB
+ * Usage: cuda_probe [--clearenv] MIB [hold]
  *   --clearenv: re-exec itself with an empty environment first (FC-05).
+ *   hold: after printing, keep the allocation until a signal ends the process (a co-tenant
+ *   of the same share meanwhile sees it charged).
  * Prints one line of key=value pairs: the environment size, cuInit's result, the device
  * count, cuMemGetInfo's total/free (MiB), the result of cuMemAlloc_v2(MIB), and the errno of
  * opening /run/egpu/config.json and /etc/ld.so.preload for writing (0 = writable), and how
@@ -74,5 +76,9 @@ int main(int argc, char **argv)
            nenv, rc_init, count, rc_info, total_b >> 20, free_b >> 20, mib, rc_alloc,
            write_errno("/run/egpu/config.json"), write_errno("/etc/ld.so.preload"),
            count_mounts(" /etc/ld.so.preload "));
+    if (argc > 2 && !strcmp(argv[2], "hold")) {
+        fflush(stdout);
+        pause();
+    }
     return 0;
 }

@@ -15,6 +15,7 @@ from __future__ import annotations
 # ``Final`` is for readers and type checkers only (annotations are never evaluated here).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Final
 
 DOMAIN: Final = "egpu.io"
@@ -112,6 +113,19 @@ NODE_PRIVATE_DIR: Final = "/var/run/egpu-node"
 ENV_NODE_PRIVATE_DIR: Final = "EGPU_NODE_PRIVATE_DIR"  # overrides NODE_PRIVATE_DIR (tests)
 ALLOCATIONS_SUBDIR: Final = "allocations"  # <NODE_PRIVATE_DIR>/allocations/<pod-uid>.json
 HOOK_SUBDIR: Final = "hook"  # <NODE_PRIVATE_DIR>/hook/<pod-uid>_<container>/
+# <NODE_PRIVATE_DIR>/claim-shares/<claim-uid>.json: a prepared ResourceClaim's shares, one
+# entry per request (egpu.records.PodShares with the claim's name and UID; the DRA kubelet
+# plugin writes it, the runtime hook reads it for every container given the claim's devices,
+# of any pod: the kubelet prepares a claim once, for its first pod).
+CLAIM_SHARES_SUBDIR: Final = "claim-shares"
+# Set by a prepared claim's CDI device of one request, in the container's environment:
+# EGPU_CLAIM_SHARE_<claim-uid>_<request>=<claim-uid>/<request> (the name holds both so that the
+# devices of several requests, or of two claims, never overwrite each other's).
+ENV_CLAIM_SHARE_PREFIX: Final = "EGPU_CLAIM_SHARE_"
+# A claim's accounting folder: <RUNTIME_DIR>/containers/claim-<claim-uid>_<r1>.<r2>... (the
+# requests a container names, sorted): every container of every pod naming the same requests
+# of one claim draws on the one budget and compute cap there.
+CLAIM_SHARE_DIR_PREFIX: Final = "claim-"
 # OCI annotations that name the Kubernetes container (containerd CRI, then CRI-O).
 OCI_ANN_POD_UID: Final = ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid")
 OCI_ANN_CONTAINER_NAME: Final = ("io.kubernetes.cri.container-name", "io.kubernetes.container.name")
@@ -191,6 +205,25 @@ LABELS_NODE: Final = ("Hostname",)
 def container_dir_name(pod_uid: str, container: str) -> str:
     """Folder name of a container's accounting region: ``<pod-uid>_<container>``."""
     return f"{pod_uid}_{container}"
+
+
+def claim_share_env(claim_uid: str, request: str) -> tuple[str, str]:
+    """(name, value) of the environment variable a claim's CDI device of ``request`` sets."""
+    return f"{ENV_CLAIM_SHARE_PREFIX}{claim_uid}_{request}", f"{claim_uid}/{request}"
+
+
+def claim_share_dir_name(claim_uid: str, requests: Iterable[str]) -> str:
+    """Folder name of the accounting region of one claim's ``requests`` (base names): every
+    container naming exactly these requests of the claim shares it.
+    ``claim-<claim-uid>_<r1>.<r2>`` with the requests sorted (DNS labels hold no '.' or '_')."""
+    return f"{CLAIM_SHARE_DIR_PREFIX}{claim_uid}_{'.'.join(sorted(set(requests)))}"
+
+
+def claim_share_dir_requests(name: str, claim_uid: str) -> frozenset[str] | None:
+    """The requests of a claim's accounting folder name (``claim_share_dir_name``), None when
+    ``name`` is not one of claim ``claim_uid``'s."""
+    prefix = f"{CLAIM_SHARE_DIR_PREFIX}{claim_uid}_"
+    return frozenset(name[len(prefix):].split(".")) if name.startswith(prefix) else None
 
 
 def allocation_file_name(pod_uid: str) -> str:

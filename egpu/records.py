@@ -27,6 +27,7 @@ from egpu.contract import COMPUTE_POLICIES, PRIORITIES, RECORD_VERSION
 
 TYPE_CHECKING = False  # no typing at run time: the hook's startup (see the docstring)
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any, ClassVar, Self
 
     from egpu.node_records import Card, CardUsage, Inventory, NodeUsage, ShareUsage
@@ -215,18 +216,22 @@ class ContainerAllocation(_Record):
 
     ``init``: an init container (sidecars included: they are declared among the init
     containers). ``kind``: ``KIND_APP``, ``KIND_INIT`` or ``KIND_SIDECAR``, as the extender
-    read the pod at placement; None in records written before the allocation carried it."""
+    read the pod at placement; None in records written before the allocation carried it.
+    ``share``: the folder name of the accounting region the container draws on when it is not
+    its own (``<pod-uid>_<container>``): a ResourceClaim's requests, shared by every container
+    naming them (``egpu.contract.claim_share_dir_name``); None for a container's own share."""
 
-    __slots__ = ("cards", "init", "kind", "name")
-    _FIELDS = ("name", "init", "cards", "kind")
+    __slots__ = ("cards", "init", "kind", "name", "share")
+    _FIELDS = ("name", "init", "cards", "kind", "share")
     name: str
     init: bool
     cards: tuple[CardShare, ...]
     kind: str | None
+    share: str | None
 
     def __init__(self, name: str, init: bool, cards: tuple[CardShare, ...],
-                 kind: str | None = None) -> None:
-        super().__init__(name, init, cards, kind)
+                 kind: str | None = None, share: str | None = None) -> None:
+        super().__init__(name, init, cards, kind, share)
 
     @property
     def uuids(self) -> tuple[str, ...]:
@@ -234,12 +239,15 @@ class ContainerAllocation(_Record):
         return tuple(c.uuid for c in self.cards)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object: ``{"name", "kind" (when known), "init", "cards"}``."""
+        """The JSON object: ``{"name", "kind" (when known), "init", "cards", "share" (when
+        set)}``."""
         body: dict[str, Any] = {"name": self.name}
         if self.kind is not None:
             body["kind"] = self.kind
         body["init"] = self.init
         body["cards"] = [s.to_dict() for s in self.cards]
+        if self.share is not None:
+            body["share"] = self.share
         return body
 
     @classmethod
@@ -261,7 +269,29 @@ class ContainerAllocation(_Record):
             raise RecordError(f"{where}.init: {init!r} does not match kind {kind!r} (an "
                               f"init container or sidecar has init true, an app container "
                               "false)")
-        return cls(name=name, init=init, cards=cards, kind=kind)
+        share = obj.get("share")
+        if share is not None and (not isinstance(share, str) or not _safe_name(share)):
+            raise RecordError(f"{where}.share: {share!r}; allowed: a folder name (no '/', "
+                              "not '.' or '..', not empty)")
+        return cls(name=name, init=init, cards=cards, kind=kind, share=share)
+
+
+def _safe_name(name: str) -> bool:
+    """Whether ``name`` is one path component (a folder name under a node folder)."""
+    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
+def sum_card_shares(groups: Iterable[Iterable[CardShare]]) -> tuple[CardShare, ...]:
+    """The shares of ``groups`` (each a request's cards) summed per card, in first-seen order:
+    what one container holds when it names several requests (an init container's request and
+    its headroom request pinned to the same card)."""
+    per_card: dict[str, CardShare] = {}
+    for group in groups:
+        for c in group:
+            held = per_card.get(c.uuid)
+            per_card[c.uuid] = c if held is None else CardShare(
+                c.uuid, c.index, held.memory_mib + c.memory_mib, held.cores + c.cores)
+    return tuple(per_card.values())
 
 
 class Allocation(_Record):

@@ -7,7 +7,9 @@ passes the container state JSON on stdin. The hook reads the bundle's config.jso
 
 - writes ``<private>/hook/<pod-uid>_<container>/config.json`` (records.ContainerConfig) and
   ``ld.so.preload`` (the image's own lines, then the interposer), creates the accounting
-  folder ``<runtime>/containers/<pod-uid>_<container>/`` (0777) and, for each of the
+  folder ``<runtime>/containers/<pod-uid>_<container>/`` (0777; for a ResourceClaim's
+  requests the claim's, shared by every container naming them:
+  ``<runtime>/containers/claim-<claim-uid>_<requests>/``) and, for each of the
   container's cards, the card folder ``<runtime>/cards/<uuid>/`` (root's, 0755; a card region
   file of the previous version at that path is unlinked first: running containers keep their
   mapping). There it registers the share in the card's ``roster`` (egpu.card_roster: slot,
@@ -40,6 +42,7 @@ import time
 from egpu.contract import (
     ALLOCATIONS_SUBDIR,
     CARDS_SUBDIR,
+    CLAIM_SHARES_SUBDIR,
     CONTAINER_CONFIG_PATH,
     CONTAINERS_SUBDIR,
     ENV_NODE_PRIVATE_DIR,
@@ -54,7 +57,16 @@ from egpu.contract import (
     allocation_file_name,
 )
 from runtime_hook.oci import OciError, Spec, State, load_spec, parse_state
-from runtime_hook.plan import Apply, Inputs, Refuse, Skip, decide, identify, preload_text
+from runtime_hook.plan import (
+    Apply,
+    Inputs,
+    Refuse,
+    Skip,
+    claim_requests,
+    decide,
+    identify,
+    preload_text,
+)
 
 TYPE_CHECKING = False  # startup time: no typing, argparse, dataclasses on this path
 if TYPE_CHECKING:
@@ -152,14 +164,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
     return args
 
 
-def load_shares(private_dir: str, pod_uid: str) -> tuple[PodShares | None, str | None]:
-    """The pod's allocation file: (record, None), (None, None) when absent, or
-    (None, reason) when unreadable or malformed (egpu.records.PodShares.decode, the one
-    decoder of the file). An absent file costs one open(2) and no import: most containers of
-    a node have none."""
+def load_shares(private_dir: str, pod_uid: str,
+                subdir: str = ALLOCATIONS_SUBDIR) -> tuple[PodShares | None, str | None]:
+    """The pod's allocation file (``subdir`` CLAIM_SHARES_SUBDIR and a claim's UID: the
+    claim's shares file): (record, None), (None, None) when absent, or (None, reason) when
+    unreadable or malformed (egpu.records.PodShares.decode, the one decoder of the file). An
+    absent file costs one open(2) and no import: most containers of a node have none."""
     if not pod_uid or "/" in pod_uid or pod_uid in (".", ".."):
-        return None, None if not pod_uid else f"bad pod uid {pod_uid!r}"
-    path = os.path.join(private_dir, ALLOCATIONS_SUBDIR, allocation_file_name(pod_uid))
+        what = "pod" if subdir == ALLOCATIONS_SUBDIR else "claim"
+        return None, None if not pod_uid else f"bad {what} uid {pod_uid!r}"
+    path = os.path.join(private_dir, subdir, allocation_file_name(pod_uid))
     try:
         with open(path, "rb") as handle:
             data = handle.read()
@@ -210,7 +224,7 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
         try:
             base = hostfs.open_base(runtime, RUNTIME_DIR_MODE)
             fds.append(base)
-            region = hostfs.make_dirs(base, runtime, [CONTAINERS_SUBDIR, plan.dir_name],
+            region = hostfs.make_dirs(base, runtime, [CONTAINERS_SUBDIR, plan.region_name],
                                       [CONTAINERS_DIR_MODE, REGION_DIR_MODE])
             fds.append(region)
             card_mounts: list[tuple[str, int, str, int]] = []  # uuid, folder, share file
@@ -253,10 +267,10 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
             rootfs.make_file_in_root(root, LD_SO_PRELOAD)
             mounts.bind(preload_fd, root, LD_SO_PRELOAD, read_only=True,
                         label=os.path.join(hook_path, "ld.so.preload"))
-            region_in = f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{plan.dir_name}"
+            region_in = f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{plan.region_name}"
             rootfs.make_dirs_in_root(root, region_in)
             mounts.bind(region, root, region_in, read_only=False,
-                        label=os.path.join(runtime, CONTAINERS_SUBDIR, plan.dir_name))
+                        label=os.path.join(runtime, CONTAINERS_SUBDIR, plan.region_name))
             for uuid, card, name, share in card_mounts:
                 card_in = f"{RUNTIME_DIR}/{CARDS_SUBDIR}/{uuid}"
                 card_path = os.path.join(runtime, CARDS_SUBDIR, uuid)
@@ -301,7 +315,12 @@ def run(argv: Sequence[str] | None = None, stdin: bytes | None = None) -> int:
         annotations = {**spec.annotations, **state.annotations}
         pod_uid, _ = identify(spec.env, annotations)
         shares, shares_error = load_shares(args.private_dir, pod_uid)
-        decision = decide(Inputs(state.id, spec.env, annotations, shares, shares_error))
+        claims = claim_requests(spec.env)
+        claim, claim_error = (load_shares(args.private_dir, next(iter(claims)),
+                                          CLAIM_SHARES_SUBDIR) if len(claims) == 1
+                              else (None, None))
+        decision = decide(Inputs(state.id, spec.env, annotations, shares, shares_error,
+                                 claim, claim_error))
     status = 0
     if isinstance(decision, Refuse):
         print(decision.message, file=sys.stderr)

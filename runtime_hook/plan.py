@@ -8,8 +8,16 @@
 3. The container is named by the OCI annotations (containerd CRI, then CRI-O), else by the
    device plugin's ``EGPU_POD_UID`` / ``EGPU_CONTAINER`` env.
 4. Named and the pod's allocation file lists it -> its share; ``NVIDIA_VISIBLE_DEVICES`` must
-   name exactly its cards (as a set), else Refuse. Named, not listed, and the device plugin
-   gave it devices (``EGPU_DEVICES``) -> Refuse. Named, not listed, no devices -> Skip.
+   name exactly its cards (as a set), else Refuse. Its accounting folder is the entry's
+   ``share`` (a ResourceClaim's requests, shared by every container naming them) or its own
+   ``<pod-uid>_<container>``.
+4b. Named, not listed, and given the devices of a ResourceClaim's requests
+   (``EGPU_CLAIM_SHARE_*``: a pod that joined the claim after the kubelet prepared it for
+   another pod) -> the entry of the claim's shares file for exactly those requests; the claim
+   must be one, prepared on this node (its file), of the pod's namespace, and shared as
+   those requests (else Refuse); then as 4.
+   Named, not listed, and the device plugin gave it devices (``EGPU_DEVICES``) -> Refuse.
+   Named, not listed, no devices -> Skip.
 5. Not named but given devices -> Refuse (ambiguous: never guess a share).
 6. Not named, no devices, ``EGPU_MEMORY_LIMIT_MIB`` / ``EGPU_MEMORY_PERCENTAGE`` /
    ``EGPU_CORES`` in the env -> a raw-node share (``egpu run``): the interposer reads the env;
@@ -27,6 +35,7 @@ from egpu.contract import (
     CONTAINER_REGION_FILE,
     CONTAINERS_SUBDIR,
     ENV_ALLOCATION_ERROR,
+    ENV_CLAIM_SHARE_PREFIX,
     ENV_COMPUTE_POLICY,
     ENV_CONTAINER,
     ENV_CONTAINER_REGION,
@@ -53,7 +62,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from egpu.card_roster import RosterEntry
-    from egpu.records import ContainerConfig, PodShares
+    from egpu.records import ContainerAllocation, ContainerConfig, PodShares
 
 RAW_CONTAINER: str = "raw"  # container part of a raw share's folder name: <oci-id>_raw
 
@@ -77,16 +86,22 @@ class _Value:
 
 class Inputs(_Value):
     """Everything the decision reads. shares: the pod's allocation file (egpu.records.PodShares;
-    None: no file); shares_error: why the file could not be read (None: fine or absent)."""
+    None: no file); shares_error: why the file could not be read (None: fine or absent).
+    claim: the shares file of the one claim ``claim_requests(env)`` names (None: none, or
+    absent); claim_error: why it could not be read."""
 
-    __slots__ = ("annotations", "container_id", "env", "shares", "shares_error")
+    __slots__ = ("annotations", "claim", "claim_error", "container_id", "env", "shares",
+                 "shares_error")
 
     def __init__(self, container_id: str, env: Mapping[str, str],
                  annotations: Mapping[str, str],
                  shares: PodShares | None = None,
-                 shares_error: str | None = None) -> None:
+                 shares_error: str | None = None,
+                 claim: PodShares | None = None,
+                 claim_error: str | None = None) -> None:
         self.container_id, self.env, self.annotations = container_id, env, annotations
         self.shares, self.shares_error = shares, shares_error
+        self.claim, self.claim_error = claim, claim_error
 
 
 class Skip(_Value):
@@ -108,14 +123,17 @@ class Refuse(_Value):
 
 
 class Apply(_Value):
-    """Give the container its share. dir_name: ``<pod-uid>_<container>`` (the accounting
-    region's folder and the hook's private folder). config: the interposer's config file
+    """Give the container its share. dir_name: ``<pod-uid>_<container>`` (the hook's private
+    folder). region_name: the accounting region's folder (the container's own ``dir_name``,
+    or a claim's, shared: ``claim-<uid>_<requests>``). config: the interposer's config file
     (None for a raw share: the interposer reads the environment)."""
 
-    __slots__ = ("config", "dir_name")
+    __slots__ = ("config", "dir_name", "region_name")
 
-    def __init__(self, dir_name: str, config: ContainerConfig | None) -> None:
+    def __init__(self, dir_name: str, config: ContainerConfig | None,
+                 region_name: str | None = None) -> None:
         self.dir_name, self.config = dir_name, config
+        self.region_name = region_name or dir_name
 
 
 Decision = Skip | Refuse | Apply
@@ -141,19 +159,46 @@ def visible_uuids(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
+def claim_requests(env: Mapping[str, str]) -> dict[str, frozenset[str]]:
+    """claim UID -> the requests whose CDI devices the container was given, from the
+    ``EGPU_CLAIM_SHARE_<uid>_<request>=<uid>/<request>`` variables (egpu.contract
+    .claim_share_env); a variable whose value does not match its name is left out."""
+    out: dict[str, set[str]] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_CLAIM_SHARE_PREFIX):
+            continue
+        uid, _, request = value.partition("/")
+        if name != f"{ENV_CLAIM_SHARE_PREFIX}{uid}_{request}" or not _dns_label(request):
+            continue
+        out.setdefault(uid, set()).add(request)
+    return {uid: frozenset(r) for uid, r in out.items()}
+
+
+def _dns_label(text: str) -> bool:
+    return 0 < len(text) <= 63 and all(c.isascii() and (c.islower() or c.isdigit() or c == "-")
+                                       for c in text)
+
+
 def container_config(shares: PodShares, container: str) -> ContainerConfig | None:
     """The interposer's config for ``container`` of the pod, or None when it has no share.
     Region paths are the in-container paths under ``RUNTIME_DIR``."""
     entry = shares.allocation.for_container(container)
     if entry is None:
         return None
+    return _config(shares.namespace, shares.pod, shares.pod_uid, container, shares, entry)
+
+
+def _config(namespace: str, pod: str, pod_uid: str, container: str, shares: PodShares,
+            entry: ContainerAllocation) -> ContainerConfig:
+    """``entry``'s config for ``container`` of the pod, with the policies of ``shares``."""
     from egpu.records import ConfigCard, ContainerConfig  # only a pod with a share
 
-    folder = f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{container_dir_name(shares.pod_uid, container)}"
+    region = entry.share or container_dir_name(pod_uid, container)
+    folder = f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{region}"
     return ContainerConfig(
-        namespace=shares.namespace,
-        pod=shares.pod,
-        pod_uid=shares.pod_uid,
+        namespace=namespace,
+        pod=pod,
+        pod_uid=pod_uid,
         container=container,
         priority=shares.priority,
         compute_policy=shares.compute_policy,
@@ -172,6 +217,38 @@ def container_config(shares: PodShares, container: str) -> ContainerConfig | Non
     )
 
 
+def joined_claim_config(inputs: Inputs, pod_uid: str, container: str
+                        ) -> ContainerConfig | Refuse:
+    """Rule 4b: the config of a container of a pod that joined a claim after it was prepared,
+    from the claim's shares file: the entry for exactly the requests it was given."""
+    named = claim_requests(inputs.env)
+    where = f"egpu: pod {pod_uid} container {container!r}"
+    if len(named) != 1:
+        return Refuse(f"{where} was given the devices of {len(named)} egpu ResourceClaims "
+                      f"({', '.join(sorted(named))}); a container takes one egpu claim")
+    ((uid, requests),) = named.items()
+    if inputs.claim_error:
+        return Refuse(f"{where}: the shares file of ResourceClaim {uid} is unreadable: "
+                      f"{inputs.claim_error}")
+    claim = inputs.claim
+    if claim is None or claim.pod_uid != uid:
+        return Refuse(f"{where}: ResourceClaim {uid} is not prepared on this node (no shares "
+                      "file; is egpu-node-agent's DRA plugin running?)")
+    namespace = first_annotation(inputs.annotations, OCI_ANN_POD_NAMESPACE)
+    if namespace != claim.namespace:
+        return Refuse(f"{where}: ResourceClaim {claim.namespace}/{claim.pod} is not of the "
+                      f"pod's namespace ({namespace or 'unknown'})")
+    key = ".".join(sorted(requests))
+    entry = claim.allocation.for_container(key)
+    if entry is None:
+        shared = [c.name.replace(".", ", ") for c in claim.allocation.containers]
+        return Refuse(f"{where}: ResourceClaim {claim.namespace}/{claim.pod} is shared as "
+                      f"requests {' | '.join(shared) or '(none)'}; a pod that joins it names "
+                      f"one of these exactly, not {key.replace('.', ', ')}")
+    pod_name = first_annotation(inputs.annotations, OCI_ANN_POD_NAME)
+    return _config(claim.namespace, pod_name, pod_uid, container, claim, entry)
+
+
 def decide(inputs: Inputs) -> Decision:
     """Apply the rules of the module docstring."""
     env, annotations = inputs.env, inputs.annotations
@@ -185,21 +262,25 @@ def decide(inputs: Inputs) -> Decision:
         where = f"pod {pod_uid} container {container!r}"
         if inputs.shares_error:
             return Refuse(f"egpu: {where}: allocation file unreadable: {inputs.shares_error}")
-        if inputs.shares is None:
-            if given_devices:
+        config = container_config(inputs.shares, container) if inputs.shares else None
+        if config is None and claim_requests(env):
+            joined = joined_claim_config(inputs, pod_uid, container)
+            if isinstance(joined, Refuse):
+                return joined
+            config = joined
+        if config is None:
+            if inputs.shares is None and given_devices:
                 return Refuse(
                     f"egpu: {where} was given egpu devices but this node has no allocation "
                     "file for the pod (is egpu-node-agent running on this node?)"
                 )
-            return Skip(f"{where}: no egpu allocation")
-        config = container_config(inputs.shares, container)
-        if config is None:
             if given_devices:
                 return Refuse(
                     f"egpu: {where} was given egpu devices but the pod's allocation has no "
                     "entry for it"
                 )
-            return Skip(f"{where}: no share in the pod's allocation")
+            return Skip(f"{where}: no share in the pod's allocation" if inputs.shares
+                        else f"{where}: no egpu allocation")
         wanted = tuple(c.uuid for c in config.cards)
         visible = visible_uuids(env.get(NVIDIA_VISIBLE_DEVICES, ""))
         if sorted(visible) != sorted(wanted):
@@ -213,7 +294,8 @@ def decide(inputs: Inputs) -> Decision:
         pod_ns = first_annotation(annotations, OCI_ANN_POD_NAMESPACE)
         if (pod_name and pod_name != config.pod) or (pod_ns and pod_ns != config.namespace):
             return Refuse(f"egpu: {where}: pod name/namespace differ from its allocation file")
-        return Apply(container_dir_name(pod_uid, container), config)
+        region = config.container_region.rsplit("/", 2)[-2]
+        return Apply(container_dir_name(pod_uid, container), config, region)
     if given_devices:
         return Refuse(
             "egpu: this container was given egpu devices but neither the runtime's OCI "
@@ -265,7 +347,7 @@ def card_shares(plan: Apply, env: Mapping[str, str], uid: int) -> list[tuple[str
     """(card UUID, its roster entry) for each card of the share, in order: what the node
     says of the share (docs/security.md, "Node-side state"). Owner: the share's key as its
     interposer computes it (its config's ``container_region``; raw: ``raw_container_region``);
-    name: ``plan.dir_name``. Terms: the config's priority, compute policy, card cores and
+    name: ``plan.region_name``. Terms: the config's priority, compute policy, card cores and
     low-priority floor; a raw share's from its environment (``EGPU_PRIORITY``,
     ``EGPU_COMPUTE_POLICY``, ``EGPU_CORES``: what its interposer reads; high, strict and 0
     when unset or invalid), floor 0, on the cards ``raw_card_uuids`` names."""
@@ -277,7 +359,7 @@ def card_shares(plan: Apply, env: Mapping[str, str], uid: int) -> list[tuple[str
         priority = PRIORITY_CODES[config.priority]
         policy = POLICY_CODES[config.compute_policy]
         return [(c.uuid, RosterEntry(owner, priority, policy, c.cores,
-                                     config.low_priority_floor, 0, plan.dir_name))
+                                     config.low_priority_floor, 0, plan.region_name))
                 for c in config.cards]
     entry = RosterEntry(region_owner(raw_container_region(env, uid)),
                         _env_choice(env, ENV_PRIORITY, PRIORITY_CODES),

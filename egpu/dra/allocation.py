@@ -25,6 +25,8 @@ kubelet plugin (``node_agent.draplugin``: it prepares the claim) and by the clus
   ResourceClaims a pod uses.
 - ``prepare(claim, pods, node, cards)``: all of the above for one node (``PreparedClaim``,
   also the kubelet plugin's state file: ``encode`` / ``decode``).
+- ``claim_shares(claim, floor)``: the claim's shares file, for the containers of pods that
+  join the claim after it was prepared (the runtime hook reads it).
 - ``pod_shares(pod_uid, claims, floor)``: a pod's allocation file (``egpu.records.PodShares``,
   what the runtime hook reads to write each container's ``ContainerConfig``), composed from
   every prepared claim of the pod.
@@ -43,10 +45,27 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
 
-from egpu.contract import ANN_ALLOCATION, DRA_CAPACITY_CORES, DRA_CAPACITY_MEMORY, DRA_DRIVER
+from egpu.contract import (
+    ANN_ALLOCATION,
+    DRA_CAPACITY_CORES,
+    DRA_CAPACITY_MEMORY,
+    DRA_DRIVER,
+    claim_share_dir_name,
+    claim_share_dir_requests,
+)
 from egpu.dra.shareconfig import ShareConfig
 from egpu.dra.slices import SliceError, device_name, parse_quantity
-from egpu.records import Allocation, Card, CardShare, ContainerAllocation, PodShares
+from egpu.records import (
+    KIND_APP,
+    KIND_INIT,
+    KIND_SIDECAR,
+    Allocation,
+    Card,
+    CardShare,
+    ContainerAllocation,
+    PodShares,
+    sum_card_shares,
+)
 
 MIB = 1 << 20
 STATE_VERSION = 1
@@ -282,24 +301,44 @@ def container_cards(devices: Sequence[ClaimDevice], requests: set[str] | None
     when ``requests`` is None: it named the claim without a request), summed per card (an
     init container may name its app container's request and a headroom request pinned to the
     same card: the webhook's FC-07 plan, egpu.dra.claims), in allocation order."""
-    per_card: dict[str, CardShare] = {}
-    for d in devices:
-        if requests is not None and base_request(d.request) not in requests:
-            continue
-        held = per_card.get(d.uuid)
-        per_card[d.uuid] = (CardShare(d.uuid, d.index, d.memory_mib, d.cores) if held is None
-                            else CardShare(d.uuid, d.index, held.memory_mib + d.memory_mib,
-                                           held.cores + d.cores))
-    return tuple(per_card.values())
+    return sum_card_shares(
+        [CardShare(d.uuid, d.index, d.memory_mib, d.cores)] for d in devices
+        if requests is None or base_request(d.request) in requests)
 
 
-def pod_use(pod: Mapping[str, Any], claim_name: str,
-            devices: Sequence[ClaimDevice]) -> PodUse | None:
+def _kind(container: Mapping[str, Any], init: bool) -> str:
+    if not init:
+        return KIND_APP
+    return KIND_SIDECAR if container.get("restartPolicy") == "Always" else KIND_INIT
+
+
+def check_running_sets(claim: str, users: Iterable[tuple[str, frozenset[str]]]) -> None:
+    """Refuse request sets of one claim that overlap without being equal among containers
+    that run at the same time (``users``: (who, the base requests it names)): every container
+    naming the same requests draws on one budget, and one naming part of another's would
+    hold that part twice. Raises ClaimError naming both containers and the claim."""
+    seen: list[tuple[str, frozenset[str]]] = []
+    for who, requests in users:
+        for other, held in seen:
+            if held != requests and held & requests:
+                raise ClaimError(
+                    f"{other} and {who} run at the same time and name overlapping but "
+                    f"different requests of ResourceClaim {claim} ({', '.join(sorted(held))} "
+                    f"and {', '.join(sorted(requests))}); containers that share a claim name "
+                    "the same requests (one budget for them all) or requests of their own")
+        seen.append((who, requests))
+
+
+def pod_use(pod: Mapping[str, Any], claim_name: str, devices: Sequence[ClaimDevice],
+            claim_uid: str = "") -> PodUse | None:
     """The pod's containers that name ``claim_name``, each with the cards of the requests it
-    names (all of the claim's when it names no request; ``container_cards``); None when none
-    does. Raises ClaimError: the pod also has an ``egpu.io/allocation`` (the extender path),
-    a container names a request the claim's allocation does not hold, or two containers that
-    run at the same time name one request (each would be given the whole share)."""
+    names (all of the claim's when it names no request; ``container_cards``), its kind and,
+    given ``claim_uid``, its ``share``: the accounting folder of the claim's requests it names
+    (``egpu.contract.claim_share_dir_name``), one budget for every container naming them; None
+    when no container names the claim. Raises ClaimError: the pod also has an
+    ``egpu.io/allocation`` (the extender path), a container names a request the claim's
+    allocation does not hold, or two containers that run at the same time name overlapping
+    but different requests (``check_running_sets``)."""
     meta, spec = _meta(pod), pod.get("spec") or {}
     where = f"pod {meta.get('namespace')}/{meta.get('name')}"
     if (meta.get("annotations") or {}).get(ANN_ALLOCATION):
@@ -312,7 +351,7 @@ def pod_use(pod: Mapping[str, Any], claim_name: str,
                            if extended.get("resourceClaimName") == claim_name else set())
     allocated = {base_request(d.request) for d in devices}
     containers: list[ContainerAllocation] = []
-    running: dict[str, str] = {}  # request -> the concurrently running container naming it
+    running: list[tuple[str, frozenset[str]]] = []
     for init, key in ((True, "initContainers"), (False, "containers")):
         for container in spec.get(key) or []:
             name = str(container.get("name"))
@@ -328,18 +367,14 @@ def pod_use(pod: Mapping[str, Any], claim_name: str,
                     f"{where} container {name!r} names request {missing[0]!r} of "
                     f"ResourceClaim {meta.get('namespace')}/{claim_name}, which holds no "
                     f"egpu device of it (allocated: {', '.join(sorted(allocated)) or 'none'})")
-            uses = allocated if whole else wanted
+            uses = frozenset(allocated if whole else wanted)
             if _runs_beside_others(container, init):
-                for request in sorted(uses):
-                    if request in running:
-                        raise ClaimError(
-                            f"{where}: containers {running[request]!r} and {name!r} run at the "
-                            f"same time and both name request {request!r} of ResourceClaim "
-                            f"{meta.get('namespace')}/{claim_name}; each would be given the "
-                            "whole share: give each container its own request")
-                    running[request] = name
+                running.append((f"{where} container {name!r}", uses))
             containers.append(ContainerAllocation(
-                name, init, container_cards(devices, None if whole else wanted)))
+                name, init, container_cards(devices, None if whole else wanted),
+                kind=_kind(container, init),
+                share=claim_share_dir_name(claim_uid, uses) if claim_uid else None))
+    check_running_sets(f"{meta.get('namespace')}/{claim_name}", running)
     if not containers:
         return None
     return PodUse(str(meta.get("uid", "")), str(meta.get("namespace", "")),
@@ -349,19 +384,59 @@ def pod_use(pod: Mapping[str, Any], claim_name: str,
 def prepare(claim: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], node: str,
             cards: Sequence[Card]) -> PreparedClaim:
     """The PreparedClaim of ``claim`` on ``node`` for ``pods`` (those it is reserved for;
-    pods bound to another node are left out). Raises ClaimError or ShareConfigError."""
+    pods bound to another node are left out). Raises ClaimError (also for containers of
+    different pods that overlap: ``check_running_sets``) or ShareConfigError."""
     devices = claim_devices(claim, node, cards)
     config = share_config(claim, devices)
     meta = _meta(claim)
+    uid = str(meta.get("uid", ""))
     uses = []
     for pod in pods:
         if (pod.get("spec") or {}).get("nodeName") != node:
             continue
-        use = pod_use(pod, str(meta.get("name", "")), devices)
+        use = pod_use(pod, str(meta.get("name", "")), devices, uid)
         if use is not None:
             uses.append(use)
-    return PreparedClaim(str(meta.get("uid", "")), str(meta.get("namespace", "")),
-                         str(meta.get("name", "")), config, devices, tuple(uses))
+    check_running_sets(claim_ref(claim), _running(uses, uid))
+    return PreparedClaim(uid, str(meta.get("namespace", "")), str(meta.get("name", "")),
+                         config, devices, tuple(uses))
+
+
+def _requests_of(entry: ContainerAllocation, claim_uid: str) -> frozenset[str]:
+    return (claim_share_dir_requests(entry.share, claim_uid) if entry.share else None
+            ) or frozenset()
+
+
+def _running(uses: Iterable[PodUse], claim_uid: str) -> list[tuple[str, frozenset[str]]]:
+    """(who, requests) of the containers of ``uses`` that run beside others."""
+    return [(f"pod {u.namespace}/{u.name} container {c.name!r}", _requests_of(c, claim_uid))
+            for u in uses for c in u.containers if c.kind != KIND_INIT]
+
+
+def claim_shares(claim: PreparedClaim, low_priority_floor: int = 0) -> PodShares:
+    """The claim's shares file (``<NODE_PRIVATE_DIR>/claim-shares/<claim-uid>.json``): what a
+    container of a pod that joins the claim after it was prepared may draw on (the kubelet
+    prepares a claim once, for its first pods; the runtime hook reads this file for a later
+    pod's containers). A ``PodShares`` with the claim's namespace, name (``pod``) and UID
+    (``pod_uid``), its ShareConfig and the node's floor, and one entry per request set a
+    container may name: each set named by a running container of the prepared pods (they are
+    equal or disjoint: ``check_running_sets``), and each request no prepared container names,
+    alone. An entry's name is its requests joined by '.', its ``share`` the set's folder."""
+    sets = list(dict.fromkeys(r for _, r in _running(claim.pods, claim.uid)))
+    named = {r for use in claim.pods for c in use.containers
+             for r in _requests_of(c, claim.uid)}
+    for request in dict.fromkeys(base_request(d.request) for d in claim.devices):
+        if request not in named:
+            sets.append(frozenset([request]))
+    entries = tuple(ContainerAllocation(".".join(sorted(s)), False,
+                                        container_cards(claim.devices, set(s)), kind=KIND_APP,
+                                        share=claim_share_dir_name(claim.uid, s))
+                    for s in sets)
+    config = claim.config
+    return PodShares(namespace=claim.namespace, pod=claim.name, pod_uid=claim.uid,
+                     priority=config.priority, compute_policy=config.compute_policy,
+                     memory_oversubscription=config.memory_oversubscription,
+                     allocation=Allocation(entries), low_priority_floor=low_priority_floor)
 
 
 def pod_shares(pod_uid: str, claims: Iterable[PreparedClaim],

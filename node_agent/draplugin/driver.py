@@ -10,19 +10,24 @@
    name) is refused;
 3. each of its pods' allocation file is composed from all of the pod's prepared claims
    (``egpu.dra.allocation.pod_shares``; conflicts refuse the claim before anything is
-   written), then the state, the pods' allocation files and the claim's CDI spec are written
-   (``CdiPublisher.publish_claim``);
+   written), then the state, the pods' allocation files, the claim's shares file (for pods
+   that join the claim later: the kubelet prepares a claim once) and the claim's CDI spec
+   are written (``CdiPublisher.publish_claim``);
 4. the answer: per device (allocation result) its request, pool, device, share ID and CDI
    device IDs: the card's (``egpu.io/gpu=<uuid>``, and ``nvidia.com/gpu=...`` where the
    toolkit's spec names it: ``CdiPublisher.names``, as the device plugin's Allocate) and the
    device of the result's request, ``egpu.io/gpu=claim-<uid>-<request>``.
 
-The runtime hook, which the cards' CDI devices run, then reads the pod's allocation file and
-writes the container's ``ContainerConfig``, region folder and card region files, as for a
-share of the extender path (docs/node.md).
+The runtime hook, which the cards' CDI devices run, then reads the pod's allocation file (a pod
+that joined later: the claim's shares file) and writes the container's ``ContainerConfig``,
+and the card region files, as for a share of the extender path (docs/node.md). Every
+container naming the same requests of the claim, of any pod, draws on one accounting folder
+``claim-<uid>_<requests>``: one memory budget and one compute cap.
 
-``unprepare(uid)`` removes the claim's CDI spec, rewrites or removes its pods' allocation
-files (with their hook and region folders), then its state. An unknown claim is fine.
+``unprepare(uid)`` (after the claim's last pod) removes the claim's CDI spec, rewrites or
+removes its pods' allocation files (with their hook folders), removes the claim's accounting
+folders and their card roster entries, its shares file, then its state. An unknown claim is
+fine.
 Errors: ``ClaimError`` / ``ShareConfigError`` (what the kubelet shows), ``OSError``, and the
 API client's exceptions from ``ApiReader``.
 """
@@ -35,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from egpu.contract import CLAIM_SHARE_DIR_PREFIX
 from egpu.dra import allocation
 from egpu.dra.allocation import ClaimError, PreparedClaim
 from egpu.records import Card, PodShares
@@ -145,6 +151,8 @@ class DraDriver:
             self._pods.update(p.uid for p in prepared.pods)
             for shares in pod_files:
                 self.store.write_pod_file(shares)
+            self.store.write_claim_shares(allocation.claim_shares(prepared,
+                                                                  self.low_priority_floor))
             envs = request_envs(prepared)
             names = {r: claim_request_device(uid, r) for r in envs}
             ids = self.cdi.publish_claim(uid, {names[r]: env for r, env in envs.items()})
@@ -164,6 +172,9 @@ class DraDriver:
             prepared = self.store.load(uid)
             self.cdi.remove_claim(uid)
             if prepared is None:
+                remove_pod_files(self.store.private_dir, self.runtime_dir,
+                                 f"{CLAIM_SHARE_DIR_PREFIX}{uid}")
+                self.store.remove_claim_shares(uid)
                 self.store.remove(uid)
                 return
             others = [c for c in self.store.all() if c.uid != uid]
@@ -176,6 +187,11 @@ class DraDriver:
                     self.store.write_pod_file(shares)
                 else:
                     remove_pod_files(self.store.private_dir, self.runtime_dir, use.uid)
+            # the claim's own accounting folders (shared by its containers: the kubelet
+            # unprepares a claim after its last pod) and their card roster entries
+            remove_pod_files(self.store.private_dir, self.runtime_dir,
+                             f"{CLAIM_SHARE_DIR_PREFIX}{uid}")
+            self.store.remove_claim_shares(uid)
             self.store.remove(uid)
             self._pods = {p.uid for c in others for p in c.pods}
         log.info("unprepared ResourceClaim %s/%s (%s)", prepared.namespace, prepared.name, uid)

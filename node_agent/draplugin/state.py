@@ -4,6 +4,9 @@
 file 0600, written atomically) holds what was prepared, so that a repeated
 NodePrepareResources answers the same and NodeUnprepareResources can remove the claim's files
 after an agent restart, when the ResourceClaim itself may be gone from the API server.
+Beside it, the files the runtime hook reads: each pod's allocation file and the claim's
+shares file ``<NODE_PRIVATE_DIR>/claim-shares/<claim-uid>.json`` (for pods that join the
+claim after it was prepared).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import contextlib
 import logging
 import os
 
-from egpu.contract import ALLOCATIONS_SUBDIR, allocation_file_name
+from egpu.contract import ALLOCATIONS_SUBDIR, CLAIM_SHARES_SUBDIR, allocation_file_name
 from egpu.dra.allocation import ClaimError, PreparedClaim
 from egpu.records import PodShares
 from node_agent.cdi import write_spec
@@ -84,6 +87,21 @@ class ClaimStore:
         """Write (or replace, atomically) the pod's allocation file. Raises OSError."""
         write_spec(self.pod_file(shares.pod_uid), shares.encode(), PRIVATE_FILE_MODE,
                    PRIVATE_DIR_MODE)
+
+    def claim_shares_file(self, claim_uid: str) -> str:
+        """The claim's shares file (egpu.dra.allocation.claim_shares; the hook reads it)."""
+        return os.path.join(self.private_dir, CLAIM_SHARES_SUBDIR, f"{_safe_uid(claim_uid)}.json")
+
+    def write_claim_shares(self, shares: PodShares) -> None:
+        """Write (or replace, atomically) the claim's shares file (``shares.pod_uid``: the
+        claim's UID). Raises OSError."""
+        write_spec(self.claim_shares_file(shares.pod_uid), shares.encode(), PRIVATE_FILE_MODE,
+                   PRIVATE_DIR_MODE)
+
+    def remove_claim_shares(self, claim_uid: str) -> None:
+        """Remove the claim's shares file (absent: nothing to do). Raises OSError."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.claim_shares_file(claim_uid))
 
     def pod_uids(self) -> set[str]:
         """The pods named by a prepared claim (their allocation files are the plugin's)."""

@@ -44,7 +44,7 @@ from egpu.contract import (
     METRIC_CONTAINER_MEMORY_USED,
     METRIC_NODE_HEARTBEAT,
 )
-from egpu.records import Card, PodShares
+from egpu.records import Card, ContainerAllocation, PodShares
 from node_agent.metrics.card_region import CardRegion, SlotUse
 from node_agent.metrics.region import RegionUsage, scan, split_dir_name
 
@@ -95,6 +95,37 @@ def card_compute(card_regions: dict[str, CardRegion], nvml_percent: float | None
     return region.used_percent(now_ns) if region else None
 
 
+def shared_region_users(shares: dict[str, PodShares]
+                        ) -> dict[str, list[tuple[PodShares, ContainerAllocation]]]:
+    """A claim's accounting folder (``ContainerAllocation.share``) -> the containers of the
+    prepared pods that draw on it."""
+    out: dict[str, list[tuple[PodShares, ContainerAllocation]]] = {}
+    for pod in shares.values():
+        for entry in pod.allocation.containers:
+            if entry.share is not None:
+                out.setdefault(entry.share, []).append((pod, entry))
+    return out
+
+
+def region_labels(name: str, shares: dict[str, PodShares],
+                  users: dict[str, list[tuple[PodShares, ContainerAllocation]]]
+                  ) -> tuple[str, str, str, ContainerAllocation | None]:
+    """(namespace, pod, container, its allocation entry) of the region folder ``name``: a
+    container's own (``<pod-uid>_<container>``), or a claim's shared one: its container when
+    one draws on it, else the namespace alone (several pods' or containers' one budget)."""
+    shared = users.get(name)
+    if shared:
+        pod, entry = shared[0]
+        if len(shared) == 1:
+            return pod.namespace, pod.pod, entry.name, entry
+        return pod.namespace, "", "", entry
+    uid, container = split_dir_name(name)
+    found = shares.get(uid)
+    if found is None:
+        return "", "", container, None
+    return found.namespace, found.pod, container, found.allocation.for_container(container)
+
+
 def regions_under(runtime_dir: str) -> Callable[[], dict[str, RegionUsage]]:
     """A ``Sources.regions`` that scans ``runtime_dir``."""
     return lambda: scan(runtime_dir)
@@ -143,14 +174,12 @@ class EgpuCollector(Collector):
                                    "1 while a container's share reports more compute than its "
                                    "cap (strict: cap + 3 points) or the card",
                                    labels=LABELS_CONTAINER)
+        users = shared_region_users(shares)
         for name, usage in sorted(src.regions().items()):
-            uid, container = split_dir_name(name)
-            pod = shares.get(uid)
-            entry = pod.allocation.for_container(container) if pod else None
+            namespace, pod_name, container, entry = region_labels(name, shares, users)
             cores = {s.uuid: s.cores for s in entry.cards} if entry else {}
             for card in usage.cards:
-                labels = [*card_labels(card.uuid), pod.namespace if pod else "",
-                          pod.pod if pod else "", container]
+                labels = [*card_labels(card.uuid), namespace, pod_name, container]
                 c_limit.add_metric(labels, card.limit_bytes)
                 c_used.add_metric(labels, card.used_bytes)
                 if card.uuid in cores:
@@ -164,8 +193,13 @@ class EgpuCollector(Collector):
 
         booked_mib: dict[str, int] = {}
         booked_cores: dict[str, int] = {}
+        counted: set[str] = set()
         for pod in shares.values():
             for entry in pod.allocation.containers:
+                if entry.share is not None:  # a claim's requests: booked once, however shared
+                    if entry.share in counted:
+                        continue
+                    counted.add(entry.share)
                 for s in entry.cards:
                     booked_mib[s.uuid] = booked_mib.get(s.uuid, 0) + s.memory_mib
                     booked_cores[s.uuid] = booked_cores.get(s.uuid, 0) + s.cores

@@ -12,6 +12,7 @@ real kubelet through CDI; inside it the probe (demo/real_node.py) sees exactly t
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from egpu import card_roster
 from egpu.contract import DRA_CAPACITY_CORES, DRA_CAPACITY_MEMORY
 from egpu.dra import allocation
 from egpu.dra.allocation import MIB
@@ -471,3 +473,165 @@ def test_an_agent_sigkill_during_a_burst_of_claims_overbooks_no_card_and_loses_n
                      lambda: not left(), timeout=60, interval=1.0)
     except Exception as exc:
         raise AssertionError(f"{exc}: {left()}") from exc
+
+
+# --- issue 24: one ResourceClaim used by two containers of a pod and by a second pod --------------
+SHARED_MIB = 3000
+SHARED_CORES = 25
+HELD_MIB = 2000
+CONTEXT_MIB = 256  # what the interposer charges a CUDA context (EGPU_CONTEXT_OVERHEAD_MIB default)
+# MODE=hold: allocate HELD_MIB, mark /shared/held (an emptyDir of the pod), keep it until
+# SIGTERM. MODE=try: wait for the mark (with WAIT set), then try HELD_MIB (over the share: the
+# holder has it) and 400 MiB (within it); print, and with HOLD set keep the 400 MiB, else free
+# and exit.
+SHARED_PROBE = '''
+import ctypes as C, json, os, signal, time
+MIB = 1 << 20
+cuda = C.CDLL("libcuda.so.1")
+held = []
+def release(*_):
+    for p in held:
+        cuda.cuMemFree_v2(p)
+    os._exit(0)
+signal.signal(signal.SIGTERM, release)
+def alloc(mib):
+    p = C.c_uint64()
+    rc = cuda.cuMemAlloc_v2(C.byref(p), C.c_size_t(mib * MIB))
+    if rc == 0:
+        held.append(p)
+    return rc
+cuda.cuInit(0)
+dev, ctx = C.c_int(), C.c_void_p()
+cuda.cuDeviceGet(C.byref(dev), 0)
+out = {"ctx": cuda.cuCtxCreate_v2(C.byref(ctx), 0, dev)}
+if os.environ["MODE"] == "hold":
+    out["hold"] = alloc(HELD)
+    if os.path.isdir("/shared"):
+        open("/shared/held", "w").close()
+else:
+    while os.environ.get("WAIT") and not os.path.exists("/shared/held"):
+        time.sleep(0.2)
+free, total = C.c_size_t(), C.c_size_t()
+cuda.cuMemGetInfo_v2(C.byref(free), C.byref(total))
+out["total_mib"], out["free_mib"] = total.value // MIB, free.value // MIB
+if os.environ["MODE"] == "try":
+    out["over"] = alloc(HELD)
+    out["within"] = alloc(400)
+print("PROBE " + json.dumps(out), flush=True)
+if os.environ["MODE"] == "try" and not os.environ.get("HOLD"):
+    release()
+while True:
+    time.sleep(3600)
+'''.replace("HELD", str(HELD_MIB))
+
+
+def _shared_claim(name: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS, "labels": {"egpu-e2e": "dra"}},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "share.gpu.egpu.io",
+                "capacity": {"requests": {"memory": f"{SHARED_MIB}Mi",
+                                          "cores": str(SHARED_CORES)}}}}]}}}
+
+
+def _shared_pod(name: str, claim: str, containers: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """A pod of ``containers`` (name -> SHARED_PROBE's env), each naming ResourceClaim
+    ``claim`` (by resourceClaimName), with an emptyDir /shared between them."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": {"egpu-e2e": "dra"}},
+        "spec": {
+            "nodeSelector": {inst.REAL_LABEL: "true"},
+            "terminationGracePeriodSeconds": 5,
+            "restartPolicy": "Never",
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "volumes": [{"name": "shared", "emptyDir": {}}],
+            "containers": [{
+                "name": c, "image": inst.devimages.IMAGE_EGPU,
+                "command": ["python3", "-c", SHARED_PROBE],
+                "env": [{"name": k, "value": v} for k, v in env.items()],
+                "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+                "resources": {"limits": {"cpu": inst.PROBE_CPU, "memory": inst.PROBE_MEMORY},
+                              "claims": [{"name": "gpu"}]},
+            } for c, env in containers.items()],
+        },
+    }
+
+
+def test_a_claim_shared_by_two_containers_and_a_second_pod_holds_one_budget_and_one_cap(
+        dra: RealCluster) -> None:
+    """Issue 24 on the real node: ResourceClaim dra-shared (3000 MiB, 25 cores) named by both
+    containers of one pod and by a second pod that joins it later (the kubelet prepares a
+    claim once: its containers get their share from the claim's shares file). While one
+    container holds 2000 MiB, each of the others sees a 3000 MiB total, gets OUT_OF_MEMORY for
+    2000 MiB and CUDA_SUCCESS for 400 MiB (3000 - 2000 - a context each); the card's roster
+    lists the claim once with its 25 cores (one compute cap for all of them). Deleted while in
+    use, the claim stays until its pods end; then no file of it or of its pods is left.
+    The bug this catches: NodePrepareResources refused two containers on one request, and a
+    budget per container would have given each the whole 3000 MiB."""
+    inst.apply_json(dra, _shared_claim("dra-shared"))
+    inst.apply_json(dra, _shared_pod("dra-shared-a", "dra-shared", {
+        "holder": {"MODE": "hold"}, "sidecar": {"MODE": "try", "WAIT": "1"}}))
+    holder = _container_probe(dra, "dra-shared-a", "holder")
+    assert (holder["ctx"], holder["hold"], holder["total_mib"]) == (0, 0, SHARED_MIB), holder
+    sidecar = _container_probe(dra, "dra-shared-a", "sidecar")
+    assert (sidecar["total_mib"], sidecar["over"], sidecar["within"]) == (
+        SHARED_MIB, CUDA_ERROR_OUT_OF_MEMORY, 0), sidecar
+    assert sidecar["free_mib"] == SHARED_MIB - HELD_MIB - 2 * CONTEXT_MIB, sidecar
+    # the sidecar freed its 400 MiB and exited: the second pod joins the claim
+    def sidecar_done() -> bool:
+        statuses = inst.get_json(dra, "pod", "-n", NS, "dra-shared-a")["status"].get(
+            "containerStatuses") or []
+        return any(c["name"] == "sidecar" and "terminated" in c["state"] for c in statuses)
+
+    dra.wait_for("the sidecar done", sidecar_done, timeout=60, interval=1.0)
+    inst.apply_json(dra, _shared_pod("dra-shared-b", "dra-shared", {
+        "joiner": {"MODE": "try", "HOLD": "1"}}))
+    joiner = _container_probe(dra, "dra-shared-b", "joiner")
+    assert (joiner["total_mib"], joiner["over"], joiner["within"]) == (
+        SHARED_MIB, CUDA_ERROR_OUT_OF_MEMORY, 0), joiner
+    assert joiner["free_mib"] == SHARED_MIB - HELD_MIB - 2 * CONTEXT_MIB, joiner
+
+    claim = inst.get_json(dra, "resourceclaim", "-n", NS, "dra-shared")
+    claim_uid = claim["metadata"]["uid"]
+    reserved = {r["name"] for r in claim["status"]["reservedFor"]}
+    assert reserved == {"dra-shared-a", "dra-shared-b"}, claim["status"]
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    card = _slice_cards(dra)[result["device"]][0]
+    folder = f"claim-{claim_uid}_gpu"
+    roster = card_roster.read_roster(str(dra.node.host_path(f"/var/run/egpu/cards/{card.uuid}")))
+    entries = [e for e in roster.shares().values() if e.owner == card_roster.share_owner(folder)]
+    assert [e.cores for e in entries] == [SHARED_CORES], roster
+    pods = {n: inst.get_json(dra, "pod", "-n", NS, n)["metadata"]["uid"]
+            for n in ("dra-shared-a", "dra-shared-b")}
+    for uid in pods.values():  # no accounting folder of a container's own
+        assert not list(dra.node.host_path("/var/run/egpu/containers").glob(f"{uid}_*"))
+
+    # deleted while in use: it stays (its finalizer) and its pods keep running
+    dra.kubectl("-n", NS, "delete", "resourceclaim", "dra-shared", "--wait=false")
+    time.sleep(3)
+    live = inst.get_json(dra, "resourceclaim", "-n", NS, "dra-shared")
+    assert live["metadata"].get("deletionTimestamp"), live["metadata"]
+    assert inst.get_json(dra, "pod", "-n", NS, "dra-shared-b")["status"]["phase"] == "Running"
+    files = [dra.node.host_path(p) for p in (
+        f"/var/run/egpu-node/dra/claims/{claim_uid}.json",
+        f"/var/run/egpu-node/claim-shares/{claim_uid}.json",
+        f"/var/run/cdi/egpu-claim-{claim_uid}.json", f"/var/run/egpu/containers/{folder}",
+        *(f"/var/run/egpu-node/allocations/{u}.json" for u in pods.values()),
+        *(f"/var/run/egpu-node/hook/{u}_{c}" for u, c in (
+            (pods["dra-shared-a"], "holder"), (pods["dra-shared-a"], "sidecar"),
+            (pods["dra-shared-b"], "joiner"))))]
+    assert [str(p) for p in files[:4] if not p.exists()] == []
+
+    dra.kubectl("-n", NS, "delete", "pod", "dra-shared-a", "dra-shared-b", "--wait=true",
+                timeout=120)
+    dra.wait_for("the deleted claim gone with its last pod",
+                 lambda: "dra-shared" not in dra.kubectl(
+                     "-n", NS, "get", "resourceclaims", "-o", "name"), timeout=90, interval=1.0)
+    try:
+        dra.wait_for("no file of the shared claim or its pods left", lambda: not any(
+            p.exists() for p in files), timeout=60, interval=1.0)
+    except Exception as exc:
+        raise AssertionError(f"{exc}: {[str(p) for p in files if p.exists()]}") from exc
+    roster = card_roster.read_roster(str(dra.node.host_path(f"/var/run/egpu/cards/{card.uuid}")))
+    assert card_roster.share_owner(folder) not in {e.owner for e in roster.shares().values()}

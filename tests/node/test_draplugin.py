@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
+from egpu import card_roster
 from egpu.config import Config
 from egpu.dra import allocation
 from egpu.dra.allocation import ClaimError
@@ -45,7 +46,8 @@ from tests.dra_objects import CARDS, CLAIM_UID, NODE, POD_UID, share_claim, shar
 def test_each_request_of_a_prepared_claim_gets_its_cdi_environment() -> None:
     prepared = allocation.prepare(share_claim(), [share_pod()], NODE, CARDS)
     assert request_envs(prepared) == {"gpu": {
-        "EGPU_DEVICES": f"claim-{CLAIM_UID}-gpu", "NVIDIA_VISIBLE_DEVICES": "GPU-AAAA-0001"}}
+        "EGPU_DEVICES": f"claim-{CLAIM_UID}-gpu", "NVIDIA_VISIBLE_DEVICES": "GPU-AAAA-0001",
+        f"EGPU_CLAIM_SHARE_{CLAIM_UID}_gpu": f"{CLAIM_UID}/gpu"}}
 
 
 # --- the driver on disk -----------------------------------------------------------------------
@@ -95,7 +97,13 @@ def test_prepare_writes_the_pod_file_and_the_claim_cdi_spec_idempotently(
     spec = json.loads((node_dirs["cdi"] / f"egpu-claim-{CLAIM_UID}.json").read_text())
     assert spec["kind"] == "egpu.io/gpu"
     assert spec["devices"][0]["containerEdits"]["env"] == [
-        f"EGPU_DEVICES=claim-{CLAIM_UID}-gpu", "NVIDIA_VISIBLE_DEVICES=GPU-AAAA-0001"]
+        f"EGPU_DEVICES=claim-{CLAIM_UID}-gpu", "NVIDIA_VISIBLE_DEVICES=GPU-AAAA-0001",
+        f"EGPU_CLAIM_SHARE_{CLAIM_UID}_gpu={CLAIM_UID}/gpu"]
+    claim_file = node_dirs["private"] / "claim-shares" / f"{CLAIM_UID}.json"
+    joinable = PodShares.decode(claim_file.read_text())
+    assert [(c.name, c.share) for c in joinable.allocation.containers] == [
+        ("gpu", f"claim-{CLAIM_UID}_gpu")]
+    assert oct(claim_file.stat().st_mode & 0o777) == "0o600"
     assert driver.owns_pod(POD_UID)
     # again (the kubelet retries), and after a restart: same answer from the state, no read
     pod_file.unlink()
@@ -111,14 +119,26 @@ def test_unprepare_removes_the_claims_files_and_unknown_claims_are_fine(
         node_dirs: dict[str, Path]) -> None:
     driver = make_driver(node_dirs, FakeReader(share_claim(), share_pod()))
     driver.prepare("ml", CLAIM_UID, "share-pod-gpu-x")
-    region = node_dirs["runtime"] / "containers" / f"{POD_UID}_main"
+    # what the hook made: the pod's hook folder, the claim's accounting folder (shared by its
+    # containers) and the share's roster entry and file on its card
+    hook = node_dirs["private"] / "hook" / f"{POD_UID}_main"
+    hook.mkdir(parents=True)
+    folder = f"claim-{CLAIM_UID}_gpu"
+    region = node_dirs["runtime"] / "containers" / folder
     region.mkdir(parents=True)
+    card = node_dirs["runtime"] / "cards" / "GPU-AAAA-0001"
+    card.mkdir(parents=True)
+    owner = card_roster.share_owner(folder)
+    card_roster.register(str(card), "GPU-AAAA-0001", card_roster.RosterEntry(
+        owner, cores=30, name=folder))
     restarted = make_driver(node_dirs, FakeReader(None, None))  # the claim is gone meanwhile
     restarted.unprepare(CLAIM_UID)
     leftovers = [p for p in node_dirs["private"].rglob("*") if p.is_file()]
     leftovers += [p for p in node_dirs["cdi"].iterdir() if p.name != "egpu.json"]
     assert leftovers == []
-    assert not region.exists()
+    assert not region.exists() and not hook.exists()
+    assert card_roster.read_roster(str(card)).slot_of(owner) is None
+    assert not (card / card_roster.share_file_name(owner)).exists()
     assert not restarted.owns_pod(POD_UID)
     restarted.unprepare("never-prepared")
 

@@ -81,3 +81,31 @@ def test_scrape_with_100_containers(tmp_path: Path) -> None:
     cores = {s.labels["UUID"]: s.value for s in families[METRIC_CARD_CORES_BOOKED].samples}
     assert cores == {UUIDS[0]: 500, UUIDS[1]: 500}
     assert families[METRIC_CARD_MEMORY_TOTAL].samples[0].value == 24576 * MIB
+
+
+def test_a_claims_shared_folder_is_one_share_booked_once(tmp_path: Path) -> None:
+    """Issue 24: two pods' containers draw on one claim's folder: one row (the namespace's;
+    no pod or container would be right), and the card books the claim's 3000 MiB once, not
+    per container (the bug: 6000 MiB booked on a 3000 MiB claim)."""
+    from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
+
+    folder = "claim-c1a1_gpu"
+    (tmp_path / "containers" / folder).mkdir(parents=True)
+    (tmp_path / "containers" / folder / "region").write_bytes(
+        region_bytes([(UUIDS[0], 3000 * MIB, 2000 * MIB)]))
+    card = (CardShare(UUIDS[0], 0, 3000, 25),)
+    shares = {uid: PodShares("team", f"pod-{uid}", uid, "high", "strict", False, Allocation(
+        (ContainerAllocation("main", False, card, share=folder),))) for uid in ("a", "b")}
+    registry = CollectorRegistry()
+    registry.register(EgpuCollector(Sources("node-1", lambda: CARDS, lambda: shares,
+                                            regions_under(str(tmp_path)),
+                                            lambda u: None, lambda u: None)))
+    families = {f.name: f for f in text_string_to_metric_families(
+        generate_latest(registry).decode())}
+    (used,) = families[METRIC_CONTAINER_MEMORY_USED].samples
+    assert (used.labels["namespace"], used.labels["pod"], used.labels["container"],
+            used.value) == ("team", "", "", 2000 * MIB)
+    booked = {s.labels["UUID"]: s.value for s in families[METRIC_CARD_MEMORY_BOOKED].samples}
+    assert booked[UUIDS[0]] == 3000 * MIB
+    cores = {s.labels["UUID"]: s.value for s in families[METRIC_CARD_CORES_BOOKED].samples}
+    assert cores[UUIDS[0]] == 25

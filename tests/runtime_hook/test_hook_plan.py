@@ -19,6 +19,7 @@ from runtime_hook.plan import (
     Refuse,
     Skip,
     card_shares,
+    claim_requests,
     decide,
     identify,
     preload_text,
@@ -164,3 +165,57 @@ def test_a_raw_shares_owner_follows_the_interposers_region_path() -> None:
     assert card_shares(plan, {ENV_MEMORY_LIMIT_MIB: "1"}, 0) == []  # no card named: none
     assert raw_card_uuids({"NVIDIA_VISIBLE_DEVICES": "none"}) == ()
     assert raw_card_uuids({"NVIDIA_VISIBLE_DEVICES": f" {U0} , ../x, {U1}"}) == (U0, U1)
+
+
+# --- issue 24: a pod that joins a claim prepared for another pod --------------------------------
+CLAIM = "c1a1c1a1-0000-4000-8000-000000000024"
+
+
+def claim_file(*sets: str, namespace: str = "ns") -> PodShares:
+    """A claim's shares file (egpu.dra.allocation.claim_shares) offering ``sets``."""
+    entries = tuple(ContainerAllocation(s, False, (CardShare(U0, 0, 3000, 25),),
+                                        share=f"claim-{CLAIM}_{s}") for s in sets)
+    return PodShares(namespace, "shared", CLAIM, "low", "elastic", False, Allocation(entries), 5)
+
+
+def claim_env(*requests: str, claim: str = CLAIM) -> dict[str, str]:
+    env = {"NVIDIA_VISIBLE_DEVICES": U0, ENV_DEVICES: "x"}
+    env.update({f"EGPU_CLAIM_SHARE_{claim}_{r}": f"{claim}/{r}" for r in requests})
+    return env
+
+
+def test_a_joining_pod_gets_the_claims_share_and_folder_of_its_requests() -> None:
+    result = decide(Inputs("c1", claim_env("gpu"), ANN, None, None, claim_file("gpu")))
+    assert isinstance(result, Apply) and result.config is not None
+    assert (result.dir_name, result.region_name) == ("uid-a_main", f"claim-{CLAIM}_gpu")
+    assert result.config.container_region == (
+        f"/var/run/egpu/containers/claim-{CLAIM}_gpu/region")
+    assert (result.config.pod, result.config.pod_uid, result.config.container) == (
+        "pa", "uid-a", "main")
+    assert (result.config.priority, result.config.compute_policy,
+            result.config.low_priority_floor) == ("low", "elastic", 5)
+    ((uuid, entry),) = card_shares(result, {}, 0)
+    assert (uuid, entry.owner, entry.cores) == (U0, share_owner(f"claim-{CLAIM}_gpu"), 25)
+
+
+@pytest.mark.parametrize(("env", "claim", "message"), [
+    (claim_env("gpu"), None, "is not prepared on this node"),
+    (claim_env("gpu"), claim_file("gpu", namespace="other"),
+     "is not of the pod's namespace (ns)"),
+    (claim_env("gpu", "extra"), claim_file("gpu", "extra"),
+     "is shared as requests gpu | extra; a pod that joins it names one of these exactly, "
+     "not extra, gpu"),
+    ({**claim_env("gpu"), **claim_env("gpu", claim="c2")}, claim_file("gpu"),
+     "devices of 2 egpu ResourceClaims"),
+])
+def test_a_joining_pod_is_refused_what_the_claim_does_not_offer_it(
+        env: dict[str, str], claim: PodShares | None, message: str) -> None:
+    """Each refusal keeps a budget whole: no claim of this node, another namespace's, a
+    request set overlapping the shared ones (two budgets over one booking), two claims."""
+    result = decide(Inputs("c1", env, ANN, None, None, claim))
+    assert isinstance(result, Refuse) and message in result.message, result
+
+
+def test_a_forged_claim_variable_names_no_claim() -> None:
+    env = {"EGPU_CLAIM_SHARE_x_gpu": f"{CLAIM}/gpu", "EGPU_CLAIM_SHARE_y_a/b": "y/a/b"}
+    assert claim_requests(env) == {}

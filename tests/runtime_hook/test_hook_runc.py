@@ -204,3 +204,80 @@ def test_a_tenant_writes_its_own_share_file_and_nothing_else_of_its_card(
     assert not (card / "share-planted").exists()
     owners = {e.owner for e in card_roster.read_roster(str(card)).shares().values()}
     assert {card_roster.share_owner(f"{uid}_main") for uid in (first, second)} <= owners
+
+
+# --- issue 24: one ResourceClaim, one budget, however many containers and pods use it ---------
+CLAIM = "c1a1c1a1-0000-4000-8000-000000000024"
+CLAIM_FOLDER = f"claim-{CLAIM}_gpu"
+CLAIM_MIB = 3000
+CONTEXT_MIB = 256  # what the interposer charges a context (EGPU_CONTEXT_OVERHEAD_MIB default)
+
+
+def claim_pod(world: RuncWorld, uid: str, containers: tuple[str, ...]) -> None:
+    """The allocation file of a pod the claim was prepared for (the DRA plugin's: each
+    container naming the claim draws on the claim's folder)."""
+    card = (CardShare(FAKE_DEFAULT_UUID, 0, CLAIM_MIB, 30),)
+    record = PodShares("team", f"pod-{uid[:4]}", uid, "high", "strict", False, Allocation(
+        containers=tuple(ContainerAllocation(c, False, card, share=CLAIM_FOLDER)
+                         for c in containers), node="node-1"))
+    folder = world.private_dir / "allocations"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{uid}.json").write_text(record.encode())
+    claim = record.replace(pod="shared-claim", pod_uid=CLAIM, allocation=Allocation(
+        (ContainerAllocation("gpu", False, card, share=CLAIM_FOLDER),)))
+    shares = world.private_dir / "claim-shares"
+    shares.mkdir(parents=True, exist_ok=True)
+    (shares / f"{CLAIM}.json").write_text(claim.encode())
+
+
+def annotations(uid: str, container: str, namespace: str = "team") -> dict[str, str]:
+    return {"io.kubernetes.cri.sandbox-uid": uid, "io.kubernetes.cri.container-name": container,
+            "io.kubernetes.cri.sandbox-name": f"pod-{uid[:4]}",
+            "io.kubernetes.cri.sandbox-namespace": namespace,
+            "io.kubernetes.cri.container-type": "container"}
+
+
+CLAIM_ENV = {"NVIDIA_VISIBLE_DEVICES": FAKE_DEFAULT_UUID, "EGPU_DEVICES": f"claim-{CLAIM}-gpu",
+             f"EGPU_CLAIM_SHARE_{CLAIM}_gpu": f"{CLAIM}/gpu"}
+
+
+def test_containers_and_pods_on_one_claim_draw_on_one_budget(
+        interposer_world: RuncWorld) -> None:
+    """A 3000 MiB claim: a container of the pod it was prepared for holds 2000 MiB; then its
+    sibling container and a container of a second pod that joined the claim later (no
+    allocation file of its own: the claim's shares file) each see a 3000 MiB total, get
+    OUT_OF_MEMORY for 2000 MiB and CUDA_SUCCESS for 400 MiB (3000 - 2000 - a context each);
+    the card lists the claim once, with its 30 cores (one compute cap). A pod of another
+    namespace naming the claim is refused. The bug this catches: a budget per container,
+    which let 2 x 3000 MiB run on a 3000 MiB booking."""
+    world = interposer_world
+    first, joined = ("aaaaaaaa-0000-0000-0000-0000000000c1", "aaaaaaaa-0000-0000-0000-0000000000c2")
+    claim_pod(world, first, ("server", "sidecar"))
+    holder = world.start(["/probe", "2000", "hold"], CLAIM_ENV, annotations(first, "server"))
+    try:
+        assert holder.proc.stdout is not None
+        line = holder.proc.stdout.readline()
+        assert "alloc=0" in line and f"total_mib={CLAIM_MIB}" in line, (
+            line, holder.proc.stderr.read() if holder.proc.poll() is not None else "")
+        for uid, container in ((first, "sidecar"), (joined, "worker")):
+            over, _ = world.run(["/probe", "2000"], CLAIM_ENV, annotations(uid, container))
+            assert over.returncode == 0, over.stderr
+            assert (over.values["total_mib"], over.values["alloc"]) == (
+                CLAIM_MIB, CUDA_ERROR_OUT_OF_MEMORY), (container, over.stdout)
+            assert over.values["free_mib"] == CLAIM_MIB - 2000 - 2 * CONTEXT_MIB, (
+                container, over.stdout)
+            within, _ = world.run(["/probe", "400"], CLAIM_ENV, annotations(uid, container))
+            assert within.values["alloc"] == CUDA_SUCCESS, (container, within.stdout)
+        card = world.runtime_dir / "cards" / FAKE_DEFAULT_UUID
+        shares = card_roster.read_roster(str(card)).shares()
+        mine = [e for e in shares.values() if e.owner == card_roster.share_owner(CLAIM_FOLDER)]
+        assert [(e.cores, e.name) for e in mine] == [(30, CLAIM_FOLDER[:31])], shares
+        assert not (world.runtime_dir / "containers" / f"{joined}_worker").exists()
+        stranger, _ = world.run(["/probe", "0"], CLAIM_ENV,
+                                annotations("aaaaaaaa-0000-0000-0000-0000000000c3", "x",
+                                            namespace="other"))
+        assert stranger.returncode != 0
+        assert "is not of the pod's namespace (other)" in stranger.stderr, stranger.stderr
+    finally:
+        holder.kill()
+        holder.wait()

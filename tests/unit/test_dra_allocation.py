@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from egpu.contract import ANN_ALLOCATION
+from egpu.contract import ANN_ALLOCATION, claim_share_dir_name
 from egpu.dra import allocation
 from egpu.dra.allocation import ClaimError
 from egpu.dra.shareconfig import ShareConfig, ShareConfigError
 from egpu.records import PodShares
-from tests.dra_objects import CARDS, NODE, POD_UID, share_claim, share_pod
+from tests.dra_objects import CARDS, CLAIM_UID, NODE, POD_UID, share_claim, share_pod
 
 
 def test_a_share_claim_gives_its_container_the_consumed_capacity() -> None:
@@ -108,17 +108,78 @@ def test_a_pod_names_its_claims_by_template_by_name_and_by_extended_resource() -
     assert allocation.pod_claim_names({"metadata": {}}) == ()
 
 
-def test_two_running_containers_on_one_claim_are_refused_an_init_container_is_not() -> None:
+def test_containers_naming_one_claim_draw_on_one_folder_an_init_container_too() -> None:
+    """Issue 24: a model server and its sidecar on one claim share its allocation: both (and
+    an init container naming it) get the claim's folder, one budget, not a folder each (the
+    bug: each container was given the whole share, twice the booking)."""
     both = [{"name": "a", "resources": {"claims": [{"name": "gpu"}]}},
-            {"name": "b", "resources": {"claims": [{"name": "gpu"}]}}]
-    with pytest.raises(ClaimError, match="run at the same time"):
-        allocation.prepare(share_claim(), [share_pod(both)], NODE, CARDS)
-    pod = share_pod()
+            {"name": "b", "resources": {"claims": [{"name": "gpu", "request": "gpu"}]}}]
+    pod = share_pod(both)
     pod["spec"]["initContainers"] = [{"name": "warmup",
                                       "resources": {"claims": [{"name": "gpu"}]}}]
     prepared = allocation.prepare(share_claim(), [pod], NODE, CARDS)
-    assert [(c.name, c.init) for c in prepared.pods[0].containers] == [
-        ("warmup", True), ("main", False)]
+    folder = claim_share_dir_name(CLAIM_UID, ["gpu"])
+    assert folder == f"claim-{CLAIM_UID}_gpu"
+    assert [(c.name, c.init, c.kind, c.share) for c in prepared.pods[0].containers] == [
+        ("warmup", True, "init", folder), ("a", False, "container", folder),
+        ("b", False, "container", folder)]
+    assert {c.cards[0].memory_mib for c in prepared.pods[0].containers} == {4096}
+
+
+def _two_request_claim() -> dict[str, Any]:
+    claim = share_claim()
+    claim["spec"]["devices"]["requests"].append({"name": "extra"})
+    results = claim["status"]["allocation"]["devices"]["results"]
+    results.append({**results[0], "request": "extra", "shareID": "5a5a5a5a-0000-4000-8000-2",
+                    "consumedCapacity": {"memory": "1Gi", "cores": "10"}})
+    return claim
+
+
+def test_running_containers_naming_overlapping_requests_are_refused() -> None:
+    """One container naming the claim whole (gpu + extra) and one naming gpu would hold gpu
+    twice (two budgets over one booking): refused, within a pod and across pods."""
+    overlap = [{"name": "a", "resources": {"claims": [{"name": "gpu"}]}},
+               {"name": "b", "resources": {"claims": [{"name": "gpu", "request": "gpu"}]}}]
+    with pytest.raises(ClaimError, match="overlapping but different requests"):
+        allocation.prepare(_two_request_claim(), [share_pod(overlap)], NODE, CARDS)
+    other = share_pod(overlap[1:])
+    other["metadata"].update(name="other", uid="pod-2")
+    with pytest.raises(ClaimError, match=r"pod ml/share-pod container 'a' and pod ml/other "):
+        allocation.prepare(_two_request_claim(), [share_pod(overlap[:1]), other], NODE, CARDS)
+    # disjoint requests are a budget each; an init container may overlap (it runs first)
+    disjoint = [{"name": "a", "resources": {"claims": [{"name": "gpu", "request": "gpu"}]}},
+                {"name": "b", "resources": {"claims": [{"name": "gpu", "request": "extra"}]}}]
+    pod = share_pod(disjoint)
+    pod["spec"]["initContainers"] = [{"name": "warmup",
+                                      "resources": {"claims": [{"name": "gpu"}]}}]
+    prepared = allocation.prepare(_two_request_claim(), [pod], NODE, CARDS)
+    assert [(c.name, c.share, [(s.memory_mib, s.cores) for s in c.cards])
+            for c in prepared.pods[0].containers] == [
+        ("warmup", f"claim-{CLAIM_UID}_extra.gpu", [(5120, 40)]),
+        ("a", f"claim-{CLAIM_UID}_gpu", [(4096, 30)]),
+        ("b", f"claim-{CLAIM_UID}_extra", [(1024, 10)])]
+
+
+def test_the_claims_shares_file_offers_what_a_later_pod_may_join() -> None:
+    """The hook's record for pods that join a prepared claim: the request sets the prepared
+    pods' running containers use, and each request nobody names alone; never a set an init
+    container alone uses (a joiner would run beside it, holding its requests twice)."""
+    pod = share_pod([{"name": "a", "resources": {"claims": [{"name": "gpu",
+                                                             "request": "gpu"}]}}])
+    prepared = allocation.prepare(_two_request_claim(), [pod], NODE, CARDS)
+    shares = allocation.claim_shares(prepared, low_priority_floor=5)
+    assert (shares.namespace, shares.pod, shares.pod_uid, shares.low_priority_floor) == (
+        "ml", "share-pod-gpu-x", CLAIM_UID, 5)
+    assert [(c.name, c.share, [(s.memory_mib, s.cores) for s in c.cards])
+            for c in shares.allocation.containers] == [
+        ("gpu", f"claim-{CLAIM_UID}_gpu", [(4096, 30)]),
+        ("extra", f"claim-{CLAIM_UID}_extra", [(1024, 10)])]
+    assert PodShares.decode(shares.encode()) == shares  # what the hook reads
+    init_only = share_pod([])
+    init_only["spec"]["initContainers"] = [{"name": "warmup",
+                                            "resources": {"claims": [{"name": "gpu"}]}}]
+    prepared = allocation.prepare(_two_request_claim(), [init_only], NODE, CARDS)
+    assert allocation.claim_shares(prepared).allocation.containers == ()
 
 
 def test_a_pod_of_the_extender_path_is_refused() -> None:
@@ -130,13 +191,6 @@ def test_a_pod_of_the_extender_path_is_refused() -> None:
 def test_state_round_trips() -> None:
     prepared = allocation.prepare(share_claim(), [share_pod()], NODE, CARDS)
     assert allocation.PreparedClaim.decode(prepared.encode()) == prepared
-
-
-def test_two_running_containers_naming_one_request_are_refused() -> None:
-    both = [{"name": "a", "resources": {"claims": [{"name": "gpu", "request": "gpu"}]}},
-            {"name": "b", "resources": {"claims": [{"name": "gpu", "request": "gpu"}]}}]
-    with pytest.raises(ClaimError, match="both name request 'gpu'"):
-        allocation.prepare(share_claim(), [share_pod(both)], NODE, CARDS)
 
 
 # --- the webhook's claims, prepared: one claim per pod, one request per container -------------
