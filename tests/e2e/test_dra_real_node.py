@@ -140,7 +140,10 @@ def _claim_files(cluster: RealCluster, claim_uid: str, pod_uid: str) -> dict[str
     node = cluster.node
     return {"state": node.host_path(f"/var/run/egpu-node/dra/claims/{claim_uid}.json"),
             "cdi": node.host_path(f"/var/run/cdi/egpu-claim-{claim_uid}.json"),
-            "allocation": node.host_path(f"/var/run/egpu-node/allocations/{pod_uid}.json")}
+            "allocation": node.host_path(f"/var/run/egpu-node/allocations/{pod_uid}.json"),
+            "shares": node.host_path(f"/var/run/egpu-node/claim-shares/{claim_uid}.json"),
+            # the claim's accounting folder (its containers' one budget), made by the hook
+            "region": node.host_path(f"/var/run/egpu/containers/claim-{claim_uid}_gpu")}
 
 
 def _run_share(cluster: RealCluster, name: str) -> dict[str, Any]:
@@ -203,8 +206,8 @@ def test_the_claims_files_live_while_the_pod_runs_and_go_with_it(dra: RealCluste
                      "-n", NS, "get", "resourceclaims", "-o", "name"), timeout=60)
     dra.wait_for("the claim's files removed from the node",
                  lambda: not any(p.exists() for p in files.values()), timeout=60)
-    region = dra.node.host_path(f"/var/run/egpu/containers/{live['metadata']['uid']}_probe")
-    assert not region.exists()
+    own = dra.node.host_path(f"/var/run/egpu/containers/{live['metadata']['uid']}_probe")
+    assert not own.exists()  # never made: the container drew on the claim's folder
 
 
 def test_a_bad_share_config_never_starts_and_says_why(dra: RealCluster) -> None:
