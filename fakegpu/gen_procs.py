@@ -183,6 +183,7 @@ EXTRA = {
     "cuDeviceGetDefaultMemPool": 11020,
     "cuDeviceGetMemPool": 11020,
     "cuDeviceSetMemPool": 11020,
+    "cuModuleLoadDataEx": 2010,  # numba-cuda's JIT options path (issue 25)
 }
 
 

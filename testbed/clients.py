@@ -19,10 +19,17 @@ import sys
 from pathlib import Path
 
 # name -> the exact packages (pip requirement lines); numpy: cuda.bindings.nvml needs it;
-# cuda.core (NVIDIA's high-level API) is built on the 13.x bindings
+# cuda.core (NVIDIA's high-level API) is built on the 13.x bindings; numba-cuda compiles
+# kernels to PTX on the host (NVVM, nvJitLink from NVIDIA's wheels; no GPU needed) and loads
+# them through cuda.core: every package of its environment is pinned
 CLIENTS: dict[str, tuple[str, ...]] = {
     "cuda-bindings-12": ("cuda-bindings==12.9.10", "numpy==2.4.6"),
     "cuda-bindings-13": ("cuda-bindings==13.5.0", "cuda-core==1.2.2", "numpy==2.4.6"),
+    "numba-cuda": ("numba-cuda==0.30.4", "numba==0.68.1", "llvmlite==0.50.0",
+                   "cuda-bindings==13.5.0", "cuda-core==1.2.2", "cuda-pathfinder==1.9.1",
+                   "cuda-toolkit==13.5.0", "nvidia-cuda-cccl==13.3.5.0.6",
+                   "nvidia-cuda-nvrtc==13.5.37", "nvidia-cuda-runtime==13.5.37",
+                   "nvidia-nvjitlink==13.5.37", "nvidia-nvvm==13.5.37", "numpy==2.4.6"),
 }
 
 

@@ -1715,6 +1715,178 @@ FG_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3
 }
 FG_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) { return arr_free(m); }
 
+/* ---- modules, functions and copies (issue 25: numba-cuda, cuda.core) -----------------
+ * The fake keeps no device bytes and runs no code: a module (cuModuleLoadData*, cuLibrary
+ * LoadData) is accepted when its image is non-empty and names functions by any name; a copy
+ * checks that its device range lies inside one live allocation and moves nothing (a copy to
+ * the host leaves the host buffer as it was); a memset checks its range likewise. What the
+ * fake only pretends to do is listed in docs/interposer.md ("Real clients"). */
+#define MOD_MAGIC 0x4d4f4431u
+#define FUNC_MAGIC 0x46554e43u
+struct CUmod_st { uint32_t magic; int alive; int library; };
+struct CUfunc_st { uint32_t magic; struct CUmod_st *mod; };
+typedef struct CUmod_st *CUmodule;
+typedef struct CUmod_st *CUlibrary;
+typedef struct CUfunc_st *CUkernel;
+
+/* Whether [p, p + n) lies inside one live device allocation (device, managed, pool or a
+ * mapped VMM range). A scan of the whole table: copies are rare next to launches. */
+static int dev_range_ok(uint64_t p, uint64_t n)
+{
+    int ok = 0;
+    pthread_mutex_lock(&g_mu);
+    for (unsigned b = 0; b < NBUCKET && !ok; b++)
+        for (alloc_ent *e = g_tab[b]; e; e = e->next)
+            if ((e->kind == K_DEV || e->kind == K_MANAGED || e->kind == K_POOL || e->kind == K_MAP) &&
+                p >= e->ptr && p - e->ptr <= e->size && n <= e->size - (p - e->ptr)) {
+                ok = 1;
+                break;
+            }
+    pthread_mutex_unlock(&g_mu);
+    return ok;
+}
+
+static CUresult copy_check(uint64_t dst, int dst_dev, uint64_t src, int src_dev, size_t n)
+{
+    NEED_INIT();
+    if (!ctx_ok(cur_ctx())) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!n) return CUDA_SUCCESS;
+    if ((dst_dev && !dev_range_ok(dst, n)) || (src_dev && !dev_range_ok(src, n)) ||
+        (!dst_dev && !dst) || (!src_dev && !src))
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+static CUresult copy_async(uint64_t dst, int dst_dev, uint64_t src, int src_dev, size_t n, CUstream s)
+{
+    CUresult r = copy_check(dst, dst_dev, src, src_dev, n);
+    return r != CUDA_SUCCESS ? r : stream_push(s, 0, 0);
+}
+
+FG_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) { return copy_check(d, 1, (uint64_t)(uintptr_t)h, 0, n); }
+FG_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void *h, size_t n) { return cuMemcpyHtoD_v2(d, h, n); }
+FG_EXPORT CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n) { return copy_check((uint64_t)(uintptr_t)h, 0, d, 1, n); }
+FG_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *h, CUdeviceptr d, size_t n) { return cuMemcpyDtoH_v2(h, d, n); }
+FG_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr a, CUdeviceptr b, size_t n) { return copy_check(a, 1, b, 1, n); }
+FG_EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr a, CUdeviceptr b, size_t n) { return cuMemcpyDtoD_v2(a, b, n); }
+FG_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, CUstream s) { return copy_async(d, 1, (uint64_t)(uintptr_t)h, 0, n, s); }
+FG_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void *h, size_t n, CUstream s) { return cuMemcpyHtoDAsync_v2(d, h, n, s ? s : STREAM_PER_THREAD); }
+FG_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, CUstream s) { return copy_async((uint64_t)(uintptr_t)h, 0, d, 1, n, s); }
+FG_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *h, CUdeviceptr d, size_t n, CUstream s) { return cuMemcpyDtoHAsync_v2(h, d, n, s ? s : STREAM_PER_THREAD); }
+FG_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr a, CUdeviceptr b, size_t n, CUstream s) { return copy_async(a, 1, b, 1, n, s); }
+FG_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr a, CUdeviceptr b, size_t n, CUstream s) { return cuMemcpyDtoDAsync_v2(a, b, n, s ? s : STREAM_PER_THREAD); }
+FG_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { (void)v; return copy_check(d, 1, 1, 0, n); }
+FG_EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr d, unsigned char v, size_t n) { return cuMemsetD8_v2(d, v, n); }
+FG_EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) { (void)v; return copy_async(d, 1, 1, 0, n, s); }
+FG_EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t n, CUstream s) { return cuMemsetD8Async(d, v, n, s ? s : STREAM_PER_THREAD); }
+
+static CUresult mod_new(struct CUmod_st **out, const void *image, int library)
+{
+    NEED_INIT();
+    if (!out || !image) return CUDA_ERROR_INVALID_VALUE;
+    if (!library && !ctx_ok(cur_ctx())) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!*(const unsigned char *)image) return CUDA_ERROR_INVALID_IMAGE;
+    struct CUmod_st *m = calloc(1, sizeof *m);
+    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+    *m = (struct CUmod_st){MOD_MAGIC, 1, library};
+    *out = m;
+    return CUDA_SUCCESS;
+}
+static int mod_ok(const struct CUmod_st *m, int library) { return m && m->magic == MOD_MAGIC && m->alive && m->library == library; }
+static CUresult func_new(struct CUfunc_st **out, struct CUmod_st *m, const char *name, int library)
+{
+    NEED_INIT();
+    if (!out || !name) return CUDA_ERROR_INVALID_VALUE;
+    if (!mod_ok(m, library)) return CUDA_ERROR_INVALID_HANDLE;
+    struct CUfunc_st *f = calloc(1, sizeof *f);
+    if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
+    *f = (struct CUfunc_st){FUNC_MAGIC, m};
+    *out = f;
+    return CUDA_SUCCESS;
+}
+static CUresult mod_unload(struct CUmod_st *m, int library)
+{
+    NEED_INIT();
+    if (!mod_ok(m, library)) return CUDA_ERROR_INVALID_HANDLE;
+    m->alive = 0; /* functions keep pointing at it: never freed */
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) { return mod_new(m, image, 0); }
+FG_EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, void *opts, void **vals)
+{
+    (void)n; (void)opts; (void)vals;
+    return mod_new(m, image, 0);
+}
+FG_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *image) { return mod_new(m, image, 0); }
+FG_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) { return func_new(f, m, name, 0); }
+FG_EXPORT CUresult cuModuleUnload(CUmodule m) { return mod_unload(m, 0); }
+FG_EXPORT CUresult cuLibraryLoadData(CUlibrary *l, const void *code, void *jo, void **jv, unsigned nj, void *lo,
+                                     void **lv, unsigned nl)
+{
+    (void)jo; (void)jv; (void)nj; (void)lo; (void)lv; (void)nl;
+    return mod_new(l, code, 1);
+}
+FG_EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary l, const char *name) { return func_new(k, l, name, 1); }
+FG_EXPORT CUresult cuLibraryUnload(CUlibrary l) { return mod_unload(l, 1); }
+FG_EXPORT CUresult cuLibraryGetModule(CUmodule *m, CUlibrary l)
+{
+    NEED_INIT();
+    if (!m) return CUDA_ERROR_INVALID_VALUE;
+    if (!mod_ok(l, 1)) return CUDA_ERROR_INVALID_HANDLE;
+    struct CUmod_st *mod = calloc(1, sizeof *mod); /* the library's module: lives as long */
+    if (!mod) return CUDA_ERROR_OUT_OF_MEMORY;
+    *mod = (struct CUmod_st){MOD_MAGIC, 1, 0};
+    *m = mod;
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)
+{
+    NEED_INIT();
+    if (!f) return CUDA_ERROR_INVALID_VALUE;
+    if (!k || k->magic != FUNC_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (!ctx_ok(cur_ctx())) return CUDA_ERROR_INVALID_CONTEXT;
+    *f = k;
+    return CUDA_SUCCESS;
+}
+
+/* CUfunction_attribute values: a small kernel as the driver reports it on an sm_90 card. */
+static CUresult func_attr(int *v, int attr, const struct CUfunc_st *f)
+{
+    NEED_INIT();
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    if (!f || f->magic != FUNC_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    static const int values[] = {
+        1024, /* MAX_THREADS_PER_BLOCK */ 0, /* SHARED_SIZE_BYTES */ 0, /* CONST_SIZE_BYTES */
+        0, /* LOCAL_SIZE_BYTES */ 16, /* NUM_REGS */ 90, /* PTX_VERSION */ 90, /* BINARY_VERSION */
+        0, /* CACHE_MODE_CA */ 48 * 1024, /* MAX_DYNAMIC_SHARED_SIZE_BYTES */ -1, /* PREFERRED_SHARED_MEMORY_CARVEOUT */
+    };
+    if (attr < 0 || attr > 15) return CUDA_ERROR_INVALID_VALUE;
+    *v = attr < (int)(sizeof values / sizeof values[0]) ? values[attr] : 0;
+    return CUDA_SUCCESS;
+}
+FG_EXPORT CUresult cuFuncGetAttribute(int *v, int attr, CUfunction f) { return func_attr(v, attr, f); }
+FG_EXPORT CUresult cuKernelGetAttribute(int *v, int attr, CUkernel k, CUdevice d)
+{
+    if (atomic_load(&g_inited) && !dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    return func_attr(v, attr, k);
+}
+FG_EXPORT CUresult cuKernelSetAttribute(int attr, int v, CUkernel k, CUdevice d)
+{
+    (void)v;
+    NEED_INIT();
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!k || k->magic != FUNC_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    return attr >= 0 && attr <= 15 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+FG_EXPORT CUresult cuKernelSetCacheConfig(CUkernel k, int config, CUdevice d)
+{
+    (void)config;
+    NEED_INIT();
+    if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
+    return k && k->magic == FUNC_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
 /* ---- entry-point lookup ------------------------------------------------------------- */
 FG_EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
 {

@@ -139,3 +139,55 @@ def test_xid_event_injection(rig):
     os.makedirs(rig.tmp / "fakegpu", exist_ok=True)
     assert _py(rig, code) == dict(xid=79, type=8)
     assert (FAKE / "libnvidia-ml.so.1").exists()
+
+
+MODULES_AND_COPIES = """
+    import ctypes as C, json
+    cuda = C.CDLL("libcuda.so.1")
+    MIB = 1 << 20
+    out = {"init": cuda.cuInit(0)}
+    dev, ctx = C.c_int(), C.c_void_p()
+    cuda.cuDeviceGet(C.byref(dev), 0)
+    out["ctx"] = cuda.cuCtxCreate_v2(C.byref(ctx), 0, dev)
+    p = C.c_uint64()
+    cuda.cuMemAlloc_v2(C.byref(p), C.c_size_t(MIB))
+    host = C.create_string_buffer(MIB + 1)
+    d = C.c_uint64
+    out["htod_inside"] = cuda.cuMemcpyHtoD_v2(d(p.value + 4096), host, C.c_size_t(MIB - 4096))
+    out["htod_past_end"] = cuda.cuMemcpyHtoD_v2(p, host, C.c_size_t(MIB + 1))
+    out["dtoh_unallocated"] = cuda.cuMemcpyDtoH_v2(host, d(p.value + 64 * MIB), C.c_size_t(1))
+    out["dtod_async"] = cuda.cuMemcpyDtoDAsync_v2(p, p, C.c_size_t(16), None)
+    out["memset_past_end"] = cuda.cuMemsetD8_v2(d(p.value + 1), C.c_ubyte(0), C.c_size_t(MIB))
+    mod, f = C.c_void_p(), C.c_void_p()
+    out["load_empty"] = cuda.cuModuleLoadData(C.byref(mod), b"\\0")
+    out["load"] = cuda.cuModuleLoadData(C.byref(mod), b"// PTX\\n")
+    out["function"] = cuda.cuModuleGetFunction(C.byref(f), mod, b"kernel")
+    threads = C.c_int()
+    out["attribute"] = cuda.cuFuncGetAttribute(C.byref(threads), 0, f)
+    out["max_threads"] = threads.value
+    out["launch"] = cuda.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, None, None, None)
+    out["unload"] = cuda.cuModuleUnload(mod)
+    out["function_after_unload"] = cuda.cuModuleGetFunction(C.byref(f), mod, b"kernel")
+    lib, k, kf = C.c_void_p(), C.c_void_p(), C.c_void_p()
+    out["library"] = cuda.cuLibraryLoadData(C.byref(lib), b"// PTX\\n", None, None, 0, None,
+                                            None, 0)
+    out["kernel"] = cuda.cuLibraryGetKernel(C.byref(k), lib, b"kernel")
+    out["kernel_function"] = cuda.cuKernelGetFunction(C.byref(kf), k)
+    out["module_handle_as_library"] = cuda.cuLibraryGetKernel(C.byref(k), mod, b"kernel")
+    print(json.dumps(out))
+"""
+
+
+def test_modules_load_and_copies_check_their_device_ranges(rig):
+    """Issue 25 (numba-cuda): the fake keeps no bytes and runs no code, but answers as the
+    driver does: a copy or memset reaching past its allocation, or into none, is
+    CUDA_ERROR_INVALID_VALUE (1); an empty image CUDA_ERROR_INVALID_IMAGE (200); a function
+    of an unloaded module, or a module handle used as a library, CUDA_ERROR_INVALID_HANDLE
+    (400). A fake that accepted any copy would hide a client's out-of-bounds transfer."""
+    r = _py(rig, MODULES_AND_COPIES)
+    assert r == {"init": 0, "ctx": 0, "htod_inside": 0, "htod_past_end": 1,
+                 "dtoh_unallocated": 1, "dtod_async": 0, "memset_past_end": 1,
+                 "load_empty": 200, "load": 0, "function": 0, "attribute": 0,
+                 "max_threads": 1024, "launch": 0, "unload": 0,
+                 "function_after_unload": 400, "library": 0, "kernel": 0,
+                 "kernel_function": 0, "module_handle_as_library": 400}, r
