@@ -49,9 +49,9 @@ def built() -> None:
 
 
 def probe(client: str, tmp: Path, share_mib: int, script: Path = PROBE,
-          cores: int = 0) -> dict[str, Any]:
+          cores: int = 0, args: tuple[str, ...] = ()) -> dict[str, Any]:
     """``script``'s figures in client environment ``client`` (share 0: no interposer; ``cores``:
-    the share's compute cap in %, 0 none)."""
+    the share's compute cap in %, 0 none; ``args``: after the share's MiB)."""
     ini = tmp / "fakegpu.ini"
     ini.write_text("[card]\nuuid = GPU-c1c1c1c1-0000-4000-8000-000000000000\n"
                    f"name = NVIDIA A10\nmemory_mib = {CARD_MIB}\n")
@@ -63,7 +63,8 @@ def probe(client: str, tmp: Path, share_mib: int, script: Path = PROBE,
     if cores:
         env["EGPU_CORES"] = str(cores)
     env["HOME"] = str(tmp)  # numba's caches
-    proc = subprocess.run([str(clients.python(client)), str(script), str(share_mib)], env=env,
+    proc = subprocess.run([str(clients.python(client)), str(script), str(share_mib), *args],
+                          env=env,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return dict(json.loads(proc.stdout.splitlines()[-1]))

@@ -1,0 +1,132 @@
+"""The memory patterns of frameworks, made with NVIDIA's driver bindings (cuda-bindings 13),
+run by a client environment's Python (tests/clients/test_memory_patterns.py). Prints one JSON
+object.
+
+    python patterns_probe.py SHARE_MIB expandable|vllm
+
+- ``expandable``: PyTorch's expandable segments. One large virtual range is reserved
+  (cuMemAddressReserve, 64 GiB: more than any card here), and physical chunks are created
+  (cuMemCreate), mapped at its end and made accessible as the segment grows, until creating
+  one fails; then the last half is unmapped and released (the segment shrinks), one chunk
+  grows it again, and everything is given back.
+- ``vllm``: vLLM's startup profile. Free and total are read, the weights are loaded
+  (cuMemAlloc of a quarter of the total) and a warm-up's activations allocated and freed;
+  free and total are read again and the KV cache is sized as
+  ``gpu_memory_utilization x total - (total - free)`` and allocated in one piece; then what
+  is left, plus one MiB, is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from cuda.bindings import driver as d
+
+MIB = 1 << 20
+GIB = 1 << 30
+RESERVE = 64 * GIB
+CHUNK_MIB = 64  # a segment's growth step (PyTorch grows by its allocation's rounded size)
+UTILIZATION = 0.9  # vLLM's default gpu_memory_utilization
+LIMIT = 4096  # chunks: far beyond any card here
+
+
+def ok(result: Any) -> Any:
+    """The values of a call that must succeed (raises with its CUresult otherwise)."""
+    result = result if isinstance(result, tuple) else (result,)
+    if int(result[0]) != 0:
+        raise RuntimeError(f"CUresult {int(result[0])}")
+    values = result[1:]
+    return values[0] if len(values) == 1 else (values or None)
+
+
+def free_mib() -> int:
+    free, _ = ok(d.cuMemGetInfo())
+    return int(free) // MIB
+
+
+def expandable(out: dict[str, Any]) -> None:
+    prop = d.CUmemAllocationProp()
+    prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    access = d.CUmemAccessDesc()
+    access.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    access.location.id = 0
+    access.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    gran = ok(d.cuMemGetAllocationGranularity(
+        prop, d.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
+    chunk = max(gran, CHUNK_MIB * MIB // gran * gran)
+    out["chunk_mib"] = chunk // MIB
+    out["free_start_mib"] = free_mib()
+    base = ok(d.cuMemAddressReserve(RESERVE, 0, 0, 0))
+    out["free_after_reserve_mib"] = free_mib()
+    chunks: list[Any] = []
+    steps = []  # free MiB each mapped chunk took
+    out["refusal"] = None
+    for _ in range(LIMIT):
+        before = free_mib()
+        rc, handle = d.cuMemCreate(chunk, prop, 0)
+        if int(rc) != 0:
+            out["refusal"] = int(rc)
+            break
+        va = int(base) + len(chunks) * chunk
+        ok(d.cuMemMap(va, chunk, 0, handle, 0))
+        ok(d.cuMemSetAccess(va, chunk, [access], 1))
+        chunks.append(handle)
+        steps.append(before - free_mib())
+    out["chunks"] = len(chunks)
+    out["steps_mib"] = sorted(set(steps))
+    out["free_full_mib"] = free_mib()
+    keep = len(chunks) // 2
+    for i in range(len(chunks) - 1, keep - 1, -1):  # shrink: the segment's tail goes back
+        ok(d.cuMemUnmap(int(base) + i * chunk, chunk))
+        ok(d.cuMemRelease(chunks.pop()))
+    out["released"] = out["chunks"] - keep
+    out["free_shrunk_mib"] = free_mib()
+    handle = ok(d.cuMemCreate(chunk, prop, 0))  # grow again into the same range
+    ok(d.cuMemMap(int(base) + keep * chunk, chunk, 0, handle, 0))
+    chunks.append(handle)
+    out["free_regrown_mib"] = free_mib()
+    for i in range(len(chunks) - 1, -1, -1):
+        ok(d.cuMemUnmap(int(base) + i * chunk, chunk))
+        ok(d.cuMemRelease(chunks[i]))
+    ok(d.cuMemAddressFree(base, RESERVE))
+    out["free_end_mib"] = free_mib()
+
+
+def vllm(out: dict[str, Any]) -> None:
+    free, total = ok(d.cuMemGetInfo())
+    out["total_mib"], out["free_start_mib"] = int(total) // MIB, int(free) // MIB
+    weights = ok(d.cuMemAlloc(int(total) // 4 // MIB * MIB))
+    activations = ok(d.cuMemAlloc(int(total) // 8 // MIB * MIB))  # the warm-up's peak
+    ok(d.cuMemFree(activations))
+    free, total_again = ok(d.cuMemGetInfo())
+    out["total_after_mib"] = int(total_again) // MIB
+    budget = int(UTILIZATION * int(total_again))
+    kv_bytes = (budget - (int(total_again) - int(free))) // MIB * MIB
+    out["kv_mib"] = kv_bytes // MIB
+    rc, kv = d.cuMemAlloc(kv_bytes)
+    out["kv_alloc"] = int(rc)
+    left = free_mib()
+    out["left_mib"] = left
+    out["budget_left_mib"] = (int(total_again) - budget) // MIB
+    rc, _ = d.cuMemAlloc((left + 1) * MIB)
+    out["over_alloc"] = int(rc)
+    ok(d.cuMemFree(kv))
+    ok(d.cuMemFree(weights))
+    out["free_end_mib"] = free_mib()
+
+
+def main() -> None:
+    out: dict[str, Any] = {"share_mib": int(sys.argv[1])}
+    ok(d.cuInit(0))
+    dev = ok(d.cuDeviceGet(0))
+    ok(d.cuCtxSetCurrent(ok(d.cuDevicePrimaryCtxRetain(dev))))
+    {"expandable": expandable, "vllm": vllm}[sys.argv[2]](out)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""The memory patterns users report as broken in peers (issue 25), made with NVIDIA's driver
+bindings (cuda-bindings 13; tests/clients/patterns_probe.py) against the fake driver without
+and with the interposer (a 4096 MiB share).
+
+- PyTorch's expandable segments: a 64 GiB virtual reservation is charged nothing (the bug:
+  charging the reservation, which refuses it on any share, or lets a share reserve past its
+  cap unnoticed); each mapped chunk is charged exactly its size; chunks stop at the share;
+  releasing the segment's tail gives exactly that back; everything released gives all back.
+- vLLM's startup profile: total is the share before and after the warm-up; the KV cache sized
+  as 0.9 x total - used fits, and asking for what is left plus one MiB is OUT_OF_MEMORY (the
+  bug: a total that shows the card makes vLLM size its KV cache for the card, and its first
+  allocation fails or a co-tenant's does).
+
+Not yet here: CUDA graph memory nodes (cuGraphAddMemAllocNode; the fake records captured
+kernels only) and NCCL's exported handles (a second process of the same share importing a
+handle is charged again: each process's accounting holds what it maps; docs/interposer.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.clients.test_cuda_bindings import CARD_MIB, OUT_OF_MEMORY, SHARE_MIB, probe
+
+SCRIPT = Path(__file__).with_name("patterns_probe.py")
+CLIENT = "cuda-bindings-13"
+
+
+@pytest.mark.parametrize("share_mib", [0, SHARE_MIB], ids=["no-interposer", "share-4096"])
+def test_expandable_segments_are_charged_by_what_is_mapped_never_by_the_reservation(
+        share_mib: int, tmp_path: Path) -> None:
+    r = probe(CLIENT, tmp_path, share_mib, SCRIPT, args=("expandable",))
+    chunk = r["chunk_mib"]
+    assert r["free_after_reserve_mib"] == r["free_start_mib"], r  # the 64 GiB range: nothing
+    assert r["steps_mib"] == [chunk], r  # each mapped chunk: exactly its size
+    assert r["refusal"] == OUT_OF_MEMORY, r
+    assert r["chunks"] == r["free_start_mib"] // chunk, r  # as many as fit, not one more
+    assert r["free_full_mib"] < chunk, r
+    assert r["free_shrunk_mib"] == r["free_full_mib"] + r["released"] * chunk, r
+    assert r["free_regrown_mib"] == r["free_shrunk_mib"] - chunk, r
+    assert r["free_end_mib"] == r["free_start_mib"], r
+    assert r["free_start_mib"] <= (share_mib or CARD_MIB), r
+
+
+@pytest.mark.parametrize("share_mib", [0, SHARE_MIB], ids=["no-interposer", "share-4096"])
+def test_vllms_startup_profile_sizes_its_kv_cache_within_the_share(
+        share_mib: int, tmp_path: Path) -> None:
+    r = probe(CLIENT, tmp_path, share_mib, SCRIPT, args=("vllm",))
+    view = share_mib or CARD_MIB
+    assert r["total_mib"] == r["total_after_mib"] == view, r
+    assert r["kv_alloc"] == 0 and r["kv_mib"] > 0, r
+    # what is left is the 10% vLLM leaves, to the MiB (the KV cache was rounded down to one)
+    assert r["budget_left_mib"] <= r["left_mib"] <= r["budget_left_mib"] + 1, r
+    assert r["over_alloc"] == OUT_OF_MEMORY, r
+    assert r["free_end_mib"] == r["free_start_mib"], r
