@@ -81,6 +81,20 @@ EXTENDER_MANAGED_RESOURCES = (
 
 SCHEDULER_CLIENT_QPS = 200  # requests/s the kube-scheduler may send the API server
 CONTROLLER_MANAGER_QPS = 100  # requests/s of kube-controller-manager (claims from templates)
+# kube-scheduler's --feature-gates (e.g. SchedulerAsyncAPICalls=true); $EGPU_SCHEDULER_FEATURE_GATES
+# sets them for one cluster (bench/scheduling.py's comparisons)
+SCHEDULER_FEATURE_GATES = ""
+# Nodes each pod's filters run on before the scheduler stops looking, % of the cluster (never
+# fewer than kube-scheduler's 100): its adaptive default looks at 42% of 1000 nodes, and the DRA
+# plugin's Filter converts and searches a node's ResourceSlices on every one of them (docs/dra.md,
+# "Scheduling throughput")
+SCHEDULER_PERCENTAGE_OF_NODES_TO_SCORE = 10
+
+
+def scheduler_feature_gates() -> list[str]:
+    """kube-scheduler's ``--feature-gates`` argument, if any gate is set."""
+    gates = os.environ.get("EGPU_SCHEDULER_FEATURE_GATES", SCHEDULER_FEATURE_GATES)
+    return [f"--feature-gates={gates}"] if gates else []
 
 
 class AlreadyRunning(DevClusterError):
@@ -240,6 +254,7 @@ def scheduler_config(
         f"  burst: {2 * SCHEDULER_CLIENT_QPS}",
         "leaderElection:",
         "  leaderElect: false",
+        f"percentageOfNodesToScore: {SCHEDULER_PERCENTAGE_OF_NODES_TO_SCORE}",
         "profiles:",
         "- schedulerName: default-scheduler",
     ]
@@ -502,6 +517,7 @@ def up(config: Config | None = None) -> ClusterInfo:
                 f"--config={sched_cfg}",
                 *common[1:],  # --kubeconfig is in the config file
                 f"--secure-port={ports['kube-scheduler']}",
+                *scheduler_feature_gates(),
             ],
         )
         # kwok: fakes the kubelet of nodes annotated kwok.x-k8s.io/node=fake
