@@ -202,6 +202,13 @@ LABELS_CONTAINER: Final = (*LABELS_CARD, "namespace", "pod", "container")
 LABELS_NODE: Final = ("Hostname",)
 
 
+def is_file_name(name: str) -> bool:
+    """Whether ``name`` is one path component that names no other folder: not empty, no '/',
+    no NUL, not '.' or '..'. Every name egpu joins under a node folder (a pod's or claim's
+    UID, a card UUID, a region folder) passes this first."""
+    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
 def container_dir_name(pod_uid: str, container: str) -> str:
     """Folder name of a container's accounting region: ``<pod-uid>_<container>``."""
     return f"{pod_uid}_{container}"

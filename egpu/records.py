@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 
-from egpu.contract import COMPUTE_POLICIES, PRIORITIES, RECORD_VERSION
+from egpu.contract import COMPUTE_POLICIES, PRIORITIES, RECORD_VERSION, is_file_name
 
 TYPE_CHECKING = False  # no typing at run time: the hook's startup (see the docstring)
 if TYPE_CHECKING:
@@ -270,15 +270,10 @@ class ContainerAllocation(_Record):
                               f"init container or sidecar has init true, an app container "
                               "false)")
         share = obj.get("share")
-        if share is not None and (not isinstance(share, str) or not _safe_name(share)):
+        if share is not None and (not isinstance(share, str) or not is_file_name(share)):
             raise RecordError(f"{where}.share: {share!r}; allowed: a folder name (no '/', "
                               "not '.' or '..', not empty)")
         return cls(name=name, init=init, cards=cards, kind=kind, share=share)
-
-
-def _safe_name(name: str) -> bool:
-    """Whether ``name`` is one path component (a folder name under a node folder)."""
-    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
 
 
 def sum_card_shares(groups: Iterable[Iterable[CardShare]]) -> tuple[CardShare, ...]:

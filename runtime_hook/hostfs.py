@@ -27,6 +27,7 @@ import errno
 import os
 import stat
 
+from egpu.contract import is_file_name
 from egpu.safefile import NotRegularFile, open_regular
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -38,7 +39,7 @@ class HostPathError(OSError):
 
 
 def _check_name(name: str, where: str) -> None:
-    if not name or "/" in name or name in (".", "..") or "\0" in name:
+    if not is_file_name(name):
         raise HostPathError(f"{where}: {name!r} is not a single file name")
 
 

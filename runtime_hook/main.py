@@ -55,6 +55,7 @@ from egpu.contract import (
     OCI_ANN_CONTAINER_TYPE,
     RUNTIME_DIR,
     allocation_file_name,
+    is_file_name,
 )
 from runtime_hook.oci import OciError, Spec, State, load_spec, parse_state
 from runtime_hook.plan import (
@@ -62,7 +63,6 @@ from runtime_hook.plan import (
     Inputs,
     Refuse,
     Skip,
-    claim_requests,
     decide,
     identify,
     preload_text,
@@ -170,7 +170,7 @@ def load_shares(private_dir: str, pod_uid: str,
     claim's shares file): (record, None), (None, None) when absent, or (None, reason) when
     unreadable or malformed (egpu.records.PodShares.decode, the one decoder of the file). An
     absent file costs one open(2) and no import: most containers of a node have none."""
-    if not pod_uid or "/" in pod_uid or pod_uid in (".", ".."):
+    if not is_file_name(pod_uid):
         what = "pod" if subdir == ALLOCATIONS_SUBDIR else "claim"
         return None, None if not pod_uid else f"bad {what} uid {pod_uid!r}"
     path = os.path.join(private_dir, subdir, allocation_file_name(pod_uid))
@@ -315,12 +315,11 @@ def run(argv: Sequence[str] | None = None, stdin: bytes | None = None) -> int:
         annotations = {**spec.annotations, **state.annotations}
         pod_uid, _ = identify(spec.env, annotations)
         shares, shares_error = load_shares(args.private_dir, pod_uid)
-        claims = claim_requests(spec.env)
-        claim, claim_error = (load_shares(args.private_dir, next(iter(claims)),
-                                          CLAIM_SHARES_SUBDIR) if len(claims) == 1
-                              else (None, None))
-        decision = decide(Inputs(state.id, spec.env, annotations, shares, shares_error,
-                                 claim, claim_error))
+        inputs = Inputs(state.id, spec.env, annotations, shares, shares_error)
+        if len(inputs.claim_requests) == 1:  # a pod that may have joined a prepared claim
+            inputs.claim, inputs.claim_error = load_shares(
+                args.private_dir, next(iter(inputs.claim_requests)), CLAIM_SHARES_SUBDIR)
+        decision = decide(inputs)
     status = 0
     if isinstance(decision, Refuse):
         print(decision.message, file=sys.stderr)

@@ -55,6 +55,7 @@ from egpu.contract import (
     OCI_ANN_POD_UID,
     RUNTIME_DIR,
     container_dir_name,
+    is_file_name,
 )
 
 TYPE_CHECKING = False  # plain classes, no dataclasses/typing: the hook's startup time
@@ -88,10 +89,11 @@ class Inputs(_Value):
     """Everything the decision reads. shares: the pod's allocation file (egpu.records.PodShares;
     None: no file); shares_error: why the file could not be read (None: fine or absent).
     claim: the shares file of the one claim ``claim_requests(env)`` names (None: none, or
-    absent); claim_error: why it could not be read."""
+    absent); claim_error: why it could not be read. ``claim_requests``: ``claim_requests(env)``,
+    read once."""
 
-    __slots__ = ("annotations", "claim", "claim_error", "container_id", "env", "shares",
-                 "shares_error")
+    __slots__ = ("annotations", "claim", "claim_error", "claim_requests", "container_id",
+                 "env", "shares", "shares_error")
 
     def __init__(self, container_id: str, env: Mapping[str, str],
                  annotations: Mapping[str, str],
@@ -102,6 +104,7 @@ class Inputs(_Value):
         self.container_id, self.env, self.annotations = container_id, env, annotations
         self.shares, self.shares_error = shares, shares_error
         self.claim, self.claim_error = claim, claim_error
+        self.claim_requests = claim_requests(env)
 
 
 class Skip(_Value):
@@ -179,31 +182,24 @@ def _dns_label(text: str) -> bool:
                                        for c in text)
 
 
-def container_config(shares: PodShares, container: str) -> ContainerConfig | None:
-    """The interposer's config for ``container`` of the pod, or None when it has no share.
-    Region paths are the in-container paths under ``RUNTIME_DIR``."""
-    entry = shares.allocation.for_container(container)
-    if entry is None:
-        return None
-    return _config(shares.namespace, shares.pod, shares.pod_uid, container, shares, entry)
-
-
-def _config(namespace: str, pod: str, pod_uid: str, container: str, shares: PodShares,
-            entry: ContainerAllocation) -> ContainerConfig:
-    """``entry``'s config for ``container`` of the pod, with the policies of ``shares``."""
+def container_config(shares: PodShares, entry: ContainerAllocation, pod_uid: str,
+                     container: str, region: str, namespace: str | None = None,
+                     pod: str | None = None) -> ContainerConfig:
+    """The interposer's config of ``container`` of the pod: ``entry``'s cards, the policies
+    and floor of ``shares`` (the pod's allocation file, or a claim's shares file for a pod
+    that joined the claim: then ``namespace`` and ``pod`` are the pod's), its accounting
+    region in folder ``region``. Paths are the in-container paths under ``RUNTIME_DIR``."""
     from egpu.records import ConfigCard, ContainerConfig  # only a pod with a share
 
-    region = entry.share or container_dir_name(pod_uid, container)
-    folder = f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{region}"
     return ContainerConfig(
-        namespace=namespace,
-        pod=pod,
+        namespace=shares.namespace if namespace is None else namespace,
+        pod=shares.pod if pod is None else pod,
         pod_uid=pod_uid,
         container=container,
         priority=shares.priority,
         compute_policy=shares.compute_policy,
         memory_oversubscription=shares.memory_oversubscription,
-        container_region=f"{folder}/{CONTAINER_REGION_FILE}",
+        container_region=f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{region}/{CONTAINER_REGION_FILE}",
         cards=tuple(
             ConfigCard(
                 uuid=c.uuid,
@@ -217,11 +213,11 @@ def _config(namespace: str, pod: str, pod_uid: str, container: str, shares: PodS
     )
 
 
-def joined_claim_config(inputs: Inputs, pod_uid: str, container: str
-                        ) -> ContainerConfig | Refuse:
-    """Rule 4b: the config of a container of a pod that joined a claim after it was prepared,
-    from the claim's shares file: the entry for exactly the requests it was given."""
-    named = claim_requests(inputs.env)
+def joined_claim_entry(inputs: Inputs, named: Mapping[str, frozenset[str]], pod_uid: str,
+                       container: str) -> ContainerAllocation | Refuse:
+    """Rule 4b: the entry of the claim's shares file (``inputs.claim``) for exactly the
+    requests ``named`` gave the container (``claim_requests``), for a pod that joined the
+    claim after it was prepared."""
     where = f"egpu: pod {pod_uid} container {container!r}"
     if len(named) != 1:
         return Refuse(f"{where} was given the devices of {len(named)} egpu ResourceClaims "
@@ -245,8 +241,7 @@ def joined_claim_config(inputs: Inputs, pod_uid: str, container: str
         return Refuse(f"{where}: ResourceClaim {claim.namespace}/{claim.pod} is shared as "
                       f"requests {' | '.join(shared) or '(none)'}; a pod that joins it names "
                       f"one of these exactly, not {key.replace('.', ', ')}")
-    pod_name = first_annotation(inputs.annotations, OCI_ANN_POD_NAME)
-    return _config(claim.namespace, pod_name, pod_uid, container, claim, entry)
+    return entry
 
 
 def decide(inputs: Inputs) -> Decision:
@@ -262,13 +257,17 @@ def decide(inputs: Inputs) -> Decision:
         where = f"pod {pod_uid} container {container!r}"
         if inputs.shares_error:
             return Refuse(f"egpu: {where}: allocation file unreadable: {inputs.shares_error}")
-        config = container_config(inputs.shares, container) if inputs.shares else None
-        if config is None and claim_requests(env):
-            joined = joined_claim_config(inputs, pod_uid, container)
-            if isinstance(joined, Refuse):
-                return joined
-            config = joined
-        if config is None:
+        pod_name = first_annotation(annotations, OCI_ANN_POD_NAME)
+        pod_ns = first_annotation(annotations, OCI_ANN_POD_NAMESPACE)
+        source = inputs.shares
+        entry = source.allocation.for_container(container) if source else None
+        joined = entry is None and bool(inputs.claim_requests)
+        if joined:
+            found = joined_claim_entry(inputs, inputs.claim_requests, pod_uid, container)
+            if isinstance(found, Refuse):
+                return found
+            source, entry = inputs.claim, found
+        if source is None or entry is None:
             if inputs.shares is None and given_devices:
                 return Refuse(
                     f"egpu: {where} was given egpu devices but this node has no allocation "
@@ -281,6 +280,9 @@ def decide(inputs: Inputs) -> Decision:
                 )
             return Skip(f"{where}: no share in the pod's allocation" if inputs.shares
                         else f"{where}: no egpu allocation")
+        region = entry.share or container_dir_name(pod_uid, container)
+        config = (container_config(source, entry, pod_uid, container, region, pod_ns, pod_name)
+                  if joined else container_config(source, entry, pod_uid, container, region))
         wanted = tuple(c.uuid for c in config.cards)
         visible = visible_uuids(env.get(NVIDIA_VISIBLE_DEVICES, ""))
         if sorted(visible) != sorted(wanted):
@@ -290,11 +292,8 @@ def decide(inputs: Inputs) -> Decision:
                 "did not match the scheduler's (see docs/node.md, FC-12); refusing rather than "
                 "running with another pod's share"
             )
-        pod_name = first_annotation(annotations, OCI_ANN_POD_NAME)
-        pod_ns = first_annotation(annotations, OCI_ANN_POD_NAMESPACE)
         if (pod_name and pod_name != config.pod) or (pod_ns and pod_ns != config.namespace):
             return Refuse(f"egpu: {where}: pod name/namespace differ from its allocation file")
-        region = config.container_region.rsplit("/", 2)[-2]
         return Apply(container_dir_name(pod_uid, container), config, region)
     if given_devices:
         return Refuse(
@@ -313,7 +312,7 @@ def raw_card_uuids(env: Mapping[str, str]) -> tuple[str, ...]:
     are no file name are left out (the hook cannot tell which card they are)."""
     return tuple(v for v in visible_uuids(env.get(NVIDIA_VISIBLE_DEVICES, ""))
                  if v not in ("all", "none", "void") and not v.replace(":", "").isdigit()
-                 and "/" not in v and v not in (".", "..") and "\0" not in v)
+                 and is_file_name(v))
 
 
 def raw_container_region(env: Mapping[str, str], uid: int) -> str:

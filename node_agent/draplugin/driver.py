@@ -166,16 +166,23 @@ class DraDriver:
                                (*per_card[d.uuid], ids[names[allocation.base_request(d.request)]]))
                 for d in prepared.devices]
 
+    def _remove_claim_files(self, uid: str) -> None:
+        """The claim's own files: its accounting folders (shared by its containers; the
+        kubelet unprepares a claim after its last pod) with their card roster entries and
+        share files (``remove_pod_files`` on the folders' ``claim-<uid>`` prefix), its shares
+        file, then its state. Raises OSError."""
+        remove_pod_files(self.store.private_dir, self.runtime_dir,
+                         f"{CLAIM_SHARE_DIR_PREFIX}{uid}")
+        self.store.remove_claim_shares(uid)
+        self.store.remove(uid)
+
     def unprepare(self, uid: str) -> None:
         """Unprepare one claim (module docstring). Raises OSError."""
         with self._lock:
             prepared = self.store.load(uid)
             self.cdi.remove_claim(uid)
             if prepared is None:
-                remove_pod_files(self.store.private_dir, self.runtime_dir,
-                                 f"{CLAIM_SHARE_DIR_PREFIX}{uid}")
-                self.store.remove_claim_shares(uid)
-                self.store.remove(uid)
+                self._remove_claim_files(uid)
                 return
             others = [c for c in self.store.all() if c.uid != uid]
             for use in prepared.pods:
@@ -187,11 +194,6 @@ class DraDriver:
                     self.store.write_pod_file(shares)
                 else:
                     remove_pod_files(self.store.private_dir, self.runtime_dir, use.uid)
-            # the claim's own accounting folders (shared by its containers: the kubelet
-            # unprepares a claim after its last pod) and their card roster entries
-            remove_pod_files(self.store.private_dir, self.runtime_dir,
-                             f"{CLAIM_SHARE_DIR_PREFIX}{uid}")
-            self.store.remove_claim_shares(uid)
-            self.store.remove(uid)
+            self._remove_claim_files(uid)
             self._pods = {p.uid for c in others for p in c.pods}
         log.info("unprepared ResourceClaim %s/%s (%s)", prepared.namespace, prepared.name, uid)

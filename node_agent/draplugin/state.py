@@ -15,7 +15,12 @@ import contextlib
 import logging
 import os
 
-from egpu.contract import ALLOCATIONS_SUBDIR, CLAIM_SHARES_SUBDIR, allocation_file_name
+from egpu.contract import (
+    ALLOCATIONS_SUBDIR,
+    CLAIM_SHARES_SUBDIR,
+    allocation_file_name,
+    is_file_name,
+)
 from egpu.dra.allocation import ClaimError, PreparedClaim
 from egpu.records import PodShares
 from node_agent.cdi import write_spec
@@ -29,7 +34,7 @@ PRIVATE_DIR_MODE = 0o700
 
 def _safe_uid(uid: str) -> str:
     """A claim or pod UID usable as a file name. Raises ClaimError."""
-    if not uid or "/" in uid or uid in (".", "..") or "\0" in uid:
+    if not is_file_name(uid):
         raise ClaimError(f"bad UID {uid!r}")
     return uid
 

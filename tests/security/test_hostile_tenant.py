@@ -26,7 +26,7 @@ Then, whatever the attack:
   card folder, the config, the preload list or the interposer failed (its own share file
   is its own to wreck).
 
-Real time on a shared machine: no test reruns; what a busy host moves (the high share's gaps
+Real time on a shared machine: every test runs once; what a busy host moves (the high share's gaps
 and idle time) is measured in the same run and the bounds follow it.
 """
 
