@@ -34,6 +34,9 @@ KWOK_VERSION = "v0.8.0"  # sigs.k8s.io/kwok
 CONTAINERD_VERSION = "v2.4.2"  # github.com/containerd/containerd/v2
 CRI_TOOLS_VERSION = "v1.37.0"  # sigs.k8s.io/cri-tools (crictl), matching the kubelet's minor
 HELM_VERSION = "v3.22.0"  # helm.sh/helm/v3
+# github.com/prometheus/prometheus publishes Prometheus 3.X.Y as the Go module v0.3XX.Y
+PROMETHEUS_MODULE_VERSION = "v0.316.0"
+PROMETHEUS_VERSION = "3.16.0"
 # containerd's storage drivers that need cgo or kernel headers are left out; overlayfs and
 # native snapshotters stay (the real node uses overlayfs).
 CONTAINERD_TAGS = "no_btrfs no_devmapper no_zfs"
@@ -52,6 +55,8 @@ BINARIES = (
     "ctr",
     "crictl",
     "helm",
+    "prometheus",
+    "promtool",
 )
 
 
@@ -145,6 +150,13 @@ def helm_ldflags() -> str:
     return "-s -w " + " ".join(flags)
 
 
+def prometheus_ldflags() -> str:
+    """The -X flags of Prometheus' promu build, so `prometheus --version` names its version."""
+    pkg = "github.com/prometheus/common/version"
+    return (f"-s -w -X {pkg}.Version={PROMETHEUS_VERSION} -X {pkg}.Revision=module "
+            f"-X {pkg}.Branch=HEAD -X {pkg}.BuildUser=egpu-devcluster")
+
+
 def groups(k8s_version: str = K8S_VERSION) -> list[Group]:
     return [
         Group(
@@ -190,6 +202,11 @@ def groups(k8s_version: str = K8S_VERSION) -> list[Group]:
         ),
         Group("helm", "helm.sh/helm/v3", HELM_VERSION, {"helm": "helm.sh/helm/v3/cmd/helm"},
               ldflags=helm_ldflags()),
+        # issue 26: the dev cluster's Prometheus, and promtool for the alert rules' tests
+        Group("prometheus", "github.com/prometheus/prometheus", PROMETHEUS_MODULE_VERSION,
+              {"prometheus": "github.com/prometheus/prometheus/cmd/prometheus",
+               "promtool": "github.com/prometheus/prometheus/cmd/promtool"},
+              ldflags=prometheus_ldflags()),
     ]
 
 

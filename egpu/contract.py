@@ -182,6 +182,10 @@ NAMESPACE: Final = "egpu-system"
 # --- Metrics (node agent) ----------------------------------------------------------------
 METRIC_CONTAINER_MEMORY_LIMIT: Final = "egpu_container_memory_limit_bytes"
 METRIC_CONTAINER_MEMORY_USED: Final = "egpu_container_memory_used_bytes"
+# the highest use since the share's region was created (a scrape every 15 s misses short peaks)
+METRIC_CONTAINER_MEMORY_PEAK: Final = "egpu_container_memory_peak_bytes"
+# allocations the interposer refused because the share was full (a counter: OOMs seen)
+METRIC_CONTAINER_MEMORY_REFUSED: Final = "egpu_container_memory_refused_allocations_total"
 METRIC_CONTAINER_CORES_LIMIT: Final = "egpu_container_cores_limit_percent"
 METRIC_CONTAINER_COMPUTE_USED: Final = "egpu_container_compute_used_percent"
 # beyond the contract's list: what the share reports, unbounded, and whether that is over its cap

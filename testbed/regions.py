@@ -18,13 +18,17 @@ from node_agent.metrics.region import (
 MIB = 1 << 20
 
 
-def region_bytes(cards: list[tuple[str, int, int]]) -> bytes:
-    """A full region with ``cards`` = [(uuid, limit_bytes, used_bytes)]."""
+def region_bytes(cards: list[tuple[str, int, int]] | list[tuple[str, int, int, int, int]]
+                 ) -> bytes:
+    """A full region with ``cards`` = [(uuid, limit_bytes, used_bytes[, peak_bytes,
+    refused])] (peak and refused 0 when left out, as an older interposer leaves them)."""
     data = bytearray(REGION_SIZE)
     HEADER.pack_into(data, 0, REGION_MAGIC, REGION_VERSION, REGION_SIZE, b"", len(cards), 0,
                      0, 0, b"")
-    for i, (uuid, limit, used) in enumerate(cards):
-        CARD.pack_into(data, HEADER.size + i * CARD.size, uuid.encode(), limit, used, b"")
+    for i, card in enumerate(cards):
+        uuid, limit, used, peak, refused = (*card, 0, 0)[:5]
+        CARD.pack_into(data, HEADER.size + i * CARD.size, uuid.encode(), limit, used, peak,
+                       refused, b"")
     assert len(data) == HEADER.size + 16 * CARD.size + 1024 * PROC_SIZE
     return bytes(data)
 

@@ -19,6 +19,8 @@ int egpu_acct_open(egpu_acct *a, const char *path, char *err, size_t errlen);
 int egpu_acct_card(egpu_acct *a, const char *uuid, uint64_t limit);
 /* Charge bytes if the card's container usage stays <= limit: 0 ok, -1 over the cap. */
 int egpu_acct_charge(egpu_acct *a, int card, uint64_t bytes, uint64_t limit);
+/* Count one allocation refused because the share was full (egpu_region_card.refused). */
+void egpu_acct_refused(egpu_acct *a, int card);
 /* Give bytes back (saturating at zero). */
 void egpu_acct_uncharge(egpu_acct *a, int card, uint64_t bytes);
 /* Add bytes that are already held (no cap check; saturating). */

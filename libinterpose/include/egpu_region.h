@@ -16,7 +16,12 @@ typedef struct {
     char uuid[EGPU_UUID_LEN]; /* NVML UUID, "" = free slot */
     uint64_t limit_bytes;     /* the share's cap (informational: each process enforces its config) */
     uint64_t used_bytes;      /* sum of procs[].used[this card] */
-    uint64_t reserved[4];
+    /* Since the region was created (zero in regions of interposers before these fields:
+     * the layout is unchanged, they were reserved and zero): */
+    uint64_t peak_bytes;      /* the highest used_bytes reached (right-sizing reads it:
+                               * a 15 s scrape misses a short peak) */
+    uint64_t refused;         /* charges refused because the share was full (OOMs seen) */
+    uint64_t reserved[2];
 } egpu_region_card;
 
 /* procs[].flags */

@@ -22,6 +22,13 @@
 static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 static uint64_t sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 
+/* Under the lock: add bytes to the card's use and keep its high-water mark. */
+static void card_add_locked(egpu_region_card *card, uint64_t bytes)
+{
+    card->used_bytes = sat_add(card->used_bytes, bytes);
+    if (card->used_bytes > card->peak_bytes) card->peak_bytes = card->used_bytes;
+}
+
 static uint64_t proc_start_time(pid_t pid)
 {
     char path[64], buf[1024];
@@ -256,7 +263,7 @@ int egpu_acct_charge(egpu_acct *a, int card, uint64_t bytes, uint64_t limit)
     egpu_region_proc *me = ok ? my_slot_locked(a) : NULL;
     if (me) {
         me->used[card] = sat_add(me->used[card], bytes);
-        r->cards[card].used_bytes = sat_add(r->cards[card].used_bytes, bytes);
+        card_add_locked(&r->cards[card], bytes);
     }
     unlock(r);
     return me ? 0 : -1;
@@ -270,9 +277,15 @@ void egpu_acct_force(egpu_acct *a, int card, uint64_t bytes)
     egpu_region_proc *me = my_slot_locked(a);
     if (me) {
         me->used[card] = sat_add(me->used[card], bytes);
-        r->cards[card].used_bytes = sat_add(r->cards[card].used_bytes, bytes);
+        card_add_locked(&r->cards[card], bytes);
     }
     unlock(r);
+}
+
+void egpu_acct_refused(egpu_acct *a, int card)
+{
+    if (card < 0 || card >= EGPU_REGION_MAX_CARDS) return;
+    __atomic_add_fetch(&a->r->cards[card].refused, 1, __ATOMIC_RELAXED);
 }
 
 void egpu_acct_uncharge(egpu_acct *a, int card, uint64_t bytes)

@@ -110,6 +110,7 @@ CUresult charge(int dev, uint64_t bytes)
     if (egpu_acct_charge(&S->acct, d->slot, bytes, d->limit) == 0) return CUDA_SUCCESS;
     EGPU_DBG("out of memory on device %d: %llu bytes asked, cap %llu", dev, (unsigned long long)bytes,
              (unsigned long long)d->limit);
+    egpu_acct_refused(&S->acct, d->slot); /* the node agent exports it: OOMs seen */
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 

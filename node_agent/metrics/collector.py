@@ -5,9 +5,9 @@ card metrics carry ``gpu`` (index), ``UUID``, ``modelName``, ``Hostname``; conta
 add ``namespace``, ``pod``, ``container``. Units: bytes and percent.
 
 - Per container share (from its accounting region, and its allocation for the cores):
-  memory limit and used bytes, cores limit %; compute used % from the card's folder
-  (card_region: the share's file there, measured GPU time), where the card's
-  roster lists the share.
+  memory limit, used and peak bytes, refused allocations (a counter), cores limit %;
+  compute used % from the card's folder (card_region: the share's file there, measured GPU
+  time), where the card's roster lists the share.
 - Per card (inventory, NVML, allocations of the node's active pods): memory total / used /
   booked bytes, cores booked %, compute used % (NVML; else the shares' measured use from the
   card's folder).
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from egpu.card_roster import share_owner
@@ -41,6 +41,8 @@ from egpu.contract import (
     METRIC_CONTAINER_COMPUTE_USED,
     METRIC_CONTAINER_CORES_LIMIT,
     METRIC_CONTAINER_MEMORY_LIMIT,
+    METRIC_CONTAINER_MEMORY_PEAK,
+    METRIC_CONTAINER_MEMORY_REFUSED,
     METRIC_CONTAINER_MEMORY_USED,
     METRIC_NODE_HEARTBEAT,
 )
@@ -159,6 +161,12 @@ class EgpuCollector(Collector):
         c_used = GaugeMetricFamily(METRIC_CONTAINER_MEMORY_USED,
                                    "Device memory in use by a container's share, bytes",
                                    labels=LABELS_CONTAINER)
+        c_peak = GaugeMetricFamily(METRIC_CONTAINER_MEMORY_PEAK,
+                                   "Highest device memory use of a container's share since "
+                                   "it started, bytes", labels=LABELS_CONTAINER)
+        c_refused = CounterMetricFamily(METRIC_CONTAINER_MEMORY_REFUSED.removesuffix("_total"),
+                                        "Allocations refused because the share's memory was "
+                                        "full", labels=LABELS_CONTAINER)
         c_cores = GaugeMetricFamily(METRIC_CONTAINER_CORES_LIMIT,
                                     "Compute booked by a container's share, % of the card",
                                     labels=LABELS_CONTAINER)
@@ -182,6 +190,8 @@ class EgpuCollector(Collector):
                 labels = [*card_labels(card.uuid), namespace, pod_name, container]
                 c_limit.add_metric(labels, card.limit_bytes)
                 c_used.add_metric(labels, card.used_bytes)
+                c_peak.add_metric(labels, card.peak_bytes)
+                c_refused.add_metric(labels, card.refused)
                 if card.uuid in cores:
                     c_cores.add_metric(labels, cores[card.uuid])
                 slot = share_slot(card_regions, name, card.uuid)
@@ -189,7 +199,7 @@ class EgpuCollector(Collector):
                     c_compute.add_metric(labels, slot.used_percent(now_ns))
                     c_reported.add_metric(labels, slot.reported_percent(now_ns))
                     c_over.add_metric(labels, 1.0 if slot.over_cap(now_ns) else 0.0)
-        yield from (c_limit, c_used, c_cores, c_compute, c_reported, c_over)
+        yield from (c_limit, c_used, c_peak, c_refused, c_cores, c_compute, c_reported, c_over)
 
         booked_mib: dict[str, int] = {}
         booked_cores: dict[str, int] = {}

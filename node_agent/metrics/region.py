@@ -9,7 +9,8 @@ metric a moment stale is fine). Layout, little-endian (sizes in bytes)::
     header (144): u64 magic "EEGPREG1" (0x3147455250474545) | u32 version (1) | u32 size
                   | 64 lock | u32 ncards | u32 pad | u64 repairs | u64 reaped | 40 reserved
     cards[16] (96 each): char uuid[48] ("" = free) | u64 limit_bytes | u64 used_bytes
-                  | 32 reserved
+                  | u64 peak_bytes | u64 refused | 16 reserved (peak and refused were reserved
+                  and zero before: an older interposer's region reads 0 for both)
     procs[1024] (144 each): not read here.
 """
 
@@ -27,7 +28,7 @@ REGION_VERSION = 1
 MAX_CARDS = 16
 MAX_PROCS = 1024
 HEADER = struct.Struct("<QII64sIIQQ40s")
-CARD = struct.Struct("<48sQQ32s")
+CARD = struct.Struct("<48sQQQQ16s")
 PROC_SIZE = 144
 REGION_SIZE = HEADER.size + CARD.size * MAX_CARDS + PROC_SIZE * MAX_PROCS
 READ_SIZE = HEADER.size + CARD.size * MAX_CARDS
@@ -41,11 +42,14 @@ class RegionError(ValueError):
 
 @dataclass(frozen=True)
 class CardUsage:
-    """One card of a container's share: limit and use, bytes."""
+    """One card of a container's share: limit, use and the highest use so far (bytes), and
+    how many allocations the interposer refused because the share was full."""
 
     uuid: str
     limit_bytes: int
     used_bytes: int
+    peak_bytes: int = 0
+    refused: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,10 +71,11 @@ def parse_region(data: bytes) -> RegionUsage:
                           f"version {REGION_VERSION} size {REGION_SIZE}")
     cards = []
     for i in range(min(ncards, MAX_CARDS)):
-        raw_uuid, limit, used, _ = CARD.unpack_from(data, HEADER.size + i * CARD.size)
+        raw_uuid, limit, used, peak, refused, _ = CARD.unpack_from(
+            data, HEADER.size + i * CARD.size)
         uuid = raw_uuid.split(b"\0", 1)[0].decode(errors="replace")
         if uuid:
-            cards.append(CardUsage(uuid, limit, used))
+            cards.append(CardUsage(uuid, limit, used, max(peak, used), refused))
     return RegionUsage(tuple(cards))
 
 

@@ -495,3 +495,30 @@ def test_pod_env_cannot_zero_context_overhead_under_node_config(rig):
     rows = _in_mount_ns_with_config(rig, None, steps, EGPU_CONTEXT_OVERHEAD_MIB=0,
                                     EGPU_MEMORY_LIMIT_MIB=4096)
     assert one(rows, "meminfo")["used"] == 0, rows  # raw node / tests: the knob still works
+
+
+# ---- issue 26: what right-sizing reads from the region ---------------------------------
+
+
+def test_region_keeps_the_peak_and_counts_refused_allocations(rig):
+    """The interposer keeps each card's highest use and counts the allocations it refused
+    because the share was full; the node agent's reader (node_agent.metrics.region, the code
+    the exporter ships) reads both. Bugs caught: a peak that follows the current use down
+    (right-sizing would see only what a 15 s scrape happened to catch), a refusal not
+    counted (an OOM-bound share advised to shrink), a retry inside the interposer counted
+    twice (charge() tries again after settling its pools), peak and refusals read from the
+    wrong offsets."""
+    from node_agent.metrics.region import read_region
+
+    rows = rig.probe("init", "ctx", "alloc", 700, "alloc", 200, "free", "free",
+                     "alloc", 300, "alloc", 900, "alloc", 2000, "meminfo",
+                     EGPU_MEMORY_LIMIT_MIB=1024, EGPU_CONTEXT_OVERHEAD_MIB=0)
+    allocs = [r["rc"] for r in rows if r["step"] == "alloc"]
+    assert allocs == [0, 0, 0, 2, 2], rows  # 700+200 fit; after the frees 300 fits, 900 not
+    # without a config file the container region is the local one (EGPU_MEMORY_LIMIT_MIB)
+    folder = rig.tmp / "egpu" / "containers"
+    (region,) = folder.glob("*/region")
+    usage = read_region(str(region)).cards
+    # the probe has exited (its use given back); the peak and the refusals outlive it
+    assert [(c.used_bytes, c.peak_bytes, c.refused) for c in usage] == \
+        [(0, 900 * MIB, 2)], usage

@@ -109,3 +109,29 @@ def test_a_claims_shared_folder_is_one_share_booked_once(tmp_path: Path) -> None
     assert booked[UUIDS[0]] == 3000 * MIB
     cores = {s.labels["UUID"]: s.value for s in families[METRIC_CARD_CORES_BOOKED].samples}
     assert cores[UUIDS[0]] == 25
+
+
+def test_a_shares_peak_and_refused_allocations_are_exported_as_the_region_holds_them(
+        tmp_path: Path) -> None:
+    """Issue 26: right-sizing reads the share's peak (a gauge) and its refused allocations (a
+    counter, ``_total``). Bugs caught: the families left out or under other names than
+    egpu.contract's, the counter exported as a gauge (rate() and increase() in the rules
+    need a counter), the peak taken from the used field."""
+    from egpu.contract import METRIC_CONTAINER_MEMORY_PEAK, METRIC_CONTAINER_MEMORY_REFUSED
+
+    shares = write_regions(str(tmp_path), 1, UUIDS)
+    (folder,) = (tmp_path / "containers").iterdir()
+    (folder / "region").write_bytes(region_bytes([(UUIDS[0], 1024 * MIB, 100 * MIB,
+                                                   900 * MIB, 7)]))
+    registry = CollectorRegistry()
+    registry.register(EgpuCollector(Sources("node-1", lambda: CARDS, lambda: shares,
+                                            regions_under(str(tmp_path)),
+                                            lambda u: None, lambda u: None)))
+    text = generate_latest(registry).decode()
+    assert f"# TYPE {METRIC_CONTAINER_MEMORY_REFUSED} counter" in text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    (peak,) = families[METRIC_CONTAINER_MEMORY_PEAK].samples
+    (refused,) = families[METRIC_CONTAINER_MEMORY_REFUSED.removesuffix("_total")].samples
+    assert (peak.value, refused.name, refused.value) == (
+        900 * MIB, METRIC_CONTAINER_MEMORY_REFUSED, 7)
+    assert peak.labels["pod"] == refused.labels["pod"] == "pod-0"
