@@ -42,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="no real node (kubelet + containerd) beside the simulated fleet")
     parser.add_argument("--no-container", action="store_true",
                         help="skip the runc container at the end")
+    parser.add_argument("--no-prometheus", action="store_true",
+                        help="no Prometheus, so no right-sizing step")
+    parser.add_argument("--history", type=float, default=75.0, metavar="SECONDS",
+                        help="history the right-sizing step waits for (0: skip the step)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         options = demo.Options(state_dir=state_dir, wait_s=args.wait,
                                container=not args.no_container,
-                               real_node=not args.no_real_node, dra=args.dra)
+                               real_node=not args.no_real_node, dra=args.dra,
+                               prometheus=not args.no_prometheus, history_s=args.history)
         if args.inputs:
             options.inputs = args.inputs
         return demo.up(options)

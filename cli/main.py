@@ -52,9 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+PLUGIN_COMMANDS = ("advise",)  # `kubectl egpu advise ...`; anything else is `egpu top`
+
+
 def kubectl_plugin() -> int:
-    """``kubectl egpu ...`` is ``egpu top ...``."""
-    return main(["top", *sys.argv[1:]])
+    """``kubectl egpu advise ...`` is ``egpu advise ...``; any other ``kubectl egpu ...`` is
+    ``egpu top ...``."""
+    argv = sys.argv[1:]
+    if argv[:1] and argv[0] in PLUGIN_COMMANDS:
+        return main(argv)
+    return main(["top", *argv])
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ TAINT_KEY = "egpu.io/real-node"
 TAINT = f"{TAINT_KEY}=true:NoSchedule"
 # The agent's log line once the kubelet's NotifyRegistrationStatus accepted the DRA plugin.
 DRA_REGISTERED = f"the kubelet registered the DRA plugin {DRA_DRIVER}"
+AGENT_METRICS_PORT = 9400  # the node agent's /metrics, on the node's own address
 PROBE_CPU = "10m"
 PROBE_MEMORY = "128Mi"
 INTERPOSER = REPO / "libinterpose" / "build" / "libegpu_interpose.so"
@@ -112,6 +113,43 @@ PROBE = textwrap.dedent('''
 ''')
 
 
+# `egpu demo`'s right-sizing step (issue 26): input 01's Deployment (two replicas of 24000 MiB
+# and 50% compute) on the real node, in its own namespace, each replica holding BASE_MIB and
+# touching SPIKE_MIB more for SPIKE_S every PERIOD_S: a peak that a 15 s scrape mostly
+# misses and the region's high-water mark keeps. Frees on SIGTERM (see PROBE).
+RIGHTSIZING_SOURCE = "01-vllm-online.yaml"
+RIGHTSIZING_NAMESPACE = "rightsizing"
+PATTERN = {"BASE_MIB": "3000", "SPIKE_MIB": "3000", "PERIOD_S": "20", "SPIKE_S": "2"}
+PATTERN_PROBE = textwrap.dedent('''
+    import os, signal
+    held = []
+    def _release(*_):
+        for p in held:
+            cuda.cuMemFree_v2(p)
+        os._exit(0)
+    signal.signal(signal.SIGTERM, _release)
+    import ctypes as C, time
+    MIB = 1 << 20
+    cuda = C.CDLL("libcuda.so.1")
+    cuda.cuInit(0)
+    dev, ctx = C.c_int(), C.c_void_p()
+    cuda.cuDeviceGet(C.byref(dev), 0)
+    cuda.cuCtxCreate_v2(C.byref(ctx), 0, dev)
+    def alloc(mib):
+        ptr = C.c_uint64()
+        rc = cuda.cuMemAlloc_v2(C.byref(ptr), C.c_size_t(mib * MIB))
+        if rc == 0:
+            held.append(ptr)
+        return rc
+    print("PATTERN base", alloc(int(os.environ["BASE_MIB"])), flush=True)
+    while True:
+        time.sleep(float(os.environ["PERIOD_S"]))
+        if alloc(int(os.environ["SPIKE_MIB"])) == 0:
+            time.sleep(float(os.environ["SPIKE_S"]))
+            cuda.cuMemFree_v2(held.pop())
+''')
+
+
 def prerequisite_missing() -> str:
     """Why a real node cannot run here, or "" (root, runc, the CNI plugins, the binaries)."""
     if os.geteuid() != 0:
@@ -150,7 +188,7 @@ def start(state_dir: Path, info: devcluster.ClusterInfo, config_file: Path,
         str(Path(sys.executable).parent / "egpu-node-agent"), "--node-name", NAME,
         "--kubeconfig", str(kubeconfig), "--config", str(config_file),
         "--nvml-library", str(driver / "lib" / "libnvidia-ml.so.1"),
-        "--metrics-port", "9400", "--heartbeat-seconds", "10",
+        "--metrics-port", str(AGENT_METRICS_PORT), "--heartbeat-seconds", "10",
         *(("--dra", "--no-device-plugin") if dra else ()))
     proc = start_process(f"node-agent-{NAME}", agent, {
         "FAKEGPU_CONFIG": str(driver / "cards.ini"), "FAKEGPU_STATE_DIR": str(driver / "state")})
@@ -206,6 +244,26 @@ def workload(inputs: Path) -> dict[str, Any]:
                             "resources": {"limits": limits}}],
         },
     }
+
+
+def rightsizing_workload(inputs: Path) -> dict[str, Any]:
+    """Input 01's Deployment (its egpu resources and annotations) on the real node, running
+    PATTERN_PROBE in the locally built egpu image, in namespace RIGHTSIZING_NAMESPACE."""
+    deployment = yaml.safe_load((inputs / "pods" / RIGHTSIZING_SOURCE).read_text())
+    template = deployment["spec"]["template"]
+    container = template["spec"]["containers"][0]
+    limits = {**container["resources"]["limits"], "cpu": PROBE_CPU, "memory": PROBE_MEMORY}
+    template["spec"] = {
+        "nodeSelector": {TAINT_KEY: "true"},
+        "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": container["name"], "image": IMAGE_EGPU,
+                        "command": ["python3", "-c", PATTERN_PROBE],
+                        "env": [{"name": k, "value": v} for k, v in PATTERN.items()],
+                        "resources": {"limits": limits}}],
+    }
+    deployment["metadata"]["namespace"] = RIGHTSIZING_NAMESPACE
+    return dict(deployment)
 
 
 def probe(info: devcluster.ClusterInfo, timeout_s: float = 60.0) -> dict[str, Any]:

@@ -35,6 +35,7 @@ logs and the kubeconfig live in ``~/.cache/egpu/demo`` (``$EGPU_DEMO_DIR``, else
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -48,7 +49,7 @@ import yaml
 
 from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
-from devcluster import supervisor
+from devcluster import prometheus, supervisor
 from devcluster.errors import DevClusterError
 from devcluster.fake_toolkit import make_device_nodes
 from devcluster.net import free_port, http_ok, ssl_context
@@ -72,6 +73,7 @@ heartbeatTimeoutSeconds: 120
 """
 # `egpu demo --dra`: the webhook turns shares into ResourceClaims (docs/dra.md).
 DRA_CONFIG = DEMO_CONFIG + "allocationMode: dra\n"
+AGENT_MONITOR = "egpu-node-agent"  # the PodMonitor of the node agents (manifests/monitoring)
 PLACEMENT_TITLE = "Placement (egpu shares, card by card):"
 DRA_PLACEMENT_TITLE = ("Placement (egpu shares, card by card, read from each pod's "
                        "ResourceClaim allocation):")
@@ -99,6 +101,9 @@ class Options:
     container: bool = True
     real_node: bool = True
     dra: bool = False
+    prometheus: bool = True
+    # right-sizing (issue 26): how long the real node's workloads run before the advice
+    history_s: float = 75.0
     say: Callable[[str], None] = print
 
 
@@ -192,12 +197,13 @@ def _start_node_agents(options: Options, info: devcluster.ClusterInfo, config_fi
             (home / sub).mkdir(parents=True, exist_ok=True)
         _fake_gpu_config(home / "fakegpu.ini", spec)
         make_device_nodes(home / "dev", len(devnodes.inventory(spec).cards))
+        metrics_port = free_port()
         argv = [str(BIN / "egpu-node-agent"), "--node-name", name, "--kubeconfig", info.kubeconfig,
                 "--dev-root", str(home / "dev"),
                 "--config", str(config_file), "--nvml-library", str(FAKEGPU / "libnvidia-ml.so.1"),
                 "--plugin-dir", str(home / "device-plugins"), "--runtime-dir", str(home / "run"),
                 "--private-dir", str(home / "private"),
-                "--metrics-port", str(free_port()), "--heartbeat-seconds", "10",
+                "--metrics-port", str(metrics_port), "--heartbeat-seconds", "10",
                 "--cdi-spec-dir", ""]  # kwok nodes run no containers: no spec in the host's CDI
         if options.dra:
             # DRA only (manifests/dra): the ResourceSlices, no device plugin, the node says
@@ -206,6 +212,9 @@ def _start_node_agents(options: Options, info: devcluster.ClusterInfo, config_fi
         env = {"FAKEGPU_CONFIG": str(home / "fakegpu.ini"),
                "FAKEGPU_STATE_DIR": str(home / "fakegpu")}
         started.append(_start(options.state_dir, f"node-agent-{name}", argv, env))
+        # what the DaemonSet's pod on that node would be, for the PodMonitor's job
+        prometheus.add_target(info.state_dir, AGENT_MONITOR, f"egpu-node-agent-{name}",
+                              f"127.0.0.1:{metrics_port}", "agent")
     return started
 
 
@@ -416,6 +425,8 @@ def _start_real_node(options: Options, info: devcluster.ClusterInfo, config_file
     node = real_node.start(options.state_dir, info, config_file,
                            lambda name, argv, env: _start(options.state_dir, name, argv, env),
                            dra=options.dra)
+    prometheus.add_target(info.state_dir, AGENT_MONITOR, f"egpu-node-agent-{node.name}",
+                          f"{node.ip}:{real_node.AGENT_METRICS_PORT}", "agent")
     what = ("published its ResourceSlices and the kubelet registered its DRA plugin"
             if options.dra else "registered the device plugin with the kubelet")
     options.say(f"  {node.name} Ready in {node.startup_s}s at {node.ip}; its node agent {what}")
@@ -438,6 +449,58 @@ def _real_node_report(options: Options, info: devcluster.ClusterInfo) -> None:
     options.say(f"  cuMemGetInfo in the container: total {values.get('total_mib')} MiB")
     options.say(f"  cuMemAlloc of all of it: {values.get('alloc_free')} (0: success); "
                 f"1 MiB more: {verdict}")
+
+
+def _start_rightsizing(options: Options, info: devcluster.ClusterInfo) -> float:
+    """Apply the right-sizing Deployment on the real node (demo/real_node.py) and wait until
+    its replicas run; returns when (time.monotonic()) they did."""
+    from demo import real_node
+
+    _kubectl(info, "create", "namespace", real_node.RIGHTSIZING_NAMESPACE)
+    workload = real_node.rightsizing_workload(options.inputs)
+    result = _kubectl(info, "apply", "-f", "-", stdin=json.dumps(workload))
+    if result.returncode != 0:
+        raise DemoError(f"the right-sizing workload: {result.stderr.strip()}")
+    name = workload["metadata"]["name"]
+    ready = _kubectl(info, "-n", real_node.RIGHTSIZING_NAMESPACE, "rollout", "status",
+                     f"deployment/{name}", "--timeout=90s")
+    if ready.returncode != 0:
+        raise DemoError(f"the right-sizing workload did not start: {ready.stdout.strip()} "
+                        f"{ready.stderr.strip()}")
+    options.say(f"  {real_node.RIGHTSIZING_SOURCE} runs as {real_node.RIGHTSIZING_NAMESPACE}/"
+                f"{name} on the real node ({workload['spec']['replicas']} replicas holding "
+                f"{real_node.PATTERN['BASE_MIB']} MiB, +{real_node.PATTERN['SPIKE_MIB']} MiB "
+                f"for {real_node.PATTERN['SPIKE_S']} s every {real_node.PATTERN['PERIOD_S']} s)")
+    return time.monotonic()
+
+
+def _rightsizing_report(options: Options, info: devcluster.ClusterInfo, url: str,
+                        config: Config, since: float) -> None:
+    """After ``options.history_s`` of history, `kubectl egpu advise` for the workloads that
+    have some (the simulated nodes run no containers: no history)."""
+    from cli.advise_cmd import build_report, format_table
+    from cli.top_cmd import fetch
+    from egpu.advise import Policy
+    from egpu.usage_history import fetch as fetch_history
+    from egpu.usage_history import http_getter
+
+    wait = options.history_s - (time.monotonic() - since)
+    if wait > 0:
+        options.say(f"==> letting Prometheus record {options.history_s:.0f}s of history "
+                    f"({wait:.0f}s more)")
+        time.sleep(wait)
+    window_s = float(math.ceil(options.history_s + 60))
+    policy = Policy(min_history_s=float(math.ceil(options.history_s / 2)), min_samples=4)
+    nodes, pods, _claims, _note, _generation = fetch(info.kubeconfig, None)
+    end = time.time()
+    history = fetch_history(http_getter(url), end - window_s, end)
+    report = build_report(nodes, pods, history, policy, None, window_s, config, end)
+    report.rows = [r for r in report.rows if r.usage is not None]
+    options.say(f"\nRight-sizing from Prometheus ({url}), `kubectl egpu advise --prometheus "
+                f"{url} --since {window_s:.0f}s --min-history {policy.min_history_s:.0f}s "
+                f"--min-samples {policy.min_samples}`, "
+                "workloads with history (the simulated nodes run no containers):")
+    options.say(format_table(report))
 
 
 def up(options: Options | None = None) -> int:
@@ -466,6 +529,11 @@ def up(options: Options | None = None) -> int:
         shares_per_card=0 if options.dra else config.shares_per_card,
         extender_url=extender_url, egpu_profile=not options.dra))
     try:
+        prometheus_url = None
+        if options.prometheus:
+            say("==> starting Prometheus (scrape jobs and alert rules of "
+                "manifests/monitoring/prometheus-operator)")
+            prometheus_url = prometheus.attach(info)
         if extender_url is None:
             say("==> applying the DeviceClasses of manifests/dra (no scheduler extender: the "
                 "kube-scheduler allocates the claims)")
@@ -496,6 +564,9 @@ def up(options: Options | None = None) -> int:
                 raise DemoError(f"the real node's workload: {result.stderr.strip()}")
             say(f"  applied {real_node.SOURCE} as {real_node.NAMESPACE}/{real_node.POD} on the "
                 "real node")
+        rightsizing = (real and prometheus_url is not None and not options.dra
+                       and options.history_s > 0)
+        history_since = _start_rightsizing(options, info) if rightsizing else 0.0
         namespaces = {str((d.get("metadata") or {}).get("namespace", "default"))
                       for f in (options.inputs / "pods").glob("*.yaml")
                       for d in yaml.safe_load_all(f.read_text()) if d}
@@ -503,6 +574,8 @@ def up(options: Options | None = None) -> int:
         _report(options, info, config, denials, namespaces)
         if real:
             _real_node_report(options, info)
+        if rightsizing and prometheus_url is not None:
+            _rightsizing_report(options, info, prometheus_url, config, history_since)
     except BaseException:
         down(state, say)
         raise
@@ -510,8 +583,11 @@ def up(options: Options | None = None) -> int:
         _container_demo(options)
     claims = (f"\n  {info.kubectl} get resourceclaims,resourceclaimtemplates -A"
               if options.dra else "")
+    monitoring = (f"\n  Prometheus: {prometheus_url}   (PATH=...:$PATH kubectl egpu advise "
+                  f"--prometheus {prometheus_url} --since 1h --min-history 1m)"
+                  if prometheus_url else "")
     say(f"""
-The cluster is still up. To look around:
+The cluster is still up. To look around:{monitoring}
   export KUBECONFIG={info.kubeconfig}
   {info.kubectl} get pods -A -o wide
   PATH={BIN}:{Path(info.kubectl).parent}:$PATH kubectl egpu   # or: {BIN}/egpu top{claims}

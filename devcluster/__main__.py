@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     pu.add_argument("--real-nodes", type=int, default=0, metavar="N",
                     help="also start N real nodes (kubelet + containerd, root; see "
                          "docs/devcluster.md), named egpu-real-0..N-1")
+    pu.add_argument("--prometheus", action="store_true",
+                    help="also start a Prometheus that scrapes the node agents as the chart's "
+                         "PodMonitors do and loads its alert rules (docs/devcluster.md)")
     pu.add_argument("--no-egpu-profile", action="store_true",
                     help="no egpu-scheduler profile in the local kube-scheduler (egpu "
                          "installed in the cluster brings its own)")
@@ -70,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
                 node = realnode.add(info, name=f"egpu-real-{index}")
                 print(f"real node {node.name} Ready in {node.startup_s}s ({node.ip}, pods "
                       f"{node.pod_cidr}); logs: {node.node_dir}/logs")
+            if args.prometheus:
+                from devcluster import prometheus
+
+                print(f"prometheus: {prometheus.attach(info)} (targets: "
+                      f"{prometheus.home(info.state_dir) / 'targets'})")
             print(f"dev cluster up in {info.startup_s}s: {info.server}")
             print(f"  export KUBECONFIG={info.kubeconfig}")
             print(f"  kubectl: {info.kubectl}")

@@ -146,6 +146,7 @@ class ClusterInfo:
     started_at: float = 0.0
     startup_s: float = 0.0
     extender_ca_file: str | None = None
+    prometheus_url: str | None = None  # devcluster.prometheus.attach (issue 26)
 
     @property
     def kubectl(self) -> str:
@@ -638,7 +639,9 @@ def down(state_dir: Path | str | None = None) -> list[str]:
         return []
     stopped = []
     with _locked(state_dir):
-        for name in reversed(PROCESSES):
+        # processes added after up (devcluster.prometheus.attach) first, then the cluster's
+        extra = [name for name in info.processes if name not in PROCESSES]
+        for name in [*extra, *reversed(PROCESSES)]:
             proc = info.processes.get(name)
             if proc and _stop(proc):
                 stopped.append(name)

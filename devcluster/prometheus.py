@@ -15,8 +15,8 @@ dev cluster meets what a cluster with the Prometheus Operator would run:
 - the alert rules of manifests/monitoring/prometheus-operator/prometheusrule.yaml
   (``spec.groups``, as the Operator mounts them).
 
-``start(info)`` runs it as a process of the dev cluster (``down`` stops it) and records its
-URL in the cluster's record (``ClusterInfo.ports["prometheus"]``).
+``attach(info)`` runs it as a process of the dev cluster (``down`` stops it) and records its
+URL in the cluster's record (``ClusterInfo.prometheus_url``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import yaml
 
 from devcluster import build as buildmod
 from devcluster import supervisor
+from devcluster.cluster import ClusterInfo
 from devcluster.errors import DevClusterError
 from devcluster.net import HOST, free_port, http_ok
 
@@ -122,7 +123,8 @@ def start(state_dir: Path | str, bin_dir: Path | None = None,
     /-/ready answers. Returns the process and its URL. Raises DevClusterError naming the log
     when it exits or is not ready in time."""
     root = home(state_dir)
-    (root / "targets").mkdir(parents=True, exist_ok=True)
+    for monitor in load_documents(PODMONITORS, "PodMonitor"):  # file_sd watches each folder
+        (root / "targets" / monitor["metadata"]["name"]).mkdir(parents=True, exist_ok=True)
     rules = root / "rules.yaml"
     rules.write_text(yaml.safe_dump(rule_file(
         load_documents(PROMETHEUS_RULE, "PrometheusRule")[0]), sort_keys=False))
@@ -142,3 +144,13 @@ def start(state_dir: Path | str, bin_dir: Path | None = None,
     except supervisor.ProcessFailed as exc:
         raise DevClusterError(str(exc)) from None
     return proc, url
+
+
+def attach(info: ClusterInfo) -> str:
+    """Start Prometheus beside the dev cluster of ``info`` (its state folder), record it in
+    the cluster's record (``down`` stops it) and return its URL."""
+    proc, url = start(info.state_dir, Path(info.bin_dir))
+    info.processes[PROCESS] = proc
+    info.prometheus_url = url
+    info.save()
+    return url

@@ -15,6 +15,7 @@ class DemoCluster:
     """The demo's output (``text``) and its cluster's objects, read once through kubectl."""
 
     def __init__(self, state_dir: Path, lines: list[str]) -> None:
+        self.state_dir = state_dir
         self.text = "\n".join(lines)
         info = demo.devcluster.ClusterInfo.load(state_dir / "cluster")
         self.kubectl = info.kubectl_argv

@@ -51,7 +51,8 @@ def env_of(pod: dict[str, Any], container: str) -> dict[str, str]:
 
 
 def test_online_serving_on_h100_or_a100_with_its_share(outcome: Outcome) -> None:
-    pods = outcome.named("chat-serving-")
+    pods = [p for p in outcome.named("chat-serving-")
+            if p["metadata"]["namespace"] == "ml-serving"]  # not the right-sizing copy
     assert len(pods) == 2
     for pod in pods:
         assert pod["spec"]["schedulerName"] == "egpu-scheduler"
@@ -170,3 +171,110 @@ def test_a_workload_runs_as_a_real_container_on_the_real_node(outcome: Outcome) 
     assert row.rstrip().endswith("yes")
     assert f"total {share.memory_mib} MiB" in outcome.text
     assert "1 MiB more: CUDA_ERROR_OUT_OF_MEMORY" in outcome.text
+
+
+# --- issue 26: the demo's real Prometheus --------------------------------------------------
+
+DASHBOARD = demo.REPO / "charts" / "egpu" / "files" / "egpu-dashboard.json"
+MIB = 1 << 20
+
+
+def prometheus_url(outcome: Outcome) -> str:
+    url = demo.devcluster.ClusterInfo.load(outcome.state_dir / "cluster").prometheus_url
+    assert url, "the demo started no Prometheus"
+    return str(url)
+
+
+def query(url: str, path: str, **params: str) -> Any:
+    import json
+    import urllib.parse
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}{path}?{urllib.parse.urlencode(params)}",
+                                timeout=30) as answer:
+        body = json.loads(answer.read())
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def test_every_dashboard_query_returns_data_from_the_demos_prometheus(outcome: Outcome) -> None:
+    """Each template variable's label_values() through the label API, then each panel's query
+    with the variables as Grafana expands "All" (the values joined into a regex): every one
+    returns series. Bugs caught: a metric renamed under the dashboard, a variable that lists
+    nothing (every panel empty), the share panels filtered on a namespace label that
+    Prometheus renamed (PodMonitor without honorLabels: exported_namespace)."""
+    import json
+    import re
+
+    url = prometheus_url(outcome)
+    dashboard = json.loads(DASHBOARD.read_text())
+    values: dict[str, str] = {}
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)",
+                                     variable["query"]).groups()  # type: ignore[union-attr]
+        found = query(url, f"/api/v1/label/{label}/values", **{"match[]": metric})
+        assert found, f"${variable['name']} lists nothing ({variable['query']})"
+        # node and namespace names are DNS labels: nothing to escape in a regex (a PromQL
+        # string would take a backslash as its own escape)
+        values[variable["name"]] = "|".join(found)
+    assert "rightsizing" in values["namespace"]  # the shares' namespaces, not egpu-system's
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = re.sub(r"\$(\w+)", lambda m: values[m.group(1)], target["expr"])
+            assert query(url, "/api/v1/query", query=expr)["result"], \
+                f"panel {panel['title']!r}: no data for {target['expr']}"
+
+
+def test_the_alert_rules_run_in_the_demos_prometheus_and_the_agents_are_up(
+        outcome: Outcome) -> None:
+    """Every rule of the PrometheusRule loaded and evaluated without error, the node agents
+    scraped under the Operator's job label (so EgpuNodeAgentDown stays quiet). Bugs caught:
+    a rule Prometheus cannot parse or evaluate (promtool's unit tests pass on what they are
+    given), a job label the rule does not match."""
+    url = prometheus_url(outcome)
+    rules = [r for g in query(url, "/api/v1/rules")["groups"] for r in g["rules"]]
+    assert len(rules) >= 9 and all(r["health"] == "ok" for r in rules), \
+        [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+    up = query(url, "/api/v1/query", query='up{job="egpu-system/egpu-node-agent"}')["result"]
+    assert len(up) == len(outcome.nodes) and all(s["value"][1] == "1" for s in up), up
+    alerts = query(url, "/api/v1/alerts")["alerts"]
+    assert "EgpuNodeAgentDown" not in {a["labels"]["alertname"] for a in alerts}
+
+
+def test_kubectl_egpu_advise_reads_the_real_prometheus(outcome: Outcome) -> None:
+    """`kubectl egpu advise -o json` (the shipped command, its Prometheus reader and the
+    extender's placement) on the demo's history. The right-sizing Deployment's replicas hold
+    3000 MiB and touch 3000 MiB more for 2 s every 20 s, so their peak is 3000 + 3000 + the
+    256 MiB context (the fake driver's overhead), mostly between scrapes; the notebook
+    allocated all of its share and was refused 1 MiB more. Bugs caught: a peak read from the
+    scraped samples only (3256), the refused counter's first value lost (a new container's
+    refusal before its first scrape: the notebook advised to shrink), rows per pod instead
+    of per workload, the command unable to reach Prometheus or the cluster."""
+    import json
+    import math
+    import os
+
+    from demo import real_node
+
+    url = prometheus_url(outcome)
+    info = demo.devcluster.ClusterInfo.load(outcome.state_dir / "cluster")
+    proc = subprocess.run(
+        [str(demo.BIN / "kubectl-egpu"), "advise", "--prometheus", url, "--since", "10m",
+         "--min-history", "30s", "--min-samples", "4", "-o", "json"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "KUBECONFIG": info.kubeconfig})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    rows = {(w["namespace"], w["kind"], w["name"]): w for w in report["workloads"]}
+    serving = rows[(real_node.RIGHTSIZING_NAMESPACE, "Deployment", "chat-serving")]
+    pattern = real_node.PATTERN
+    peak = int(pattern["BASE_MIB"]) + int(pattern["SPIKE_MIB"]) + 256
+    assert (serving["pods"], serving["usage"]["peak_mib"]) == (2, peak)
+    assert serving["advice"]["memoryMiB"] == math.ceil(peak * 1.15 / 256) * 256
+    assert serving["advice"]["verdict"] == "lower"
+    notebook = rows[(real_node.NAMESPACE, "Pod", real_node.POD)]
+    assert notebook["usage"]["refused"] >= 1 and notebook["advice"]["verdict"] == "raise", \
+        notebook
+    assert report["cards"]["freed"] >= 0 and report["cards"]["nodes"] == len(outcome.nodes)

@@ -1,0 +1,365 @@
+"""Recommend share sizes from each workload's usage history, and the cards they would free.
+
+  kubectl egpu advise [-n NAMESPACE] [--since 7d] --prometheus URL [-o table|json|yaml|patch]
+
+Per workload (Deployment, StatefulSet, DaemonSet, Job, or bare pod: pods grouped by their
+owner, the history of pods an earlier roll deleted included) and container: the booked memory
+and cores beside the observed peak and p95/p99 over the window, and the recommended request
+(egpu.advise, docs/operating.md "Right-sizing"), or why there is none. Then the cards the
+shares take when placed again by the extender's own placement code over the current nodes,
+as booked and as recommended: the cards the advice would free.
+
+Reads the cluster (nodes and pods, one LIST each, through the kubeconfig) and the history
+from Prometheus' HTTP API (``--prometheus``: the URL of a Prometheus that scrapes the node
+agents, as the chart's PodMonitors set up). ``-o patch`` prints one `kubectl patch` line per
+workload whose advice changes its request (a bare pod's or a Job's resources cannot be
+changed in place: a comment says so).
+Exit status: 0, 1 bad arguments, 2 the cluster or Prometheus cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import yaml
+
+from egpu.advise import (
+    VERDICT_NONE,
+    Advice,
+    Booked,
+    Policy,
+    Usage,
+    Workload,
+    advise,
+    owner_of,
+    summarize,
+    workload_of_pod_name,
+)
+from egpu.cluster_view import PATH_EXTENDER, cluster_view
+from egpu.config import Config
+from egpu.usage_history import ContainerHistory, HistoryError, fetch, http_getter
+
+COMMAND = "advise"
+HELP = "recommend share sizes from usage history, and the cards they would free"
+DURATION = re.compile(r"^([0-9]+)([smhdw])$")
+SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration_s(text: str, flag: str) -> float:
+    """``7d``, ``12h``, ``30m`` -> seconds. Raises ValueError naming the flag and what is
+    allowed."""
+    found = DURATION.match(text)
+    if not found or int(found.group(1)) <= 0:
+        raise ValueError(f"{flag}: {text!r} is not a duration; allowed: a positive number and "
+                         "one of s, m, h, d, w (e.g. 7d, 12h, 30m)")
+    return int(found.group(1)) * SECONDS[found.group(2)]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the flags of the module docstring."""
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: as kubectl)")
+    parser.add_argument("--context", default=None)
+    parser.add_argument("-n", "--namespace", default=None, help="only this namespace")
+    parser.add_argument("--since", default="7d", help="history window (default 7d)")
+    parser.add_argument("--prometheus", default=None, metavar="URL",
+                        help="Prometheus that scrapes the node agents (http://host:9090)")
+    parser.add_argument("--min-history", default="1d",
+                        help="least history to advise on (default 1d)")
+    parser.add_argument("--min-samples", type=int, default=Policy.min_samples,
+                        help=f"least samples to advise on (default {Policy.min_samples})")
+    parser.add_argument("--memory-margin", type=float, default=Policy.memory_margin,
+                        help="above the peak, as a fraction (default 0.15)")
+    parser.add_argument("-o", "--output", choices=("table", "json", "yaml", "patch"),
+                        default="table")
+
+
+@dataclass
+class Row:
+    """One workload's container: what it books, what it used, the advice."""
+
+    workload: Workload
+    container: str
+    pods: int
+    booked: Booked
+    usage: Usage | None
+    advice: Advice
+    gpus: int = 1
+    spec_index: int = 0
+    init: bool = False
+    models: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """The rows, and the cards the shares take placed again: as booked, as advised."""
+
+    rows: list[Row]
+    cards_now: int
+    cards_advised: int
+    unplaced_now: int
+    unplaced_advised: int
+    nodes: int
+    window_s: float
+
+    @property
+    def cards_freed(self) -> int:
+        """Cards the advice frees (negative: it needs more)."""
+        return self.cards_now - self.cards_advised
+
+
+def _share_pods(nodes: list[Any], pods: list[Any], config: Config) -> dict[tuple[str, str], Any]:
+    """(namespace, pod) -> {container: (memory MiB, cores, priority, policy, cards, models,
+    init)} of every pod with an extender-path share now."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for view in cluster_view(nodes, pods, config):
+        for card in view.cards:
+            for share in card.shares:
+                if share.path != PATH_EXTENDER or not share.pod:
+                    continue
+                entry = out.setdefault((share.namespace, share.pod), {}).setdefault(
+                    share.container, [share.memory_mib, share.cores, share.priority,
+                                      share.compute_policy or "strict", 0, [], share.init])
+                entry[4] += 1
+                entry[5].append(card.card.model)
+    return out
+
+
+def _spec_index(pod: Any, container: str) -> tuple[int, bool]:
+    spec = pod.get("spec") or {}
+    for init, key in ((False, "containers"), (True, "initContainers")):
+        for index, c in enumerate(spec.get(key) or []):
+            if c.get("name") == container:
+                return index, init
+    return 0, False
+
+
+def build_report(nodes: list[Any], pods: list[Any], history: dict[Any, ContainerHistory],
+                 policy: Policy, namespace: str | None, window_s: float,
+                 config: Config | None = None, now: float | None = None) -> Report:
+    """The report of the module docstring from API objects and the history (pure)."""
+    from scheduler.placement import Limits
+    from scheduler.placement.repack import repack
+    from scheduler.state import ClusterState
+
+    config = config or Config()
+    now = time.time() if now is None else now
+    shares = _share_pods(nodes, pods, config)
+    by_name = {(p["metadata"].get("namespace", "default"), p["metadata"]["name"]): p
+               for p in pods}
+    workloads: dict[tuple[Workload, str], list[tuple[str, Any]]] = {}
+    for (ns, name), containers in shares.items():
+        owner = owner_of(by_name[(ns, name)])
+        for container, entry in containers.items():
+            workloads.setdefault((owner, container), []).append((name, entry))
+    live = {w for w, _ in workloads}
+    pooled: dict[tuple[Workload, str], list[ContainerHistory]] = {}
+    for (ns, pod, container), series in history.items():
+        matched = workload_of_pod_name(ns, pod, live)
+        if matched is not None:
+            pooled.setdefault((matched, container), []).append(series)
+
+    rows = []
+    for (owner, container), members in sorted(workloads.items()):
+        if namespace and owner.namespace != namespace:
+            continue
+        memory_mib, cores, priority, compute_policy, gpus, models, init = max(
+            (entry for _, entry in members), key=lambda e: (e[0], e[1]))
+        booked = Booked(memory_mib, cores, priority, compute_policy)
+        found = pooled.get((owner, container), [])
+        usage = summarize(
+            [s for h in found for samples in h.memory.values() for s in samples],
+            peaks_mib=[v for h in found for samples in h.peak.values() for _, v in samples],
+            compute=[s for h in found for samples in h.compute.values() for s in samples],
+            cores=cores,
+            refused=[[v for _, v in samples] for h in found for samples in h.refused.values()],
+            policy=policy) if found else None
+        advice = (advise(usage, booked, policy) if usage is not None else
+                  Advice(None, None, VERDICT_NONE, "no history in Prometheus"))
+        index, is_init = _spec_index(by_name[(owner.namespace, members[0][0])], container)
+        rows.append(Row(owner, container, len(members), booked, usage, advice, gpus, index,
+                        is_init or init, sorted(set(models))))
+
+    # the cards, placed again: every share pod as booked, then with the advice taken
+    state = ClusterState(config)
+    state.replace_nodes(nodes)
+    node_states = [s for s in (state.node(n) for n in state.node_names) if s is not None]
+    advised = {(r.workload, r.container): r.advice for r in rows
+               if r.advice.memory_mib is not None}
+    demands_now, demands_advised = [], []
+    for (ns, name), containers in shares.items():
+        owner = owner_of(by_name[(ns, name)])
+        demands_now.append(_demand(containers, {}))
+        demands_advised.append(_demand(containers, {
+            c: a for (w, c), a in advised.items() if w == owner}))
+    limits = Limits.from_config(config)
+    before = repack(node_states, demands_now, limits, now)
+    after = repack(node_states, demands_advised, limits, now)
+    return Report(rows, before.cards, after.cards, before.unplaced, after.unplaced,
+                  len(node_states), window_s)
+
+
+def _demand(containers: dict[str, Any], advice: dict[str, Advice]) -> Any:
+    """A pod's PodDemand for the repack, its shares resized by ``advice`` (container ->
+    Advice), on the card model it runs on now."""
+    from egpu.requests import ContainerKind, Share
+    from scheduler.placement import ContainerDemand, PodDemand
+
+    rows = []
+    models: set[str] = set()
+    for order, (name, (mib, cores, _p, _c, gpus, card_models, init)) in enumerate(
+            sorted(containers.items())):
+        found = advice.get(name)
+        if found is not None and found.memory_mib is not None:
+            mib, cores = found.memory_mib, found.cores if found.cores is not None else cores
+        kind = ContainerKind.INIT if init else ContainerKind.APP
+        rows.append(ContainerDemand(name, kind, Share(gpus, mib, None, cores), order))
+        models.update(card_models)
+    steady = [r for r in rows if r.kind is not ContainerKind.INIT]
+    inits = [r for r in rows if r.kind is ContainerKind.INIT]
+    return PodDemand(containers=(*steady, *inits), use_types=tuple(sorted(models)))
+
+
+# --- output ------------------------------------------------------------------------------
+
+
+def _num(value: float | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value:.0f}{unit}"
+
+
+def format_table(report: Report) -> str:
+    """The text table and the cards line."""
+    header = ("WORKLOAD", "CONTAINER", "PODS", "MEM MiB", "PEAK", "P95", "P99", "ADVISED",
+              "CORES", "USE P95", "ADVISED", "VERDICT", "WHY")
+    rows = [header]
+    for r in report.rows:
+        u = r.usage
+        rows.append((r.workload.label, r.container, str(r.pods), str(r.booked.memory_mib),
+                     _num(u.peak_mib if u else None), _num(u.p95_mib if u else None),
+                     _num(u.p99_mib if u else None), _num(r.advice.memory_mib),
+                     f"{r.booked.cores}%", _num(u.compute_p95 if u else None, "%"),
+                     _num(r.advice.cores, "%"), r.advice.verdict, r.advice.why))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)),
+                        row[-1]]).rstrip() for row in rows]
+    freed = report.cards_freed
+    verb = f"frees {freed}" if freed >= 0 else f"needs {-freed} more"
+    lines.append("")
+    lines.append(f"Cards the shares take, placed again by the extender's placement on the "
+                 f"{report.nodes} current nodes: {report.cards_now} as booked, "
+                 f"{report.cards_advised} as advised: the advice {verb} "
+                 f"card{'s' if abs(freed) != 1 else ''}.")
+    if report.unplaced_now or report.unplaced_advised:
+        lines.append(f"(pods that fit nowhere when placed again: {report.unplaced_now} as "
+                     f"booked, {report.unplaced_advised} as advised)")
+    return "\n".join(lines)
+
+
+def as_data(report: Report) -> dict[str, Any]:
+    """The report as plain data (-o json|yaml)."""
+    return {
+        "windowSeconds": report.window_s,
+        "cards": {"asBooked": report.cards_now, "asAdvised": report.cards_advised,
+                  "freed": report.cards_freed, "nodes": report.nodes,
+                  "unplacedAsBooked": report.unplaced_now,
+                  "unplacedAsAdvised": report.unplaced_advised},
+        "workloads": [{
+            "namespace": r.workload.namespace, "kind": r.workload.kind,
+            "name": r.workload.name, "container": r.container, "pods": r.pods,
+            "booked": {"memoryMiB": r.booked.memory_mib, "cores": r.booked.cores,
+                       "priority": r.booked.priority,
+                       "computePolicy": r.booked.compute_policy},
+            "usage": asdict(r.usage) if r.usage else None,
+            "advice": {"memoryMiB": r.advice.memory_mib, "cores": r.advice.cores,
+                       "verdict": r.advice.verdict, "why": r.advice.why},
+        } for r in report.rows],
+    }
+
+
+def patch_lines(report: Report, aliases: Iterable[str]) -> list[str]:
+    """One `kubectl patch` per workload whose advice changes a request: a strategic merge
+    patch of the pod template's containers by name, setting egpu.io/gpu-memory and
+    egpu.io/gpu-cores in limits (and requests, which must equal them) and removing the
+    names that would clash (gpu-memory-percentage, the configured aliases)."""
+    clash = sorted({"egpu.io/gpu-memory-percentage", *aliases})
+    changes: dict[Workload, list[Row]] = {}
+    for r in report.rows:
+        a = r.advice
+        if a.memory_mib is None or (a.memory_mib, a.cores) == (r.booked.memory_mib,
+                                                             r.booked.cores):
+            continue
+        changes.setdefault(r.workload, []).append(r)
+    lines = []
+    for workload, rows in sorted(changes.items()):
+        if workload.kind in ("Pod", "Job", "ReplicaSet"):
+            lines.append(f"# {workload.label}: its pods' resources cannot change in place; "
+                         f"set these in its manifest: " + ", ".join(
+                             f"{r.container}: {r.advice.memory_mib} MiB, {r.advice.cores}%"
+                             for r in rows))
+            continue
+        by_key: dict[str, list[dict[str, Any]]] = {"containers": [], "initContainers": []}
+        for r in rows:
+            values: dict[str, Any] = {name: None for name in clash}
+            values["egpu.io/gpu"] = str(r.gpus)
+            values["egpu.io/gpu-memory"] = str(r.advice.memory_mib)
+            if r.advice.cores:
+                values["egpu.io/gpu-cores"] = str(r.advice.cores)
+            by_key["initContainers" if r.init else "containers"].append(
+                {"name": r.container, "resources": {"limits": values, "requests": values}})
+        spec = {k: v for k, v in by_key.items() if v}
+        body = json.dumps({"spec": {"template": {"spec": spec}}}, separators=(",", ":"))
+        lines.append(f"kubectl -n {workload.namespace} patch {workload.kind.lower()}/"
+                     f"{workload.name} --type=strategic -p '{body}'")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report (module docstring)."""
+    try:
+        window_s = duration_s(args.since, "--since")
+        policy = Policy(min_history_s=duration_s(args.min_history, "--min-history"),
+                        memory_margin=args.memory_margin, min_samples=args.min_samples)
+        if args.min_samples < 1:
+            raise ValueError(f"--min-samples: {args.min_samples} is not allowed; allowed: 1 "
+                             "or more")
+        if not 0 <= args.memory_margin <= 10:
+            raise ValueError(f"--memory-margin: {args.memory_margin} is not allowed; "
+                             "allowed: 0..10 (a fraction of the peak)")
+    except ValueError as exc:
+        print(f"egpu advise: {exc}", file=sys.stderr)
+        return 1
+    if not args.prometheus:
+        print("egpu advise: --prometheus URL is needed: the Prometheus that scrapes the node "
+              "agents (the chart's PodMonitors; docs/operating.md, Right-sizing)",
+              file=sys.stderr)
+        return 1
+    from cli.top_cmd import fetch as fetch_cluster
+
+    try:
+        nodes, pods, _claims, _note, _generation = fetch_cluster(args.kubeconfig, args.context)
+    except Exception as exc:  # the client raises many kinds; all mean "cannot reach"
+        print(f"egpu advise: cannot read the cluster: {exc}", file=sys.stderr)
+        return 2
+    end = time.time()
+    try:
+        history = fetch(http_getter(args.prometheus), end - window_s, end, args.namespace)
+    except HistoryError as exc:
+        print(f"egpu advise: {exc}", file=sys.stderr)
+        return 2
+    config = Config()
+    report = build_report(nodes, pods, history, policy, args.namespace, window_s, config, end)
+    if args.output == "json":
+        print(json.dumps(as_data(report), indent=1))
+    elif args.output == "yaml":
+        print(yaml.safe_dump(as_data(report), sort_keys=False), end="")
+    elif args.output == "patch":
+        print("\n".join(patch_lines(report, config.resource_aliases)))
+    else:
+        print(format_table(report))
+    return 0

@@ -1,0 +1,118 @@
+"""Read the shares' usage history from a Prometheus (its HTTP API, /api/v1/query_range) for
+``kubectl egpu advise``.
+
+Five range queries over the window, whatever the number of workloads: memory used, the
+region's peak (``max_over_time`` per step, so a peak inside a step counts), the refused
+allocations counter, compute used and the cores cap, all of the node agent's container
+series (egpu.contract.METRIC_CONTAINER_*). The step is the PodMonitor's 15 s interval, or
+longer for a window that would pass Prometheus' 11,000 points a series.
+
+Series are keyed by ``(namespace, pod, container)``; a card's UUID keeps a share's cards
+apart. A claim's series shared by several pods names no pod (node_agent.metrics.collector)
+and is left out here: no one workload owns it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from egpu.contract import (
+    METRIC_CONTAINER_COMPUTE_USED,
+    METRIC_CONTAINER_CORES_LIMIT,
+    METRIC_CONTAINER_MEMORY_PEAK,
+    METRIC_CONTAINER_MEMORY_REFUSED,
+    METRIC_CONTAINER_MEMORY_USED,
+)
+
+MIB = 1 << 20
+SCRAPE_INTERVAL_S = 15  # the PodMonitors' interval (manifests/monitoring)
+MAX_POINTS = 11000  # Prometheus refuses a range query of more points per series
+TIMEOUT_S = 60.0
+
+Key = tuple[str, str, str]  # namespace, pod, container
+Samples = list[tuple[float, float]]  # (unix s, value)
+
+
+class HistoryError(RuntimeError):
+    """Prometheus could not be reached or refused the query; the message says which."""
+
+
+@dataclass
+class ContainerHistory:
+    """One container's series: per card UUID, memory used and peak (MiB), refused (count),
+    compute used (%) and the cores cap (%)."""
+
+    memory: dict[str, Samples] = field(default_factory=dict)
+    peak: dict[str, Samples] = field(default_factory=dict)
+    refused: dict[str, Samples] = field(default_factory=dict)
+    compute: dict[str, Samples] = field(default_factory=dict)
+    cores: dict[str, Samples] = field(default_factory=dict)
+
+
+def step_s(window_s: float) -> int:
+    """The query step (s): the scrape interval, or the least that stays under MAX_POINTS."""
+    return max(SCRAPE_INTERVAL_S, math.ceil(window_s / (MAX_POINTS - 1)))
+
+
+def queries(step: int, namespace: str | None) -> dict[str, tuple[str, float]]:
+    """field of ContainerHistory -> (PromQL, scale to the field's unit)."""
+    match = f'{{namespace="{namespace}"}}' if namespace else ""
+    window = f"[{step}s]"
+    return {
+        "memory": (f"max_over_time({METRIC_CONTAINER_MEMORY_USED}{match}{window})", 1 / MIB),
+        "peak": (f"max_over_time({METRIC_CONTAINER_MEMORY_PEAK}{match}{window})", 1 / MIB),
+        "refused": (f"{METRIC_CONTAINER_MEMORY_REFUSED}{match}", 1.0),
+        "compute": (f"max_over_time({METRIC_CONTAINER_COMPUTE_USED}{match}{window})", 1.0),
+        "cores": (f"{METRIC_CONTAINER_CORES_LIMIT}{match}", 1.0),
+    }
+
+
+def http_getter(base_url: str) -> Callable[[str, Mapping[str, str]], Any]:
+    """GET ``<base_url><path>?<params>`` and return the decoded JSON ``data`` of a Prometheus
+    API answer. Raises HistoryError naming the URL and Prometheus' own error."""
+    def get(path: str, params: Mapping[str, str]) -> Any:
+        url = f"{base_url.rstrip('/')}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=TIMEOUT_S) as answer:
+                body = json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            raise HistoryError(f"{base_url}: {exc.code} {detail}") from None
+        except (OSError, ValueError) as exc:
+            raise HistoryError(f"cannot read {base_url}: {exc}") from None
+        if body.get("status") != "success":
+            raise HistoryError(f"{base_url}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+    return get
+
+
+def fetch(get: Callable[[str, Mapping[str, str]], Any], start: float, end: float,
+          namespace: str | None = None) -> dict[Key, ContainerHistory]:
+    """Every container's history between ``start`` and ``end`` (unix s) through ``get``
+    (``http_getter``). Raises HistoryError."""
+    step = step_s(end - start)
+    out: dict[Key, ContainerHistory] = {}
+    for name, (query, scale) in queries(step, namespace).items():
+        data = get("/api/v1/query_range", {"query": query, "start": f"{start:.3f}",
+                                           "end": f"{end:.3f}", "step": f"{step}s"})
+        for series in data.get("result") or []:
+            labels = series.get("metric") or {}
+            pod = labels.get("pod", "")
+            if not pod:
+                continue
+            key = (labels.get("namespace", ""), pod, labels.get("container", ""))
+            samples = [(float(t), float(v) * scale) for t, v in series.get("values") or []]
+            if name == "refused" and samples and samples[0][0] > start + 2 * step:
+                # the counter appeared inside the window: a container started then, and its
+                # region's counter began at 0 (refusals before its first scrape count)
+                samples.insert(0, (samples[0][0] - step, 0.0))
+            history = out.setdefault(key, ContainerHistory())
+            getattr(history, name).setdefault(labels.get("UUID", ""), []).extend(samples)
+    return out

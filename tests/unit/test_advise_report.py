@@ -1,0 +1,93 @@
+"""`kubectl egpu advise`'s report (cli/advise_cmd.build_report, pure): pods grouped by the
+workload that owns them, history of deleted pods joined, bookings read from the allocation
+records, the cards freed computed by placing the shares again, and the patch lines.
+
+Bugs caught: replicas advised one by one (six rows for one Deployment), a roll's deleted pods'
+history dropped, cards-freed from a formula instead of the extender's placement (it would
+ignore the slot limit), a patch that leaves the gpu-memory-percentage or alias name beside
+the new gpu-memory (the webhook refuses two name sets), a patch for a bare pod (immutable)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cli.advise_cmd import as_data, build_report, format_table, patch_lines
+from egpu.advise import VERDICT_LOWER, VERDICT_NONE, Policy
+from egpu.records import Allocation, Card, CardShare, ContainerAllocation, Inventory
+from egpu.usage_history import ContainerHistory
+
+MIB = 1 << 20
+NOW = 1_800_000_000.0
+CARDS = tuple(Card(f"GPU-{i}", i, "NVIDIA A10", 24000) for i in range(4))
+POLICY = Policy(min_history_s=3600, min_samples=10)
+
+
+def node() -> dict[str, Any]:
+    return {"metadata": {"name": "n1", "annotations": {
+        "egpu.io/inventory": Inventory(CARDS).encode(),
+        "egpu.io/inventory-heartbeat": "2027-01-15T08:00:00Z"}}}
+
+
+def replica(name: str, card: int, mib: int, owner: dict[str, Any] | None,
+            template_hash: str = "") -> dict[str, Any]:
+    allocation = Allocation((ContainerAllocation(
+        "serve", False, (CardShare(f"GPU-{card}", card, mib, 10),)),), node="n1")
+    meta: dict[str, Any] = {"name": name, "namespace": "ml", "uid": f"uid-{name}",
+                            "annotations": {"egpu.io/allocation": allocation.encode()},
+                            "labels": {"pod-template-hash": template_hash} if template_hash
+                            else {}}
+    if owner:
+        meta["ownerReferences"] = [{**owner, "controller": True}]
+    return {"metadata": meta, "spec": {"nodeName": "n1", "containers": [{
+        "name": "serve", "resources": {"limits": {"egpu.io/gpu-memory": str(mib),
+                                                  "egpu.io/gpu-cores": "10"}}}]},
+        "status": {"phase": "Running"}}
+
+
+def history(peak_mib: float, hours: float = 2.0) -> ContainerHistory:
+    steps = int(hours * 3600 / 15)
+    samples = [(NOW - hours * 3600 + 15 * i, peak_mib * (0.5 + 0.5 * (i % 2)))
+               for i in range(steps)]
+    return ContainerHistory(memory={"GPU-0": samples},
+                            compute={"GPU-0": [(t, 4.0) for t, _ in samples]})
+
+
+def test_a_deployment_is_one_row_with_its_deleted_pods_history_and_frees_cards() -> None:
+    """Eight replicas of 8000 MiB (three per 24000 MiB card: three cards) that peak at 1800
+    MiB, with part of their history under a deleted ReplicaSet's pod names: one row, advised
+    round_up(1800 x 1.15, 256) = 2304 MiB and 5% cores. The bare pod (4000 MiB) has no
+    history: no advice, no patch. Placed again: as booked 3 cards (3 + 3 + 2 replicas, the
+    bare pod beside the last two); as advised 8 x 2304 + 4000 = 22432 MiB fit one card (8
+    shares + 1 under the 10 slots): 2 cards freed."""
+    rs = {"kind": "ReplicaSet", "name": "serve-6d5c8b7f9"}
+    pods = [replica(f"serve-6d5c8b7f9-a{i}bcd", i // 3, 8000, rs, "6d5c8b7f9")
+            for i in range(8)]
+    pods.append(replica("solo", 3, 4000, None))
+    hist = {("ml", f"serve-6d5c8b7f9-a{i}bcd", "serve"): history(1800) for i in range(8)}
+    hist[("ml", "serve-55f4d7c8b6-zzzzz", "serve")] = history(1700)  # a deleted pod's
+    hist[("ml", "egpu-node-agent-n1", "serve")] = history(20000)  # no workload of ours
+    report = build_report([node()], pods, hist, POLICY, None, 7200, now=NOW)
+
+    (serve, solo) = report.rows
+    assert (serve.workload.label, serve.pods, serve.booked.memory_mib) == \
+        ("ml/Deployment/serve", 8, 8000)
+    assert serve.usage is not None and serve.usage.samples == 9 * 480
+    assert (serve.advice.memory_mib, serve.advice.cores, serve.advice.verdict) == \
+        (2304, 5, VERDICT_LOWER)
+    assert (solo.workload.label, solo.advice.verdict) == ("ml/Pod/solo", VERDICT_NONE)
+    assert (report.cards_now, report.cards_advised, report.cards_freed) == (3, 1, 2)
+    assert "the advice frees 2 cards" in format_table(report)
+    assert json.loads(json.dumps(as_data(report)))["cards"]["freed"] == 2
+
+    (line,) = patch_lines(report, ["volcano.sh/vgpu-memory", "volcano.sh/vgpu-number"])
+    assert line.startswith("kubectl -n ml patch deployment/serve --type=strategic -p '")
+    body = json.loads(line.split(" -p '", 1)[1][:-1])
+    (container,) = body["spec"]["template"]["spec"]["containers"]
+    limits = container["resources"]["limits"]
+    assert container["name"] == "serve" and limits == container["resources"]["requests"]
+    assert (limits["egpu.io/gpu"], limits["egpu.io/gpu-memory"], limits["egpu.io/gpu-cores"]) \
+        == ("1", "2304", "5")
+    for clash in ("egpu.io/gpu-memory-percentage", "volcano.sh/vgpu-memory",
+                  "volcano.sh/vgpu-number"):
+        assert limits[clash] is None  # deleted by the strategic merge
