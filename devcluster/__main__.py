@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from devcluster import build as buildmod
-from devcluster import realnode
+from devcluster import prometheus, realnode
 from devcluster.cluster import Config, DevClusterError, default_state_dir, down, status, up
 
 
@@ -74,8 +74,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"real node {node.name} Ready in {node.startup_s}s ({node.ip}, pods "
                       f"{node.pod_cidr}); logs: {node.node_dir}/logs")
             if args.prometheus:
-                from devcluster import prometheus
-
                 print(f"prometheus: {prometheus.attach(info)} (targets: "
                       f"{prometheus.home(info.state_dir) / 'targets'})")
             print(f"dev cluster up in {info.startup_s}s: {info.server}")

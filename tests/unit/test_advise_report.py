@@ -91,3 +91,27 @@ def test_a_deployment_is_one_row_with_its_deleted_pods_history_and_frees_cards()
     for clash in ("egpu.io/gpu-memory-percentage", "volcano.sh/vgpu-memory",
                   "volcano.sh/vgpu-number"):
         assert limits[clash] is None  # deleted by the strategic merge
+
+
+def test_bad_flags_are_refused_naming_the_flag_and_what_is_allowed(capsys) -> None:
+    """Bugs: a bad window read as 0 (advice from nothing), a traceback instead of a message."""
+    from cli.main import main
+
+    assert main(["advise", "--since", "7x", "--prometheus", "http://127.0.0.1:9"]) == 1
+    assert "--since: '7x' is not a duration; allowed: a positive number and one of s, m, h, " \
+        "d, w" in capsys.readouterr().err
+    assert main(["advise", "--min-samples", "0", "--prometheus", "http://127.0.0.1:9"]) == 1
+    assert "--min-samples: 0 is not allowed; allowed: 1 or more" in capsys.readouterr().err
+    assert main(["advise"]) == 1
+    assert "--prometheus URL is needed" in capsys.readouterr().err
+
+
+def test_kubectl_egpu_advise_runs_advise_and_anything_else_runs_top(monkeypatch) -> None:
+    import cli.main
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(cli.main, "main", lambda argv: seen.append(list(argv)) or 0)
+    for argv in (["kubectl-egpu", "advise", "-n", "ml"], ["kubectl-egpu", "--node", "n1"]):
+        monkeypatch.setattr("sys.argv", argv)
+        cli.main.kubectl_plugin()
+    assert seen == [["advise", "-n", "ml"], ["top", "--node", "n1"]]
