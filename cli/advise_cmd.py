@@ -11,9 +11,11 @@ as booked and as recommended: the cards the advice would free.
 
 Reads the cluster (nodes and pods, one LIST each, through the kubeconfig) and the history
 from Prometheus' HTTP API (``--prometheus``: the URL of a Prometheus that scrapes the node
-agents, as the chart's PodMonitors set up). ``-o patch`` prints one `kubectl patch` line per
-workload whose advice changes its request (a bare pod's or a Job's resources cannot be
-changed in place: a comment says so).
+agents, as the chart's PodMonitors set up); without ``--prometheus``, from each node agent's
+own recent window (its last hour, node_agent/metrics/window.py), read through the API
+server's pod proxy (needs ``get`` on ``pods/proxy`` in the agents' namespace).
+``-o patch`` prints one `kubectl patch` line per workload whose advice changes its request
+(a bare pod's or a Job's resources cannot be changed in place: a comment says so).
 Exit status: 0, 1 bad arguments, 2 the cluster or Prometheus cannot be read.
 """
 
@@ -44,9 +46,18 @@ from egpu.advise import (
 )
 from egpu.cluster_view import PATH_EXTENDER, cluster_view
 from egpu.config import Config
-from egpu.usage_history import ContainerHistory, HistoryError, fetch, http_getter
+from egpu.usage_history import (
+    ContainerHistory,
+    HistoryError,
+    add_agent_window,
+    fetch,
+    http_getter,
+)
 
 COMMAND = "advise"
+AGENT_SELECTOR = "app.kubernetes.io/name in (egpu-node-agent,egpu-node-agent-dra)"
+AGENT_PORT = 9400  # the agents' metrics port when their pod names none
+TIMEOUT_S = 30.0
 HELP = "recommend share sizes from usage history, and the cards they would free"
 DURATION = re.compile(r"^([0-9]+)([smhdw])$")
 SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -319,6 +330,46 @@ def patch_lines(report: Report, aliases: Iterable[str]) -> list[str]:
     return lines
 
 
+def fetch_agent_windows(kubeconfig: str | None, context: str | None,
+                        namespace: str | None) -> dict[Any, ContainerHistory]:
+    """Every running node agent's /usage-history through the API server's pod proxy (one LIST
+    of the agents, one GET each). An agent that cannot be read is named on stderr and left
+    out. Raises HistoryError when no agent could be read."""
+    from kubernetes import client, config
+
+    print("egpu advise: no --prometheus: reading the node agents' own window (their last "
+          "hour); pass --min-history 30m or less, or a Prometheus for more", file=sys.stderr)
+    api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
+    core = client.CoreV1Api(api_client)
+    try:
+        listing: Any = core.list_pod_for_all_namespaces(  # raw: _preload_content=False
+            label_selector=AGENT_SELECTOR, _preload_content=False, _request_timeout=TIMEOUT_S)
+        agents = json.loads(listing.data).get("items") or []
+    except Exception as exc:  # the client raises many kinds
+        raise HistoryError(f"cannot list the node agents ({AGENT_SELECTOR}): {exc}") from None
+    out: dict[Any, ContainerHistory] = {}
+    read = 0
+    for pod in agents:
+        meta = pod["metadata"]
+        if (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        port = next((p["containerPort"] for c in pod["spec"]["containers"]
+                     for p in c.get("ports") or [] if p.get("name") == "metrics"), AGENT_PORT)
+        try:
+            answer: Any = core.connect_get_namespaced_pod_proxy_with_path(
+                f"{meta['name']}:{port}", meta["namespace"], "usage-history",
+                _preload_content=False, _request_timeout=TIMEOUT_S)
+            add_agent_window(out, json.loads(answer.data), namespace)
+            read += 1
+        except Exception as exc:  # the client's errors, a bad answer (HistoryError)
+            print(f"egpu advise: cannot read {meta['namespace']}/{meta['name']}'s window: "
+                  f"{str(exc).splitlines()[0]}", file=sys.stderr)
+    if not read:
+        raise HistoryError(f"no node agent's window could be read ({len(agents)} agents "
+                           "found): pass --prometheus URL")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the report (module docstring)."""
     try:
@@ -334,11 +385,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"egpu advise: {exc}", file=sys.stderr)
         return 1
-    if not args.prometheus:
-        print("egpu advise: --prometheus URL is needed: the Prometheus that scrapes the node "
-              "agents (the chart's PodMonitors; docs/operating.md, Right-sizing)",
-              file=sys.stderr)
-        return 1
     from cli.top_cmd import fetch as fetch_cluster
 
     try:
@@ -348,7 +394,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     end = time.time()
     try:
-        history = fetch(http_getter(args.prometheus), end - window_s, end, args.namespace)
+        if args.prometheus:
+            history = fetch(http_getter(args.prometheus), end - window_s, end, args.namespace)
+        else:
+            history = fetch_agent_windows(args.kubeconfig, args.context, args.namespace)
     except HistoryError as exc:
         print(f"egpu advise: {exc}", file=sys.stderr)
         return 2

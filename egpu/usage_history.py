@@ -61,17 +61,22 @@ def step_s(window_s: float) -> int:
     return max(SCRAPE_INTERVAL_S, math.ceil(window_s / (MAX_POINTS - 1)))
 
 
+# field of ContainerHistory -> (the node agent's metric, scale to the field's unit, whether a
+# step's samples are reduced to their maximum)
+FIELDS: dict[str, tuple[str, float, bool]] = {
+    "memory": (METRIC_CONTAINER_MEMORY_USED, 1 / MIB, True),
+    "peak": (METRIC_CONTAINER_MEMORY_PEAK, 1 / MIB, True),
+    "refused": (METRIC_CONTAINER_MEMORY_REFUSED, 1.0, False),
+    "compute": (METRIC_CONTAINER_COMPUTE_USED, 1.0, True),
+    "cores": (METRIC_CONTAINER_CORES_LIMIT, 1.0, False),
+}
+
+
 def queries(step: int, namespace: str | None) -> dict[str, tuple[str, float]]:
     """field of ContainerHistory -> (PromQL, scale to the field's unit)."""
     match = f'{{namespace="{namespace}"}}' if namespace else ""
-    window = f"[{step}s]"
-    return {
-        "memory": (f"max_over_time({METRIC_CONTAINER_MEMORY_USED}{match}{window})", 1 / MIB),
-        "peak": (f"max_over_time({METRIC_CONTAINER_MEMORY_PEAK}{match}{window})", 1 / MIB),
-        "refused": (f"{METRIC_CONTAINER_MEMORY_REFUSED}{match}", 1.0),
-        "compute": (f"max_over_time({METRIC_CONTAINER_COMPUTE_USED}{match}{window})", 1.0),
-        "cores": (f"{METRIC_CONTAINER_CORES_LIMIT}{match}", 1.0),
-    }
+    return {name: (f"max_over_time({metric}{match}[{step}s])" if peak else f"{metric}{match}",
+                   scale) for name, (metric, scale, peak) in FIELDS.items()}
 
 
 def http_getter(base_url: str) -> Callable[[str, Mapping[str, str]], Any]:
@@ -102,17 +107,44 @@ def fetch(get: Callable[[str, Mapping[str, str]], Any], start: float, end: float
     for name, (query, scale) in queries(step, namespace).items():
         data = get("/api/v1/query_range", {"query": query, "start": f"{start:.3f}",
                                            "end": f"{end:.3f}", "step": f"{step}s"})
-        for series in data.get("result") or []:
-            labels = series.get("metric") or {}
-            pod = labels.get("pod", "")
-            if not pod:
-                continue
-            key = (labels.get("namespace", ""), pod, labels.get("container", ""))
-            samples = [(float(t), float(v) * scale) for t, v in series.get("values") or []]
-            if name == "refused" and samples and samples[0][0] > start + 2 * step:
-                # the counter appeared inside the window: a container started then, and its
-                # region's counter began at 0 (refusals before its first scrape count)
-                samples.insert(0, (samples[0][0] - step, 0.0))
-            history = out.setdefault(key, ContainerHistory())
-            getattr(history, name).setdefault(labels.get("UUID", ""), []).extend(samples)
+        add_matrix(out, name, scale, data.get("result") or [], start, step)
     return out
+
+
+def add_matrix(out: dict[Key, ContainerHistory], name: str, scale: float,
+               result: list[Any], start: float, step: float,
+               namespace: str | None = None) -> None:
+    """Add the series of a Prometheus matrix ``result`` (``[{"metric": labels, "values":
+    [[t, "v"], ...]}]``, as /api/v1/query_range and the node agent's /usage-history answer)
+    to field ``name`` of ``out``, scaled to its unit; ``start`` and ``step`` (s) of the
+    window; series of other namespaces than ``namespace`` (when given) left out."""
+    for series in result:
+        labels = series.get("metric") or {}
+        pod = labels.get("pod", "")
+        if not pod or (namespace and labels.get("namespace") != namespace):
+            continue
+        key = (labels.get("namespace", ""), pod, labels.get("container", ""))
+        samples = [(float(t), float(v) * scale) for t, v in series.get("values") or []]
+        if name == "refused" and samples and samples[0][0] > start + 2 * step:
+            # the counter appeared inside the window: a container started then, and its
+            # region's counter began at 0 (refusals before its first scrape count)
+            samples.insert(0, (samples[0][0] - step, 0.0))
+        history = out.setdefault(key, ContainerHistory())
+        getattr(history, name).setdefault(labels.get("UUID", ""), []).extend(samples)
+
+
+def add_agent_window(out: dict[Key, ContainerHistory], document: Any,
+                     namespace: str | None = None) -> None:
+    """Add a node agent's /usage-history answer (node_agent/metrics/window.py: a matrix of
+    its container series, each named by ``__name__``) to ``out``. Raises HistoryError for an
+    answer of another shape."""
+    try:
+        data = document["data"]
+        result = data["result"]
+        start, step = float(data["start"]), float(data["stepSeconds"])
+    except (KeyError, TypeError, ValueError):
+        raise HistoryError("a node agent's /usage-history answer is not a usage window") from None
+    for name, (metric, scale, _peak) in FIELDS.items():
+        add_matrix(out, name, scale, [s for s in result
+                                      if (s.get("metric") or {}).get("__name__") == metric],
+                   start, step, namespace)

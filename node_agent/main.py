@@ -291,16 +291,23 @@ def run(argv: Sequence[str] | None = None) -> int:
         from prometheus_client import REGISTRY
 
         from node_agent.metrics import http
+        from node_agent.metrics.window import UsageWindow
 
         config_info(REGISTRY, "node-agent", loaded)
-        REGISTRY.register(EgpuCollector(Sources(
+        collector = EgpuCollector(Sources(
             args.node_name, cards.get,
             (lambda: {**registry.shares(), **dra_driver.shares()}) if dra_driver
             else registry.shares, regions_under(args.runtime_dir),
             discovery.memory_used_bytes, discovery.utilization_percent,
-            card_regions=card_regions, heartbeat=lambda: last_beat[-1] if last_beat else None)))
+            card_regions=card_regions, heartbeat=lambda: last_beat[-1] if last_beat else None))
+        REGISTRY.register(collector)
+        # `kubectl egpu advise` without Prometheus reads this (node_agent/metrics/window.py)
+        window = UsageWindow(collector)
+        threading.Thread(target=window.run, args=(stop,), daemon=True,
+                         name="egpu-usage-window").start()
         # ready once the kubelet has the slots (a roll's old agent stops only then)
-        http.serve(args.metrics_port, lambda: server is None or server.serving)
+        http.serve(args.metrics_port, lambda: server is None or server.serving,
+                   usage_history=window.document)
 
     def usage() -> NodeUsage | None:
         try:

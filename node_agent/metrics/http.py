@@ -1,8 +1,10 @@
-"""The agent's HTTP listener: ``/metrics`` (Prometheus text format, the default registry) and
-``/healthz`` (200 once the agent serves its node: its readiness; 503 before)."""
+"""The agent's HTTP listener: ``/metrics`` (Prometheus text format, the default registry),
+``/healthz`` (200 once the agent serves its node: its readiness; 503 before) and
+``/usage-history`` (its recent window of the shares' use, JSON: node_agent/metrics/window.py)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -17,11 +19,16 @@ class _Quiet(WSGIRequestHandler):
         """No access log: Prometheus and the kubelet's probe call every few seconds."""
 
 
-def serve(port: int, ready: Callable[[], bool], host: str = "") -> None:
-    """Serve /metrics and /healthz on ``port`` from a daemon thread."""
+def serve(port: int, ready: Callable[[], bool], host: str = "",
+          usage_history: Callable[[], dict[str, Any]] | None = None) -> None:
+    """Serve /metrics, /healthz and (given ``usage_history``) /usage-history on ``port`` from a
+    daemon thread."""
     metrics = make_wsgi_app(REGISTRY)
 
     def app(environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/usage-history" and usage_history is not None:
+            start("200 OK", [("Content-Type", "application/json")])
+            return [json.dumps(usage_history(), separators=(",", ":")).encode()]
         if environ.get("PATH_INFO") == "/healthz":
             ok = ready()
             start("200 OK" if ok else "503 Service Unavailable",

@@ -150,6 +150,38 @@ def test_exporter_shows_the_share_pods_memory_limit(installed: RealCluster) -> N
     assert float(lines[0].rsplit(" ", 1)[1]) == 24000 * (1 << 20)
 
 
+def test_kubectl_egpu_advise_without_prometheus_reads_the_agents_window(
+        installed: RealCluster) -> None:
+    """Issue 26: `kubectl egpu advise` with no Prometheus reads each node agent's own window
+    (GET /usage-history through the API server's pod proxy, as a user's kubeconfig reaches
+    it). The share pod's probe allocated all of its 24000 MiB share and was refused 1 MiB
+    more: its peak is 24000 MiB and the advice is to raise. Bugs caught: the window not
+    served or not at the path the command asks, the agents not found by their labels, the
+    proxy path without the metrics port, a refusal before the window's first sample lost."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    argv = [str(Path(sys.executable).parent / "kubectl-egpu"), "advise", "-n", SHARE_NS,
+            "--min-history", "1s", "--min-samples", "1", "-o", "json"]
+    env = {**os.environ, "KUBECONFIG": installed.kubeconfig}
+    deadline = time.monotonic() + 60  # the agent samples every 15 s
+    row: dict = {}
+    while time.monotonic() < deadline:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+        assert proc.returncode == 0, proc.stderr
+        rows = {w["name"]: w for w in json.loads(proc.stdout)["workloads"]}
+        row = rows.get("chat-serving-cdi", {})
+        if row.get("usage"):
+            break
+        time.sleep(3)
+    assert row.get("usage"), (proc.stdout, proc.stderr)
+    assert (row["kind"], row["usage"]["peak_mib"]) == ("Pod", 24000)
+    assert row["usage"]["refused"] >= 1 and row["advice"]["verdict"] == "raise", row
+
+
 def test_share_pod_sees_exactly_its_share_through_the_oci_hook_route(
         installed: RealCluster) -> None:
     inst.apply_json(installed, {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",

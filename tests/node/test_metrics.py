@@ -135,3 +135,56 @@ def test_a_shares_peak_and_refused_allocations_are_exported_as_the_region_holds_
     assert (peak.value, refused.name, refused.value) == (
         900 * MIB, METRIC_CONTAINER_MEMORY_REFUSED, 7)
     assert peak.labels["pod"] == refused.labels["pod"] == "pod-0"
+
+
+def test_the_agents_usage_window_is_served_and_read_back_by_advise(tmp_path: Path) -> None:
+    """Issue 26: the agent samples its container series into its window, serves it at
+    /usage-history on the metrics listener, and `kubectl egpu advise`'s decoder
+    (egpu.usage_history.add_agent_window) reads it: samples, peak and a refusal of a share
+    that appeared after the window began. Old samples leave the window. Bugs caught: the
+    window served in a shape the decoder misreads (one decoder for Prometheus and the agent),
+    a share's first refusals lost, a window that grows without bound."""
+    import json
+    import urllib.request
+
+    from devcluster.net import free_port
+    from egpu.advise import summarize
+    from egpu.usage_history import add_agent_window
+    from node_agent.metrics import http
+    from node_agent.metrics.window import UsageWindow
+
+    now = [1000.0]
+    folder = tmp_path / "containers"
+    shares = write_regions(str(tmp_path), 1, UUIDS)
+    (region,) = folder.glob("*/region")
+    region.unlink()  # no share yet at the first sample
+    collector = EgpuCollector(Sources("node-1", lambda: CARDS, lambda: shares,
+                                      regions_under(str(tmp_path)), lambda u: None,
+                                      lambda u: None))
+    window = UsageWindow(collector, window_s=60, step_s=15, clock=lambda: now[0])
+    window.sample()
+    for used, peak, refused in ((100, 100, 1), (300, 900, 1), (200, 900, 3), (50, 900, 3),
+                                (60, 900, 3), (70, 900, 3)):
+        now[0] += 15
+        region.write_bytes(region_bytes([(UUIDS[0], 1024 * MIB, used * MIB, peak * MIB,
+                                          refused)]))
+        window.sample()
+        if refused == 1 and used == 100:  # the share's first sample: refused once already
+            first: dict = {}
+            add_agent_window(first, window.document())
+            (only,) = first.values()
+            assert summarize([], refused=[[v for _, v in only.refused[UUIDS[0]]]]).refused == 1
+    port = free_port()
+    http.serve(port, lambda: True, host="127.0.0.1", usage_history=window.document)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/usage-history", timeout=10) as got:
+        document = json.loads(got.read())
+    history: dict = {}
+    add_agent_window(history, document)
+    ((key, container),) = history.items()
+    assert key == ("team", "pod-0", "main")
+    memory = container.memory[UUIDS[0]]
+    assert [v for _, v in memory] == [300, 200, 50, 60, 70]  # 60 s window: the first left
+    usage = summarize(memory, peaks_mib=[v for _, v in container.peak[UUIDS[0]]],
+                      refused=[[v for _, v in container.refused[UUIDS[0]]]])
+    # in the last 60 s: 1 -> 3 (the first refusal fell out of the window with its sample)
+    assert (usage.peak_mib, usage.refused) == (900, 2)
