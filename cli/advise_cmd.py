@@ -47,6 +47,7 @@ from egpu.advise import (
 from egpu.cluster_view import PATH_EXTENDER, cluster_view
 from egpu.config import Config
 from egpu.usage_history import (
+    AGENT_WINDOW_S,
     ContainerHistory,
     HistoryError,
     add_agent_window,
@@ -55,6 +56,9 @@ from egpu.usage_history import (
 )
 
 COMMAND = "advise"
+MIN_HISTORY = "1d"
+MIN_HISTORY_AGENTS = "30m"  # the agents keep an hour (node_agent/metrics/window.py)
+PATCHABLE = ("Deployment", "StatefulSet", "DaemonSet")  # a pod template that may change
 AGENT_SELECTOR = "app.kubernetes.io/name in (egpu-node-agent,egpu-node-agent-dra)"
 AGENT_PORT = 9400  # the agents' metrics port when their pod names none
 TIMEOUT_S = 30.0
@@ -81,8 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--since", default="7d", help="history window (default 7d)")
     parser.add_argument("--prometheus", default=None, metavar="URL",
                         help="Prometheus that scrapes the node agents (http://host:9090)")
-    parser.add_argument("--min-history", default="1d",
-                        help="least history to advise on (default 1d)")
+    parser.add_argument("--min-history", default=None,
+                        help="least history to advise on (default 1d with --prometheus, 30m "
+                             "from the node agents' last hour)")
     parser.add_argument("--min-samples", type=int, default=Policy.min_samples,
                         help=f"least samples to advise on (default {Policy.min_samples})")
     parser.add_argument("--memory-margin", type=float, default=Policy.memory_margin,
@@ -126,8 +131,8 @@ class Report:
 
 
 def _share_pods(nodes: list[Any], pods: list[Any], config: Config) -> dict[tuple[str, str], Any]:
-    """(namespace, pod) -> {container: (memory MiB, cores, priority, policy, cards, models,
-    init)} of every pod with an extender-path share now."""
+    """(namespace, pod) -> {container: [memory MiB, cores, priority, policy, cards, models,
+    init, smallest card MiB]} of every pod with an extender-path share now."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for view in cluster_view(nodes, pods, config):
         for card in view.cards:
@@ -135,10 +140,12 @@ def _share_pods(nodes: list[Any], pods: list[Any], config: Config) -> dict[tuple
                 if share.path != PATH_EXTENDER or not share.pod:
                     continue
                 entry = out.setdefault((share.namespace, share.pod), {}).setdefault(
-                    share.container, [share.memory_mib, share.cores, share.priority,
-                                      share.compute_policy or "strict", 0, [], share.init])
+                    share.container, [share.memory_mib, share.cores, str(share.priority),
+                                      str(share.compute_policy or "strict"), 0, [],
+                                      share.init, card.card.memory_mib])
                 entry[4] += 1
                 entry[5].append(card.card.model)
+                entry[7] = min(entry[7], card.card.memory_mib)
     return out
 
 
@@ -151,10 +158,17 @@ def _spec_index(pod: Any, container: str) -> tuple[int, bool]:
     return 0, False
 
 
+def _pod_key(pod: Any) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")  # as cluster_view
+
+
 def build_report(nodes: list[Any], pods: list[Any], history: dict[Any, ContainerHistory],
                  policy: Policy, namespace: str | None, window_s: float,
                  config: Config | None = None, now: float | None = None) -> Report:
-    """The report of the module docstring from API objects and the history (pure)."""
+    """The report of the module docstring from API objects and the history (pure). A live
+    pod's history joins its owner (its controller reference); a pod no longer running joins
+    the live workload whose controller would have named it so (egpu.advise)."""
     from scheduler.placement import Limits
     from scheduler.placement.repack import repack
     from scheduler.state import ClusterState
@@ -162,17 +176,16 @@ def build_report(nodes: list[Any], pods: list[Any], history: dict[Any, Container
     config = config or Config()
     now = time.time() if now is None else now
     shares = _share_pods(nodes, pods, config)
-    by_name = {(p["metadata"].get("namespace", "default"), p["metadata"]["name"]): p
-               for p in pods}
+    by_name = {_pod_key(p): p for p in pods}
+    owners = {key: owner_of(pod) for key, pod in by_name.items()}
     workloads: dict[tuple[Workload, str], list[tuple[str, Any]]] = {}
     for (ns, name), containers in shares.items():
-        owner = owner_of(by_name[(ns, name)])
         for container, entry in containers.items():
-            workloads.setdefault((owner, container), []).append((name, entry))
+            workloads.setdefault((owners[(ns, name)], container), []).append((name, entry))
     live = {w for w, _ in workloads}
     pooled: dict[tuple[Workload, str], list[ContainerHistory]] = {}
     for (ns, pod, container), series in history.items():
-        matched = workload_of_pod_name(ns, pod, live)
+        matched = owners.get((ns, pod)) or workload_of_pod_name(ns, pod, live)
         if matched is not None:
             pooled.setdefault((matched, container), []).append(series)
 
@@ -180,19 +193,21 @@ def build_report(nodes: list[Any], pods: list[Any], history: dict[Any, Container
     for (owner, container), members in sorted(workloads.items()):
         if namespace and owner.namespace != namespace:
             continue
-        memory_mib, cores, priority, compute_policy, gpus, models, init = max(
+        memory_mib, cores, priority, compute_policy, gpus, models, init, _card = max(
             (entry for _, entry in members), key=lambda e: (e[0], e[1]))
-        booked = Booked(memory_mib, cores, priority, compute_policy)
+        booked = Booked(memory_mib, cores, priority, compute_policy,
+                        min(e[7] for _, e in members))
         found = pooled.get((owner, container), [])
+        caps = {t: v for h in found for samples in h.cores.values() for t, v in samples}
         usage = summarize(
             [s for h in found for samples in h.memory.values() for s in samples],
             peaks_mib=[v for h in found for samples in h.peak.values() for _, v in samples],
             compute=[s for h in found for samples in h.compute.values() for s in samples],
             cores=cores,
             refused=[[v for _, v in samples] for h in found for samples in h.refused.values()],
-            policy=policy) if found else None
+            policy=policy, caps=caps) if found else None
         advice = (advise(usage, booked, policy) if usage is not None else
-                  Advice(None, None, VERDICT_NONE, "no history in Prometheus"))
+                  Advice(None, None, VERDICT_NONE, "no history"))
         index, is_init = _spec_index(by_name[(owner.namespace, members[0][0])], container)
         rows.append(Row(owner, container, len(members), booked, usage, advice, gpus, index,
                         is_init or init, sorted(set(models))))
@@ -204,10 +219,13 @@ def build_report(nodes: list[Any], pods: list[Any], history: dict[Any, Container
     advised = {(r.workload, r.container): r.advice for r in rows
                if r.advice.memory_mib is not None}
     demands_now, demands_advised = [], []
-    for (ns, name), containers in shares.items():
-        owner = owner_of(by_name[(ns, name)])
-        demands_now.append(_demand(containers, {}))
-        demands_advised.append(_demand(containers, {
+    for key in shares:
+        demand = _demand(by_name[key], config)
+        if demand is None:
+            continue
+        owner = owners[key]
+        demands_now.append(demand)
+        demands_advised.append(_resized(demand, {
             c: a for (w, c), a in advised.items() if w == owner}))
     limits = Limits.from_config(config)
     before = repack(node_states, demands_now, limits, now)
@@ -216,25 +234,29 @@ def build_report(nodes: list[Any], pods: list[Any], history: dict[Any, Container
                   len(node_states), window_s)
 
 
-def _demand(containers: dict[str, Any], advice: dict[str, Advice]) -> Any:
-    """A pod's PodDemand for the repack, its shares resized by ``advice`` (container ->
-    Advice), on the card model it runs on now."""
-    from egpu.requests import ContainerKind, Share
-    from scheduler.placement import ContainerDemand, PodDemand
+def _demand(pod: Any, config: Config) -> Any:
+    """The pod's PodDemand as the extender reads it (its kinds, filters, policies and
+    oversubscription), or None for a pod it cannot read."""
+    from egpu.requests import read_pod
+    from scheduler.placement import PodDemand
 
-    rows = []
-    models: set[str] = set()
-    for order, (name, (mib, cores, _p, _c, gpus, card_models, init)) in enumerate(
-            sorted(containers.items())):
-        found = advice.get(name)
+    request = read_pod(pod, config).request
+    return None if request is None else PodDemand.from_request(request)
+
+
+def _resized(demand: Any, advice: dict[str, Advice]) -> Any:
+    """``demand`` with each container's share resized by ``advice`` (container -> Advice)."""
+    from dataclasses import replace
+
+    containers = []
+    for c in demand.containers:
+        found = advice.get(c.name)
         if found is not None and found.memory_mib is not None:
-            mib, cores = found.memory_mib, found.cores if found.cores is not None else cores
-        kind = ContainerKind.INIT if init else ContainerKind.APP
-        rows.append(ContainerDemand(name, kind, Share(gpus, mib, None, cores), order))
-        models.update(card_models)
-    steady = [r for r in rows if r.kind is not ContainerKind.INIT]
-    inits = [r for r in rows if r.kind is ContainerKind.INIT]
-    return PodDemand(containers=(*steady, *inits), use_types=tuple(sorted(models)))
+            cores = found.cores if found.cores is not None else c.share.cores
+            c = replace(c, share=replace(c.share, memory_mib=found.memory_mib,
+                                         memory_percentage=None, cores=cores))
+        containers.append(c)
+    return replace(demand, containers=tuple(containers))
 
 
 # --- output ------------------------------------------------------------------------------
@@ -266,6 +288,9 @@ def format_table(report: Report) -> str:
                  f"{report.nodes} current nodes: {report.cards_now} as booked, "
                  f"{report.cards_advised} as advised: the advice {verb} "
                  f"card{'s' if abs(freed) != 1 else ''}.")
+    if report.unplaced_advised > report.unplaced_now:
+        lines.append(f"Careful: as advised, {report.unplaced_advised - report.unplaced_now} "
+                     "more pods fit no card (a raise past what the nodes hold).")
     if report.unplaced_now or report.unplaced_advised:
         lines.append(f"(pods that fit nowhere when placed again: {report.unplaced_now} as "
                      f"booked, {report.unplaced_advised} as advised)")
@@ -308,8 +333,8 @@ def patch_lines(report: Report, aliases: Iterable[str]) -> list[str]:
         changes.setdefault(r.workload, []).append(r)
     lines = []
     for workload, rows in sorted(changes.items()):
-        if workload.kind in ("Pod", "Job", "ReplicaSet"):
-            lines.append(f"# {workload.label}: its pods' resources cannot change in place; "
+        if workload.kind not in PATCHABLE:
+            lines.append(f"# {workload.label}: no pod template kubectl patch can change; "
                          f"set these in its manifest: " + ", ".join(
                              f"{r.container}: {r.advice.memory_mib} MiB, {r.advice.cores}%"
                              for r in rows))
@@ -338,7 +363,7 @@ def fetch_agent_windows(kubeconfig: str | None, context: str | None,
     from kubernetes import client, config
 
     print("egpu advise: no --prometheus: reading the node agents' own window (their last "
-          "hour); pass --min-history 30m or less, or a Prometheus for more", file=sys.stderr)
+          "hour; advice from 30 minutes of it); pass a Prometheus for more", file=sys.stderr)
     api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
     core = client.CoreV1Api(api_client)
     try:
@@ -374,7 +399,9 @@ def run(args: argparse.Namespace) -> int:
     """Print the report (module docstring)."""
     try:
         window_s = duration_s(args.since, "--since")
-        policy = Policy(min_history_s=duration_s(args.min_history, "--min-history"),
+        min_history = args.min_history or (MIN_HISTORY if args.prometheus else
+                                           MIN_HISTORY_AGENTS)
+        policy = Policy(min_history_s=duration_s(min_history, "--min-history"),
                         memory_margin=args.memory_margin, min_samples=args.min_samples)
         if args.min_samples < 1:
             raise ValueError(f"--min-samples: {args.min_samples} is not allowed; allowed: 1 "
@@ -398,6 +425,7 @@ def run(args: argparse.Namespace) -> int:
             history = fetch(http_getter(args.prometheus), end - window_s, end, args.namespace)
         else:
             history = fetch_agent_windows(args.kubeconfig, args.context, args.namespace)
+            window_s = min(window_s, AGENT_WINDOW_S)
     except HistoryError as exc:
         print(f"egpu advise: {exc}", file=sys.stderr)
         return 2

@@ -74,12 +74,14 @@ class Usage:
 
 @dataclass(frozen=True)
 class Booked:
-    """What the container books per card: MiB, cores (%; 0 = none), and how its pod runs."""
+    """What the container books per card: MiB, cores (%; 0 = none), how its pod runs, and
+    the memory of the smallest card it runs on (MiB; None: unknown)."""
 
     memory_mib: int
     cores: int
     priority: str = "high"
     compute_policy: str = "strict"
+    card_mib: int | None = None  # the smallest card it runs on: no advice goes past it
 
 
 @dataclass(frozen=True)
@@ -105,16 +107,20 @@ def counter_increase(values: Sequence[float]) -> float:
 
 def summarize(memory: Sequence[tuple[float, float]], peaks_mib: Iterable[float] = (),
               compute: Sequence[tuple[float, float]] = (), cores: int = 0,
-              refused: Sequence[Sequence[float]] = (), policy: Policy = Policy()) -> Usage:
+              refused: Sequence[Sequence[float]] = (), policy: Policy = Policy(),
+              caps: Mapping[float, float] | None = None) -> Usage:
     """A ``Usage`` from samples: ``memory`` (unix s, MiB) of every pod and card pooled,
     ``peaks_mib`` the region's high-water marks seen, ``compute`` (unix s, % of the card),
-    ``cores`` the cap (% ; 0: none), ``refused`` one counter series per pod and card (in
-    time order)."""
+    ``cores`` the cap now (% ; 0: none), ``caps`` the cap a compute sample ran under, by its
+    time (an older pod of the workload may have run under another cap; ``cores`` where it is
+    not known), ``refused`` one counter series per pod and card (in time order)."""
     values = [v for _, v in memory]
     times = [t for t, _ in memory]
     used = [v for _, v in compute]
-    at_cap = (sum(1 for v in used if v >= cores - policy.cap_tolerance_points) / len(used)
-              if used and cores > 0 else 0.0)
+    caps = caps or {}
+    capped = [(v, caps.get(t, cores)) for t, v in compute]
+    at_cap = (sum(1 for v, cap in capped if cap > 0 and v >= cap - policy.cap_tolerance_points)
+              / len(capped) if capped else 0.0)
     return Usage(
         samples=len(values),
         span_s=(max(times) - min(times)) if times else 0.0,
@@ -154,17 +160,29 @@ def advise(usage: Usage, booked: Booked, policy: Policy = Policy()) -> Advice:
     raised = False
     if usage.refused > 0:
         memory = round_up(booked.memory_mib * policy.raise_factor, policy.memory_step_mib)
-        reasons.append(f"{usage.refused} allocations refused at its {booked.memory_mib} MiB "
-                       f"cap: raise memory (its need is above the cap)")
-        raised = True
+        if booked.card_mib is not None:
+            memory = min(memory, booked.card_mib)  # a share is at most its card
+        if memory > booked.memory_mib:
+            reasons.append(f"{usage.refused} allocations refused at its {booked.memory_mib} "
+                           f"MiB cap: raise memory (its need is above the cap)")
+            raised = True
+        else:
+            reasons.append(f"{usage.refused} allocations refused with the whole card's "
+                           f"{booked.memory_mib} MiB: it needs a larger card")
     strict = booked.compute_policy == "strict"
     if booked.cores > 0 and strict and usage.at_cap_fraction > policy.cap_bound_fraction:
         cores = min(100, round_up(booked.cores * policy.raise_factor, policy.cores_step))
-        reasons.append(f"at its {booked.cores}% compute cap in "
-                       f"{usage.at_cap_fraction:.0%} of the samples: raise cores")
-        raised = True
+        if cores > booked.cores:
+            reasons.append(f"at its {booked.cores}% compute cap in "
+                           f"{usage.at_cap_fraction:.0%} of the samples: raise cores")
+            raised = True
+        else:
+            reasons.append(f"at the whole card's compute in {usage.at_cap_fraction:.0%} of "
+                           "the samples")
     if raised:
         return Advice(memory, cores, VERDICT_RAISE, "; ".join(reasons))
+    if reasons:  # bound by the card itself: nothing to lower, nothing a share can raise
+        return Advice(booked.memory_mib, booked.cores, VERDICT_KEEP, "; ".join(reasons))
 
     memory = min(booked.memory_mib,
                  round_up(usage.peak_mib * (1 + policy.memory_margin), policy.memory_step_mib))
@@ -201,7 +219,7 @@ def owner_of(pod: Mapping[str, Any]) -> Workload:
     """The workload of a pod (a Kubernetes JSON dict), from its controller ownerReference: a
     ReplicaSet named ``<deployment>-<pod-template-hash>`` is that Deployment's."""
     meta = pod.get("metadata") or {}
-    namespace = str(meta.get("namespace") or "default")
+    namespace = str(meta.get("namespace") or "")
     owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
     if not owners:
         return Workload(namespace, "Pod", str(meta.get("name", "")))
@@ -212,17 +230,20 @@ def owner_of(pod: Mapping[str, Any]) -> Workload:
     return Workload(namespace, kind, name)
 
 
-# Names a controller gives its pods (Kubernetes' generators): <replicaset>-<5>, the
-# ReplicaSet <deployment>-<pod-template-hash>; <statefulset>-<ordinal>; <job>-<5>;
-# <daemonset>-<5>. History outlives a roll: a deleted pod of an older ReplicaSet still names
-# its Deployment this way.
-_SUFFIX = r"[a-z0-9]{5}"
-_NAME_PATTERNS = {
-    "Deployment": r"-[a-z0-9]{1,10}-" + _SUFFIX,
-    "ReplicaSet": "-" + _SUFFIX,
-    "StatefulSet": r"-[0-9]+",
-    "Job": "-" + _SUFFIX,
-    "DaemonSet": "-" + _SUFFIX,
+# Names a controller gives its pods (Kubernetes' generators): a generateName base cut to 58
+# characters, then 5 characters of its safe alphabet (no vowels, no 0 1 3: rand.String); a
+# Deployment's ReplicaSet is <deployment>-<pod-template-hash> (the same alphabet, up to 10);
+# a StatefulSet's pods <statefulset>-<ordinal>; an indexed Job's <job>-<index>-<5>. History
+# outlives a roll: a deleted pod of an older ReplicaSet still names its Deployment this way.
+# Only deleted pods are matched by name: a live pod's own owner reference decides.
+SAFE = "bcdfghjklmnpqrstvwxz2456789"
+_SUFFIX = f"[{SAFE}]{{5}}"
+GENERATED_BASE_MAX = 58  # k8s.io/apiserver's names.SimpleNameGenerator: 63 - 5
+_STEMS = {
+    "Deployment": f"-[{SAFE}]{{1,10}}-",
+    "ReplicaSet": "-",
+    "Job": r"-(?:[0-9]+-)?",
+    "DaemonSet": "-",
 }
 
 
@@ -237,8 +258,17 @@ def workload_of_pod_name(namespace: str, pod: str, workloads: Iterable[Workload]
         if workload.kind == "Pod":
             if pod == workload.name:
                 return workload
-            continue
-        pattern = _NAME_PATTERNS.get(workload.kind)
-        if pattern and re.fullmatch(re.escape(workload.name) + pattern, pod):
-            return workload
+        elif workload.kind == "StatefulSet":
+            if re.fullmatch(re.escape(workload.name) + r"-[0-9]+", pod):
+                return workload
+        elif workload.kind in _STEMS and re.fullmatch(f".+{_SUFFIX}", pod):
+            base = pod[:-5]
+            if re.fullmatch(re.escape(workload.name) + _STEMS[workload.kind], base):
+                return workload
+            # a base cut to 58 characters: whatever the cut kept must be the workload's
+            if len(base) == GENERATED_BASE_MAX and f"{workload.name}-".startswith(base):
+                return workload
+            if (len(base) == GENERATED_BASE_MAX and base.startswith(f"{workload.name}-")
+                    and workload.kind == "Deployment"):
+                return workload
     return None

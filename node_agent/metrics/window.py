@@ -27,10 +27,10 @@ from typing import Any
 from prometheus_client.registry import Collector
 
 from egpu.contract import METRIC_CONTAINER_MEMORY_REFUSED
-from egpu.usage_history import FIELDS
+from egpu.usage_history import AGENT_WINDOW_S, FIELDS
 
 log = logging.getLogger("egpu-node-agent")
-WINDOW_S = 3600.0
+WINDOW_S = AGENT_WINDOW_S
 STEP_S = 15.0  # as the PodMonitors' scrape interval
 SAMPLED = frozenset(metric for metric, _scale, _peak in FIELDS.values())
 

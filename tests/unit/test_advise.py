@@ -169,10 +169,34 @@ def test_history_of_deleted_pods_joins_the_workload_that_would_have_named_them()
     live = [Workload("ml", "Deployment", "web"), Workload("ml", "Deployment", "web-api"),
             Workload("ml", "StatefulSet", "db"), Workload("ml", "Job", "train"),
             Workload("ml", "Pod", "solo")]
-    assert workload_of_pod_name("ml", "web-api-5c8d7f9b4-abcde", live) == live[1]
+    assert workload_of_pod_name("ml", "web-api-5c8d7f9b4-bcdfg", live) == live[1]
     assert workload_of_pod_name("ml", "web-6b7c9d8f5-zzzzz", live) == live[0]
     assert workload_of_pod_name("ml", "db-3", live) == live[2]
     assert workload_of_pod_name("ml", "train-x7k2p", live) == live[3]
     assert workload_of_pod_name("ml", "solo", live) == live[4]
     assert workload_of_pod_name("other", "solo", live) is None
     assert workload_of_pod_name("ml", "db-x", live) is None
+
+
+def test_a_raise_stops_at_the_card_and_says_when_the_card_is_too_small() -> None:
+    """Bugs (found by review): a whole-card share with refusals advised 36096 MiB on a 24000
+    MiB card (its pods would fit nowhere); a raise at 100% cores that changes nothing still
+    called a raise."""
+    usage = summarize(series([24000.0] * DAY), refused=[[0, 2]],
+                      compute=series([100.0] * DAY), cores=100)
+    whole = advise(usage, Booked(24000, 100, card_mib=24000))
+    assert (whole.memory_mib, whole.cores, whole.verdict) == (24000, 100, VERDICT_KEEP)
+    assert "it needs a larger card" in whole.why
+    part = advise(usage, Booked(20000, 100, card_mib=24000))
+    assert (part.memory_mib, part.verdict) == (24000, VERDICT_RAISE)
+
+
+def test_compute_samples_are_judged_against_the_cap_they_ran_under() -> None:
+    """Older pods held at a 30% cap, the template now says 50%: their samples at 29% are at
+    their cap (raise), not far under the new one. Bug (found by review): every sample judged
+    against today's cap, so the advice set back the cap that was holding them."""
+    compute = series([29.0] * DAY)
+    caps = {t: 30.0 for t, _ in compute}
+    usage = summarize(series([500.0] * DAY), compute=compute, cores=50, caps=caps)
+    assert usage.at_cap_fraction == 1.0
+    assert advise(usage, Booked(1024, 50)).verdict == VERDICT_RAISE

@@ -21,6 +21,7 @@ MIB = 1 << 20
 NOW = 1_800_000_000.0
 CARDS = tuple(Card(f"GPU-{i}", i, "NVIDIA A10", 24000) for i in range(4))
 POLICY = Policy(min_history_s=3600, min_samples=10)
+SUFFIXES = [f"{c}bcdf" for c in "ghjklmnp"]  # generated names: no vowels, no 0 1 3
 
 
 def node() -> dict[str, Any]:
@@ -61,10 +62,10 @@ def test_a_deployment_is_one_row_with_its_deleted_pods_history_and_frees_cards()
     bare pod beside the last two); as advised 8 x 2304 + 4000 = 22432 MiB fit one card (8
     shares + 1 under the 10 slots): 2 cards freed."""
     rs = {"kind": "ReplicaSet", "name": "serve-6d5c8b7f9"}
-    pods = [replica(f"serve-6d5c8b7f9-a{i}bcd", i // 3, 8000, rs, "6d5c8b7f9")
+    pods = [replica(f"serve-6d5c8b7f9-{SUFFIXES[i]}", i // 3, 8000, rs, "6d5c8b7f9")
             for i in range(8)]
     pods.append(replica("solo", 3, 4000, None))
-    hist = {("ml", f"serve-6d5c8b7f9-a{i}bcd", "serve"): history(1800) for i in range(8)}
+    hist = {("ml", f"serve-6d5c8b7f9-{SUFFIXES[i]}", "serve"): history(1800) for i in range(8)}
     hist[("ml", "serve-55f4d7c8b6-zzzzz", "serve")] = history(1700)  # a deleted pod's
     hist[("ml", "egpu-node-agent-n1", "serve")] = history(20000)  # no workload of ours
     report = build_report([node()], pods, hist, POLICY, None, 7200, now=NOW)
@@ -113,3 +114,51 @@ def test_kubectl_egpu_advise_runs_advise_and_anything_else_runs_top(monkeypatch)
         monkeypatch.setattr("sys.argv", argv)
         cli.main.kubectl_plugin()
     assert seen == [["advise", "-n", "ml"], ["top", "--node", "n1"]]
+
+
+def test_prometheus_answers_with_nan_and_an_agent_roll_are_read_right() -> None:
+    """A NaN sample is dropped (it crashed the advice); a share's refused counter seen under
+    two series (the node agent rolled: a new instance label) continues, so a counter flat at
+    3 is no increase; a counter that first shows up late in the window at 2 is an increase
+    of 2. Bugs found by review."""
+    from egpu.advise import summarize
+    from egpu.usage_history import add_matrix, settle_counters
+
+    out: dict = {}
+    labels = {"namespace": "ml", "pod": "p", "container": "c", "UUID": "GPU-0"}
+    add_matrix(out, "memory", 1.0, [{"metric": labels, "values": [[100, "5"], [115, "NaN"]]}])
+    add_matrix(out, "refused", 1.0, [
+        {"metric": {**labels, "instance": "b"}, "values": [[160, "3"], [175, "3"]]},
+        {"metric": {**labels, "instance": "a"}, "values": [[100, "3"], [115, "3"]]}])
+    late = {**labels, "pod": "q"}
+    add_matrix(out, "refused", 1.0, [{"metric": late, "values": [[160, "2"], [175, "2"]]}])
+    settle_counters(out, start=100, step=15)
+    history = out[("ml", "p", "c")]
+    assert history.memory["GPU-0"] == [(100.0, 5.0)]
+    assert summarize([], refused=[[v for _, v in history.refused["GPU-0"]]]).refused == 0
+    late_history = out[("ml", "q", "c")]
+    assert summarize([], refused=[[v for _, v in late_history.refused["GPU-0"]]]).refused == 2
+
+
+def test_sidecars_add_up_in_the_repack_as_the_extender_books_them() -> None:
+    """Three pods, each an 8000 MiB app container and an 8000 MiB sidecar (an init container
+    with restartPolicy Always) on one card: 16000 MiB a pod, one pod per 24000 MiB card: 3
+    cards. Bug (found by review): the sidecar read as a plain init container (max instead of
+    sum): 1 card."""
+    pods = []
+    for i in range(3):
+        allocation = Allocation((
+            ContainerAllocation("side", True, (CardShare(f"GPU-{i}", i, 8000, 0),),
+                                kind="sidecar"),
+            ContainerAllocation("app", False, (CardShare(f"GPU-{i}", i, 8000, 0),))),
+            node="n1")
+        limits = {"egpu.io/gpu-memory": "8000"}
+        pods.append({"metadata": {"name": f"s{i}", "namespace": "ml", "uid": f"u{i}",
+                                  "annotations": {"egpu.io/allocation": allocation.encode()}},
+                     "spec": {"nodeName": "n1", "initContainers": [
+                         {"name": "side", "restartPolicy": "Always",
+                          "resources": {"limits": limits}}],
+                         "containers": [{"name": "app", "resources": {"limits": limits}}]},
+                     "status": {"phase": "Running"}})
+    report = build_report([node()], pods, {}, POLICY, None, 7200, now=NOW)
+    assert report.cards_now == 3
