@@ -355,6 +355,27 @@ def patch_lines(report: Report, aliases: Iterable[str]) -> list[str]:
     return lines
 
 
+def cluster_config(kubeconfig: str | None, context: str | None) -> Config:
+    """The cluster's egpu config (ConfigMap egpu-system/egpu-config's config.yaml: slots per
+    card, ratios, aliases for the repack and the patches), or the defaults, said on stderr,
+    when it cannot be read or is invalid."""
+    from kubernetes import client, config
+
+    from egpu.config import load_config
+    from egpu.contract import CONFIG_MAP_NAME, NAMESPACE
+
+    try:
+        core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig,
+                                                              context=context))
+        found = core.read_namespaced_config_map(CONFIG_MAP_NAME, NAMESPACE,
+                                                _request_timeout=TIMEOUT_S)
+        return load_config((found.data or {}).get("config.yaml"))
+    except Exception as exc:  # absent, not allowed, another namespace, bad (ConfigError)
+        print(f"egpu advise: the config defaults are used (cannot read {NAMESPACE}/"
+              f"{CONFIG_MAP_NAME}: {str(exc).splitlines()[0]})", file=sys.stderr)
+        return Config()
+
+
 def fetch_agent_windows(kubeconfig: str | None, context: str | None,
                         namespace: str | None) -> dict[Any, ContainerHistory]:
     """Every running node agent's /usage-history through the API server's pod proxy (one LIST
@@ -429,7 +450,7 @@ def run(args: argparse.Namespace) -> int:
     except HistoryError as exc:
         print(f"egpu advise: {exc}", file=sys.stderr)
         return 2
-    config = Config()
+    config = cluster_config(args.kubeconfig, args.context)
     report = build_report(nodes, pods, history, policy, args.namespace, window_s, config, end)
     if args.output == "json":
         print(json.dumps(as_data(report), indent=1))
