@@ -1,6 +1,6 @@
 """Recommend share sizes from each workload's usage history, and the cards they would free.
 
-  kubectl egpu advise [-n NAMESPACE] [--since 7d] --prometheus URL [-o table|json|yaml|patch]
+  kubectl egpu advise [-n NAMESPACE] [--since 7d] [--prometheus URL] [-o table|json|yaml|patch]
 
 Per workload (Deployment, StatefulSet, DaemonSet, Job, or bare pod: pods grouped by their
 owner, the history of pods an earlier roll deleted included) and container: the booked memory
@@ -11,7 +11,8 @@ as booked and as recommended: the cards the advice would free.
 
 Reads the cluster (nodes and pods, one LIST each, through the kubeconfig) and the history
 from Prometheus' HTTP API (``--prometheus``: the URL of a Prometheus that scrapes the node
-agents, as the chart's PodMonitors set up); without ``--prometheus``, from each node agent's
+agents, as the chart's PodMonitors set up; else the chart's ``monitoring.prometheusURL``, read
+from the ConfigMap egpu-system/egpu-monitoring); without either, from each node agent's
 own recent window (its last hour, node_agent/metrics/window.py), read through the API
 server's pod proxy (needs ``get`` on ``pods/proxy`` in the agents' namespace).
 ``-o patch`` prints one `kubectl patch` line per workload whose advice changes its request
@@ -27,7 +28,7 @@ import re
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -355,6 +356,27 @@ def patch_lines(report: Report, aliases: Iterable[str]) -> list[str]:
     return lines
 
 
+def configured_prometheus(kubeconfig: str | None, context: str | None) -> str | None:
+    """The chart's monitoring.prometheusURL (ConfigMap egpu-system/egpu-monitoring), said on
+    stderr, or None when there is none or it cannot be read."""
+    from kubernetes import client, config
+
+    from egpu.contract import MONITORING_CONFIG_MAP, MONITORING_PROMETHEUS_URL_KEY, NAMESPACE
+
+    try:
+        core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig,
+                                                              context=context))
+        found = core.read_namespaced_config_map(MONITORING_CONFIG_MAP, NAMESPACE,
+                                                _request_timeout=TIMEOUT_S)
+    except Exception:  # absent (the value unset), not allowed: the agents' windows then
+        return None
+    url = str((found.data or {}).get(MONITORING_PROMETHEUS_URL_KEY) or "")
+    if url:
+        print(f"egpu advise: Prometheus {url} (from {NAMESPACE}/{MONITORING_CONFIG_MAP}, the "
+              "chart's monitoring.prometheusURL)", file=sys.stderr)
+    return url or None
+
+
 def cluster_config(kubeconfig: str | None, context: str | None) -> Config:
     """The cluster's egpu config (ConfigMap egpu-system/egpu-config's config.yaml: slots per
     card, ratios, aliases for the repack and the patches), or the defaults, said on stderr,
@@ -420,8 +442,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the report (module docstring)."""
     try:
         window_s = duration_s(args.since, "--since")
-        min_history = args.min_history or (MIN_HISTORY if args.prometheus else
-                                           MIN_HISTORY_AGENTS)
+        min_history = args.min_history or MIN_HISTORY
         policy = Policy(min_history_s=duration_s(min_history, "--min-history"),
                         memory_margin=args.memory_margin, min_samples=args.min_samples)
         if args.min_samples < 1:
@@ -441,12 +462,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"egpu advise: cannot read the cluster: {exc}", file=sys.stderr)
         return 2
     end = time.time()
+    prometheus = args.prometheus or configured_prometheus(args.kubeconfig, args.context)
     try:
-        if args.prometheus:
-            history = fetch(http_getter(args.prometheus), end - window_s, end, args.namespace)
+        if prometheus:
+            history = fetch(http_getter(prometheus), end - window_s, end, args.namespace)
         else:
             history = fetch_agent_windows(args.kubeconfig, args.context, args.namespace)
             window_s = min(window_s, AGENT_WINDOW_S)
+            if args.min_history is None:
+                policy = replace(policy, min_history_s=duration_s(MIN_HISTORY_AGENTS, ""))
     except HistoryError as exc:
         print(f"egpu advise: {exc}", file=sys.stderr)
         return 2

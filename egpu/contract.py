@@ -176,6 +176,9 @@ DRA_TEMPLATE_MANAGER: Final = "egpu-webhook"  # its value there
 
 # --- Configuration -----------------------------------------------------------------------
 CONFIG_MAP_NAME: Final = "egpu-config"
+# the chart's monitoring.prometheusURL, for `kubectl egpu advise` (charts/egpu/templates/monitoring)
+MONITORING_CONFIG_MAP: Final = "egpu-monitoring"
+MONITORING_PROMETHEUS_URL_KEY: Final = "prometheusURL"
 CONFIG_FILE_ENV: Final = "EGPU_CLUSTER_CONFIG"  # path of the YAML config for the parts
 NAMESPACE: Final = "egpu-system"
 

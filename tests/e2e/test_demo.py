@@ -278,3 +278,33 @@ def test_kubectl_egpu_advise_reads_the_real_prometheus(outcome: Outcome) -> None
     assert notebook["usage"]["refused"] >= 1 and notebook["advice"]["verdict"] == "raise", \
         notebook
     assert report["cards"]["freed"] >= 0 and report["cards"]["nodes"] == len(outcome.nodes)
+
+
+def test_kubectl_egpu_advise_finds_the_prometheus_the_chart_names(outcome: Outcome) -> None:
+    """With no --prometheus, the command reads the URL the chart's monitoring.prometheusURL
+    writes (ConfigMap egpu-system/egpu-monitoring, made here as the chart makes it) and reads
+    the same history. Bug caught: the value written under a name the command does not read,
+    or the command falling back to the agents (the demo's agents are no pods: no rows with
+    history)."""
+    import json
+    import os
+
+    from demo import real_node
+    from egpu.contract import MONITORING_CONFIG_MAP, MONITORING_PROMETHEUS_URL_KEY, NAMESPACE
+
+    url = prometheus_url(outcome)
+    info = demo.devcluster.ClusterInfo.load(outcome.state_dir / "cluster")
+    env = {**os.environ, "KUBECONFIG": info.kubeconfig}
+    subprocess.run(info.kubectl_argv("create", "namespace", NAMESPACE), capture_output=True)
+    made = subprocess.run(info.kubectl_argv(
+        "-n", NAMESPACE, "create", "configmap", MONITORING_CONFIG_MAP,
+        f"--from-literal={MONITORING_PROMETHEUS_URL_KEY}={url}"), capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    proc = subprocess.run(
+        [str(demo.BIN / "kubectl-egpu"), "advise", "-n", real_node.RIGHTSIZING_NAMESPACE,
+         "--min-history", "30s", "--min-samples", "4", "-o", "json"],
+        capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"Prometheus {url} (from {NAMESPACE}/{MONITORING_CONFIG_MAP}" in proc.stderr
+    (row,) = json.loads(proc.stdout)["workloads"]
+    assert row["name"] == "chat-serving" and row["usage"]["samples"] >= 4

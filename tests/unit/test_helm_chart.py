@@ -483,6 +483,7 @@ def test_a_config_change_rolls_exactly_the_parts_that_read_the_config_at_start(h
     ("logLevel=verbose", "logLevel"),
     ("webhook.replicas=0", "replicas"),
     ("uninstall.capacityWaitSeconds=-1", "capacityWaitSeconds"),
+    ("monitoring.prometheusURL=prometheus:9090", "prometheusURL"),
 ])
 def test_a_bad_value_is_refused_by_helm_before_anything_renders(helm_env, value: str,
                                                                 fragment: str) -> None:
@@ -534,3 +535,15 @@ def test_the_agent_knows_its_pod_and_mounts_what_it_removes(helm) -> None:
     assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert mounts["/usr/local/egpu"] == "install"
+
+
+def test_a_prometheus_url_value_is_what_kubectl_egpu_advise_reads(helm) -> None:
+    """monitoring.prometheusURL renders the ConfigMap `kubectl egpu advise` reads (the names of
+    egpu.contract); unset, nothing (the default render stays kustomize's)."""
+    from egpu.contract import MONITORING_CONFIG_MAP, MONITORING_PROMETHEUS_URL_KEY
+
+    url = "http://prometheus-k8s.monitoring.svc:9090"
+    on = helm(**{"monitoring.prometheusURL": url})
+    found = on[("ConfigMap", NAMESPACE, MONITORING_CONFIG_MAP)]
+    assert found["data"] == {MONITORING_PROMETHEUS_URL_KEY: url}
+    assert ("ConfigMap", NAMESPACE, MONITORING_CONFIG_MAP) not in helm()
