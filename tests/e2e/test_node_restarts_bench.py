@@ -5,9 +5,11 @@ fixture; ``--attach``: no second cluster). No pod may start with a wrong share o
 may be overbooked, nothing may be left behind; the node serves again afterwards (the bench
 waits for it), so the real-node tests after this file find it as they expect.
 
-Pods that never start are allowed here (``not_started``: the kubelet refuses a pod admitted
-while the device plugin is away, and the kube-scheduler may not retry one it found no slots
-for; docs/benchmarks.md "Node restarts"), so the timeout per pod is short.
+Pods the kubelet refuses at admission while the device plugin is away are allowed
+(``refused``: their controller would replace them); every other pod must start (``not_started``
+0, at least one ``ok``). A pod created while the plugin is away waits for the kube-scheduler's
+next try after the node offers egpu.io/gpu again (its backoff, longer on a loaded 2-core
+machine), hence POD_TIMEOUT_S, not the bench's 120 s default.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "node_restarts.py"
 FIGURE = re.compile(r"(\w+)=(\S+)")
+POD_TIMEOUT_S = 60  # one scheduler backoff cycle and a start, with room for a loaded machine
 MUST_BE_ZERO = ("wrong_share", "missing_share", "not_started", "overbooked", "short_share",
                 "stuck_deleting", "leaked_files", "leaked_mib")
 
@@ -37,7 +40,7 @@ def test_one_round_of_node_restarts_gives_no_pod_a_wrong_share(installed: RealCl
     result = subprocess.run(
         [sys.executable, str(BENCH), "--attach", "--state-dir", installed.info.state_dir,
          "--node", installed.node.name, "--rounds", "1", "--workers", "2", "--gap", "3",
-         "--sizes", "1000,2000", "--pod-timeout", "30", "--seed", "7"],
+         "--sizes", "1000,2000", "--pod-timeout", str(POD_TIMEOUT_S), "--seed", "7"],
         cwd=REPO, capture_output=True, text=True, timeout=420)
     # the kubelet and containerd were restarted: their new pids
     installed.node = realnode.RealNode.load(installed.info.state_dir, installed.node.name)
