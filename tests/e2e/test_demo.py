@@ -302,7 +302,7 @@ def test_kubectl_egpu_advise_finds_the_prometheus_the_chart_names(outcome: Outco
     assert made.returncode == 0, made.stderr
     proc = subprocess.run(
         [str(demo.BIN / "kubectl-egpu"), "advise", "-n", real_node.RIGHTSIZING_NAMESPACE,
-         "--min-history", "30s", "--min-samples", "4", "-o", "json"],
+         "--since", "10m", "--min-history", "30s", "--min-samples", "4", "-o", "json"],
         capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert f"Prometheus {url} (from {NAMESPACE}/{MONITORING_CONFIG_MAP}" in proc.stderr
