@@ -39,7 +39,7 @@ from devcluster.errors import DevClusterError as DevClusterError
 from devcluster.kwok import KWOK_NODE_ANNOTATION as KWOK_NODE_ANNOTATION
 from devcluster.kwok import KWOK_NODE_ANNOTATION_VALUE as KWOK_NODE_ANNOTATION_VALUE
 from devcluster.kwok import POD_CIDR as POD_CIDR
-from devcluster.kwok import STAGES as KWOK_STAGES
+from devcluster.kwok import config_text as kwok_config_text
 from devcluster.kwok import kwok_argv
 from devcluster.net import HOST as HOST
 from devcluster.net import free_port as free_port
@@ -412,7 +412,7 @@ def up(config: Config | None = None) -> ClusterInfo:
                              config.egpu_profile)
         )
         kwok_cfg = state_dir / "kwok.yaml"
-        kwok_cfg.write_text(KWOK_STAGES.read_text())
+        kwok_cfg.write_text(kwok_config_text())
         v = f"--v={config.verbosity}"
         starter = _Starter(state_dir, config.timeout_s)
         admin_ctx = ssl_context(pki / "ca.crt", pki / "admin.crt", pki / "admin.key")

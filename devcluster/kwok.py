@@ -15,6 +15,23 @@ KWOK_NODE_ANNOTATION_VALUE = "fake"
 # 198.18.0.0/15 (RFC 2544, reserved for benchmark networks), never the private ranges.
 POD_CIDR = "198.18.128.1/17"
 STAGES = Path(__file__).with_name("kwok_stages.yaml")
+# kwok's workers that play the stages (its default: 4 each). A real kubelet admits its own
+# pods, thousands of nodes in parallel; 4 workers for a fleet of 1000 simulated nodes made pods
+# wait seconds to turn Running under a burst, and the extender's bind gate waits for that.
+PARALLELISM = 16
+OPTIONS = f"""\
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  podPlayStageParallelism: {PARALLELISM}
+  nodePlayStageParallelism: {PARALLELISM}
+  nodeLeaseParallelism: {PARALLELISM}
+"""
+
+
+def config_text() -> str:
+    """kwok's --config file: its options and the stages."""
+    return OPTIONS + "---\n" + STAGES.read_text()
 NODE_LEASE_S = 40
 
 
