@@ -27,8 +27,8 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import yaml
@@ -93,6 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"least samples to advise on (default {Policy.min_samples})")
     parser.add_argument("--memory-margin", type=float, default=Policy.memory_margin,
                         help="above the peak, as a fraction (default 0.15)")
+    parser.add_argument("--with-history", action="store_true",
+                        help="only the workloads that have history")
     parser.add_argument("-o", "--output", choices=("table", "json", "yaml", "patch"),
                         default="table")
 
@@ -108,9 +110,7 @@ class Row:
     usage: Usage | None
     advice: Advice
     gpus: int = 1
-    spec_index: int = 0
-    init: bool = False
-    models: list[str] = field(default_factory=list)
+    init: bool = False  # declared among the init containers (sidecars too)
 
 
 @dataclass
@@ -131,32 +131,38 @@ class Report:
         return self.cards_now - self.cards_advised
 
 
-def _share_pods(nodes: list[Any], pods: list[Any], config: Config) -> dict[tuple[str, str], Any]:
-    """(namespace, pod) -> {container: [memory MiB, cores, priority, policy, cards, models,
-    init, smallest card MiB]} of every pod with an extender-path share now."""
-    out: dict[tuple[str, str], dict[str, Any]] = {}
+@dataclass
+class _Held:
+    """What one container of a pod holds now (extender path): MiB and cores per card, its
+    pod's priority and compute policy, how many cards, the smallest card's MiB, and whether
+    it is declared among the init containers (sidecars too)."""
+
+    memory_mib: int
+    cores: int
+    priority: str
+    compute_policy: str
+    init: bool
+    card_mib: int
+    cards: int = 0
+
+
+def _share_pods(nodes: list[Any], pods: list[Any], config: Config
+                ) -> dict[tuple[str, str], dict[str, _Held]]:
+    """(namespace, pod) -> container -> what it holds, for every pod with an extender-path
+    share now (cluster_view: the allocation records)."""
+    out: dict[tuple[str, str], dict[str, _Held]] = {}
     for view in cluster_view(nodes, pods, config):
         for card in view.cards:
             for share in card.shares:
                 if share.path != PATH_EXTENDER or not share.pod:
                     continue
-                entry = out.setdefault((share.namespace, share.pod), {}).setdefault(
-                    share.container, [share.memory_mib, share.cores, str(share.priority),
-                                      str(share.compute_policy or "strict"), 0, [],
-                                      share.init, card.card.memory_mib])
-                entry[4] += 1
-                entry[5].append(card.card.model)
-                entry[7] = min(entry[7], card.card.memory_mib)
+                held = out.setdefault((share.namespace, share.pod), {}).setdefault(
+                    share.container, _Held(share.memory_mib, share.cores, str(share.priority),
+                                           str(share.compute_policy or "strict"), share.init,
+                                           card.card.memory_mib))
+                held.cards += 1
+                held.card_mib = min(held.card_mib, card.card.memory_mib)
     return out
-
-
-def _spec_index(pod: Any, container: str) -> tuple[int, bool]:
-    spec = pod.get("spec") or {}
-    for init, key in ((False, "containers"), (True, "initContainers")):
-        for index, c in enumerate(spec.get(key) or []):
-            if c.get("name") == container:
-                return index, init
-    return 0, False
 
 
 def _pod_key(pod: Any) -> tuple[str, str]:
@@ -179,10 +185,10 @@ def build_report(nodes: list[Any], pods: list[Any], history: dict[Any, Container
     shares = _share_pods(nodes, pods, config)
     by_name = {_pod_key(p): p for p in pods}
     owners = {key: owner_of(pod) for key, pod in by_name.items()}
-    workloads: dict[tuple[Workload, str], list[tuple[str, Any]]] = {}
-    for (ns, name), containers in shares.items():
-        for container, entry in containers.items():
-            workloads.setdefault((owners[(ns, name)], container), []).append((name, entry))
+    workloads: dict[tuple[Workload, str], list[_Held]] = {}
+    for key, containers in shares.items():
+        for container, held in containers.items():
+            workloads.setdefault((owners[key], container), []).append(held)
     live = {w for w, _ in workloads}
     pooled: dict[tuple[Workload, str], list[ContainerHistory]] = {}
     for (ns, pod, container), series in history.items():
@@ -194,10 +200,10 @@ def build_report(nodes: list[Any], pods: list[Any], history: dict[Any, Container
     for (owner, container), members in sorted(workloads.items()):
         if namespace and owner.namespace != namespace:
             continue
-        memory_mib, cores, priority, compute_policy, gpus, models, init, _card = max(
-            (entry for _, entry in members), key=lambda e: (e[0], e[1]))
-        booked = Booked(memory_mib, cores, priority, compute_policy,
-                        min(e[7] for _, e in members))
+        largest = max(members, key=lambda h: (h.memory_mib, h.cores))
+        cores = largest.cores
+        booked = Booked(largest.memory_mib, cores, largest.priority, largest.compute_policy,
+                        min(h.card_mib for h in members))
         found = pooled.get((owner, container), [])
         caps = {t: v for h in found for samples in h.cores.values() for t, v in samples}
         usage = summarize(
@@ -209,9 +215,8 @@ def build_report(nodes: list[Any], pods: list[Any], history: dict[Any, Container
             policy=policy, caps=caps) if found else None
         advice = (advise(usage, booked, policy) if usage is not None else
                   Advice(None, None, VERDICT_NONE, "no history"))
-        index, is_init = _spec_index(by_name[(owner.namespace, members[0][0])], container)
-        rows.append(Row(owner, container, len(members), booked, usage, advice, gpus, index,
-                        is_init or init, sorted(set(models))))
+        rows.append(Row(owner, container, len(members), booked, usage, advice, largest.cards,
+                        largest.init))
 
     # the cards, placed again: every share pod as booked, then with the advice taken
     state = ClusterState(config)
@@ -247,8 +252,6 @@ def _demand(pod: Any, config: Config) -> Any:
 
 def _resized(demand: Any, advice: dict[str, Advice]) -> Any:
     """``demand`` with each container's share resized by ``advice`` (container -> Advice)."""
-    from dataclasses import replace
-
     containers = []
     for c in demand.containers:
         found = advice.get(c.name)
@@ -438,8 +441,8 @@ def fetch_agent_windows(kubeconfig: str | None, context: str | None,
     return out
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print the report (module docstring)."""
+def run(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
+    """Print the report (module docstring) through ``say``; errors and notes go to stderr."""
     try:
         window_s = duration_s(args.since, "--since")
         min_history = args.min_history or MIN_HISTORY
@@ -476,12 +479,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = cluster_config(args.kubeconfig, args.context)
     report = build_report(nodes, pods, history, policy, args.namespace, window_s, config, end)
+    if args.with_history:
+        report.rows = [r for r in report.rows if r.usage is not None]
     if args.output == "json":
-        print(json.dumps(as_data(report), indent=1))
+        say(json.dumps(as_data(report), indent=1))
     elif args.output == "yaml":
-        print(yaml.safe_dump(as_data(report), sort_keys=False), end="")
+        say(yaml.safe_dump(as_data(report), sort_keys=False).rstrip("\n"))
     elif args.output == "patch":
-        print("\n".join(patch_lines(report, config.resource_aliases)))
+        say("\n".join(patch_lines(report, config.resource_aliases)))
     else:
-        print(format_table(report))
+        say(format_table(report))
     return 0

@@ -120,27 +120,31 @@ PROBE = textwrap.dedent('''
 RIGHTSIZING_SOURCE = "01-vllm-online.yaml"
 RIGHTSIZING_NAMESPACE = "rightsizing"
 PATTERN = {"BASE_MIB": "3000", "SPIKE_MIB": "3000", "PERIOD_S": "20", "SPIKE_S": "2"}
-PATTERN_PROBE = textwrap.dedent('''
-    import os, signal
+# The probes' allocations (PATTERN_PROBE, the e2e tests' probes): alloc(mib) keeps what it got
+# in `held`, and SIGTERM frees all of it and exits (why: see PROBE).
+HELD_ALLOCATIONS = textwrap.dedent('''
+    import ctypes as C, os, signal
+    MIB = 1 << 20
+    cuda = C.CDLL("libcuda.so.1")
     held = []
-    def _release(*_):
+    def release(*_):
         for p in held:
             cuda.cuMemFree_v2(p)
         os._exit(0)
-    signal.signal(signal.SIGTERM, _release)
-    import ctypes as C, time
-    MIB = 1 << 20
-    cuda = C.CDLL("libcuda.so.1")
+    signal.signal(signal.SIGTERM, release)
+    def alloc(mib):
+        p = C.c_uint64()
+        rc = cuda.cuMemAlloc_v2(C.byref(p), C.c_size_t(mib * MIB))
+        if rc == 0:
+            held.append(p)
+        return rc
+''')
+PATTERN_PROBE = HELD_ALLOCATIONS + textwrap.dedent('''
+    import time
     cuda.cuInit(0)
     dev, ctx = C.c_int(), C.c_void_p()
     cuda.cuDeviceGet(C.byref(dev), 0)
     cuda.cuCtxCreate_v2(C.byref(ctx), 0, dev)
-    def alloc(mib):
-        ptr = C.c_uint64()
-        rc = cuda.cuMemAlloc_v2(C.byref(ptr), C.c_size_t(mib * MIB))
-        if rc == 0:
-            held.append(ptr)
-        return rc
     print("PATTERN base", alloc(int(os.environ["BASE_MIB"])), flush=True)
     while True:
         time.sleep(float(os.environ["PERIOD_S"]))

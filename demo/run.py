@@ -475,32 +475,27 @@ def _start_rightsizing(options: Options, info: devcluster.ClusterInfo) -> float:
 
 
 def _rightsizing_report(options: Options, info: devcluster.ClusterInfo, url: str,
-                        config: Config, since: float) -> None:
-    """After ``options.history_s`` of history, `kubectl egpu advise` for the workloads that
-    have some (the simulated nodes run no containers: no history)."""
-    from cli.advise_cmd import build_report, format_table
-    from cli.top_cmd import fetch
-    from egpu.advise import Policy
-    from egpu.usage_history import fetch as fetch_history
-    from egpu.usage_history import http_getter
+                        since: float) -> None:
+    """After ``options.history_s`` of history, `kubectl egpu advise` (the command itself) for
+    the workloads that have some (the simulated nodes run no containers: no history)."""
+    import argparse
+
+    from cli import advise_cmd
 
     wait = options.history_s - (time.monotonic() - since)
     if wait > 0:
         options.say(f"==> letting Prometheus record {options.history_s:.0f}s of history "
                     f"({wait:.0f}s more)")
         time.sleep(wait)
-    window_s = float(math.ceil(options.history_s + 60))
-    policy = Policy(min_history_s=float(math.ceil(options.history_s / 2)), min_samples=4)
-    nodes, pods, _claims, _note, _generation = fetch(info.kubeconfig, None)
-    end = time.time()
-    history = fetch_history(http_getter(url), end - window_s, end)
-    report = build_report(nodes, pods, history, policy, None, window_s, config, end)
-    report.rows = [r for r in report.rows if r.usage is not None]
-    options.say(f"\nRight-sizing from Prometheus ({url}), `kubectl egpu advise --prometheus "
-                f"{url} --since {window_s:.0f}s --min-history {policy.min_history_s:.0f}s "
-                f"--min-samples {policy.min_samples}`, "
-                "workloads with history (the simulated nodes run no containers):")
-    options.say(format_table(report))
+    argv = ["--prometheus", url, "--since", f"{math.ceil(options.history_s + 60)}s",
+            "--min-history", f"{math.ceil(options.history_s / 2)}s", "--min-samples", "4",
+            "--with-history"]
+    options.say(f"\nRight-sizing from Prometheus: kubectl egpu advise {' '.join(argv)}")
+    parser = argparse.ArgumentParser()
+    advise_cmd.add_arguments(parser)
+    args = parser.parse_args([*argv, "--kubeconfig", info.kubeconfig])
+    if advise_cmd.run(args, say=options.say) != 0:
+        raise DemoError("kubectl egpu advise failed (its message is above)")
 
 
 def up(options: Options | None = None) -> int:
@@ -575,7 +570,7 @@ def up(options: Options | None = None) -> int:
         if real:
             _real_node_report(options, info)
         if rightsizing and prometheus_url is not None:
-            _rightsizing_report(options, info, prometheus_url, config, history_since)
+            _rightsizing_report(options, info, prometheus_url, history_since)
     except BaseException:
         down(state, say)
         raise

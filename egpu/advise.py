@@ -147,6 +147,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f}m"
 
 
+def _raised(value: int, ceiling: int | None, step: int, policy: Policy) -> int | None:
+    """``value`` x ``policy.raise_factor`` rounded up to ``step``, at most ``ceiling`` (the
+    card); None when that is no raise (``value`` is the ceiling already)."""
+    up = round_up(value * policy.raise_factor, step)
+    if ceiling is not None:
+        up = min(up, ceiling)
+    return up if up > value else None
+
+
 def advise(usage: Usage, booked: Booked, policy: Policy = Policy()) -> Advice:
     """The advice of the module docstring's rule for one container."""
     if usage.samples < policy.min_samples or usage.span_s < policy.min_history_s:
@@ -159,23 +168,21 @@ def advise(usage: Usage, booked: Booked, policy: Policy = Policy()) -> Advice:
     cores = booked.cores
     raised = False
     if usage.refused > 0:
-        memory = round_up(booked.memory_mib * policy.raise_factor, policy.memory_step_mib)
-        if booked.card_mib is not None:
-            memory = min(memory, booked.card_mib)  # a share is at most its card
-        if memory > booked.memory_mib:
+        up = _raised(booked.memory_mib, booked.card_mib, policy.memory_step_mib, policy)
+        if up is not None:
+            memory, raised = up, True
             reasons.append(f"{usage.refused} allocations refused at its {booked.memory_mib} "
                            f"MiB cap: raise memory (its need is above the cap)")
-            raised = True
         else:
             reasons.append(f"{usage.refused} allocations refused with the whole card's "
                            f"{booked.memory_mib} MiB: it needs a larger card")
     strict = booked.compute_policy == "strict"
     if booked.cores > 0 and strict and usage.at_cap_fraction > policy.cap_bound_fraction:
-        cores = min(100, round_up(booked.cores * policy.raise_factor, policy.cores_step))
-        if cores > booked.cores:
+        up = _raised(booked.cores, 100, policy.cores_step, policy)
+        if up is not None:
+            cores, raised = up, True
             reasons.append(f"at its {booked.cores}% compute cap in "
                            f"{usage.at_cap_fraction:.0%} of the samples: raise cores")
-            raised = True
         else:
             reasons.append(f"at the whole card's compute in {usage.at_cap_fraction:.0%} of "
                            "the samples")

@@ -33,6 +33,7 @@ PROBE_MEMORY = real_node.PROBE_MEMORY
 POD_START_S = 120.0
 
 PROBE = real_node.PROBE  # the container's CUDA and NVML check (demo/real_node.py)
+HELD_ALLOCATIONS = real_node.HELD_ALLOCATIONS  # alloc(mib), freed on SIGTERM
 
 
 def kustomization(out_dir: Path) -> Path:

@@ -487,22 +487,8 @@ CONTEXT_MIB = 256  # what the interposer charges a CUDA context (EGPU_CONTEXT_OV
 # SIGTERM. MODE=try: wait for the mark (with WAIT set), then try HELD_MIB (over the share: the
 # holder has it) and 400 MiB (within it); print, and with HOLD set keep the 400 MiB, else free
 # and exit.
-SHARED_PROBE = '''
-import ctypes as C, json, os, signal, time
-MIB = 1 << 20
-cuda = C.CDLL("libcuda.so.1")
-held = []
-def release(*_):
-    for p in held:
-        cuda.cuMemFree_v2(p)
-    os._exit(0)
-signal.signal(signal.SIGTERM, release)
-def alloc(mib):
-    p = C.c_uint64()
-    rc = cuda.cuMemAlloc_v2(C.byref(p), C.c_size_t(mib * MIB))
-    if rc == 0:
-        held.append(p)
-    return rc
+SHARED_PROBE = inst.HELD_ALLOCATIONS + '''
+import json, time
 cuda.cuInit(0)
 dev, ctx = C.c_int(), C.c_void_p()
 cuda.cuDeviceGet(C.byref(dev), 0)
