@@ -495,9 +495,21 @@ def test_a_namespace_quota_counts_share_claims_per_device_class(dra: Dra,
                  "spec": {"hard": {f"{DEVICE_CLASS_SHARE}.deviceclass.resource.k8s.io/devices":
                                    "2"}}}
         dra.api("POST", f"/api/v1/namespaces/{ns}/resourcequotas", quota)
-        devcluster.wait_until("the quota's status", lambda: dra.api(
-            "GET", f"/api/v1/namespaces/{ns}/resourcequotas/shares").get("status", {}).get("hard"))
         claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+
+        def quota_admission_ready() -> bool:
+            # The quota admission plugin reads its own informer, which can lag the GET that
+            # shows the quota controller's status: until it sees status.used it refuses every
+            # claim with "status unknown for quota". A dry-run create asks that plugin itself.
+            try:
+                dra.api("POST", claims, _claim("a", ns, "20Gi"), dryRun="All")
+            except devnodes.ApiError as refused:
+                if "status unknown for quota" in str(refused):
+                    return False
+                raise
+            return True
+
+        devcluster.wait_until("quota admission to see the quota's usage", quota_admission_ready)
         dra.api("POST", claims, _claim("a", ns, "20Gi"))
         dra.api("POST", claims, _claim("b", ns, "1Mi"))
         with pytest.raises(devnodes.ApiError) as denied:

@@ -445,6 +445,24 @@ def test_extender_killed_in_a_burst_of_100_loses_nothing(env: Env) -> None:
 
 # --- tenant quotas ---------------------------------------------------------------------------
 
+def _wait_quota_admission(env: Env, pod: dict[str, Any]) -> None:
+    """Wait until the quota admission plugin admits a dry-run create of ``pod``: it reads its
+    own informer, which can lag the quota controller's status, and until it sees status.used
+    it refuses every pod of the namespace with "status unknown for quota"."""
+    path = f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods"
+
+    def admitted() -> bool:
+        try:
+            env.api.json("POST", path, body=pod, query={"dryRun": "All"})
+        except ApiStatusError as refused:
+            if "status unknown for quota" in str(refused):
+                return False
+            raise
+        return True
+
+    _wait("quota admission to see the quota's usage", admitted)
+
+
 def test_resource_quota_on_egpu_resources(env: Env) -> None:
     """Quotas name extended resources with the requests. prefix (limits default requests)."""
     ns = env.namespace("e2e-quota")
@@ -452,8 +470,7 @@ def test_resource_quota_on_egpu_resources(env: Env) -> None:
                 "metadata": {"name": "gpu", "namespace": ns},
                 "spec": {"hard": {"requests.egpu.io/gpu": "4",
                                   "requests.egpu.io/gpu-memory": "50000"}}})
-    _wait("quota status", lambda: env.api.json(
-        "GET", f"/api/v1/namespaces/{ns}/resourcequotas/gpu").get("status", {}).get("hard"))
+    _wait_quota_admission(env, egpu_pod("a", ns, 40000))
     env.create(egpu_pod("a", ns, 40000))
     with pytest.raises(ApiStatusError) as denied:
         env.create(egpu_pod("b", ns, 20000))
