@@ -101,7 +101,7 @@ def delete_nodes(api: RawApi, n: int) -> None:
     """Remove the bench nodes (missing ones are fine)."""
     def one(i: int) -> None:
         with contextlib.suppress(ApiStatusError):
-            api.open("DELETE", f"/api/v1/nodes/bench-{i:04d}")
+            api.json("DELETE", f"/api/v1/nodes/bench-{i:04d}")
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(one, range(n)))
@@ -175,7 +175,7 @@ def run(api: RawApi, kind: str, count: int) -> tuple[float, float]:
     ungate = [{"op": "remove", "path": "/spec/schedulingGates"}]
     t0 = time.monotonic()
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda n: api.open("PATCH", f"/api/v1/namespaces/{NS}/pods/{n}",
+        list(pool.map(lambda n: api.json("PATCH", f"/api/v1/namespaces/{NS}/pods/{n}",
                                          body=ungate, content_type="application/json-patch+json"),
                       names))
     ungated = time.monotonic() - t0

@@ -71,7 +71,12 @@ class RawApi:
     def open(self, method: str, path: str, *, query: dict[str, Any] | None = None,
              body: Any = None, content_type: str | None = None,
              timeout: float | tuple[float, float] = 30.0) -> Any:
-        """Send a request; returns the (unread) RESTResponse. Raises ApiStatusError."""
+        """Send a request; returns the (unread) RESTResponse. Raises ApiStatusError.
+
+        Read the answer to its end (``json``, ``.read()``): until then the connection stays
+        the response's, and an answer dropped unread never goes back to the pool, so the
+        next request pays a new TLS handshake, on both sides (the extender's binds did:
+        bench/scheduling.py)."""
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
@@ -243,7 +248,7 @@ class KubeApi:
             meta["annotations"] = dict(annotations)
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        await self._run(self.api.open, "POST", self._pod_path(namespace, name) + "/binding",
+        await self._run(self.api.json, "POST", self._pod_path(namespace, name) + "/binding",
                         query={"timeout": f"{BIND_TIMEOUT_S}s"}, body=body,
                         content_type="application/json", timeout=BIND_TIMEOUT_S + 1.0)
 

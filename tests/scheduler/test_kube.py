@@ -27,6 +27,7 @@ class FakeApiServer:
         self.watch_events: dict[str, asyncio.Queue[dict[str, Any] | None]] = {}
         self.lists: dict[str, int] = {"nodes": 0, "pods": 0}
         self.writes: list[tuple[str, str, str, Any]] = []
+        self.peers: set[Any] = set()  # the client's (address, port) of each write
         self.pod_status = 200
         self.loop = asyncio.new_event_loop()
         self.port = 0
@@ -50,6 +51,8 @@ class FakeApiServer:
 
     async def write(self, request: web.Request) -> web.Response:
         body = await request.json()
+        if request.transport is not None:
+            self.peers.add(request.transport.get_extra_info("peername"))
         self.writes.append((request.method, request.path, request.content_type, body))
         return web.json_response({"kind": "Status", "status": "Success"}, status=201)
 
@@ -162,4 +165,16 @@ async def test_bind_writes(server: FakeApiServer) -> None:
     server.pod_status = 500
     with pytest.raises(BindError, match="HTTP 500"):
         await api.get_pod("ns", "p")
+    api.close()
+
+
+async def test_binds_one_after_another_reuse_one_connection(server: FakeApiServer) -> None:
+    """Each bind reads its answer, so its connection goes back to the pool. Bug caught: an
+    answer left unread kept its connection, and every bind opened a new one (a TLS handshake
+    on both sides per pod: a third of the extender's time in bench/scheduling.py)."""
+    api = KubeApi(raw(server))
+    for i in range(5):
+        await api.bind("ns", f"p{i}", f"u{i}", "n")
+    assert len(server.writes) == 5
+    assert len(server.peers) == 1, server.peers
     api.close()
