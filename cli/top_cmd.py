@@ -144,12 +144,13 @@ def format_views(views: list[NodeView], config_generation: str | None = None) ->
             # Booked past the card: only shares that opted into memory oversubscription.
             over = " (memory oversubscribed)" if card.booked_mib > card.card.memory_mib else ""
             health = "" if card.card.healthy else " UNHEALTHY"
+            wall = " (driver memory limit)" if card.card.driver_memory_limit else ""
             dra = (f" (DRA {card.dra_booked_mib} MiB, {card.dra_booked_cores}%)"
                    if any(s.path == PATH_DRA for s in card.shares) else "")
             lines.append(
                 f"{node.name:<14} {card.card.index:>3} {card.card.model[:24]:<24} "
                 f"{card.card.memory_mib:>8} {card.booked_mib:>8} {_mib(card.used_mib):>8} "
-                f"{card.booked_cores:>5}% {compute:>8} {len(card.shares)}{dra}{over}{health}")
+                f"{card.booked_cores:>5}% {compute:>8} {len(card.shares)}{dra}{over}{wall}{health}")
             for share in card.shares:
                 lines.append(f"{'':<14} {'':>3}   {format_share(share)}")
         if node.config:

@@ -118,6 +118,10 @@ HOOK_SUBDIR: Final = "hook"  # <NODE_PRIVATE_DIR>/hook/<pod-uid>_<container>/
 # plugin writes it, the runtime hook reads it for every container given the claim's devices,
 # of any pod: the kubelet prepares a claim once, for its first pod).
 CLAIM_SHARES_SUBDIR: Final = "claim-shares"
+# <NODE_PRIVATE_DIR>/driver-memory-limits.json: the cards whose driver takes a per-container
+# memory limit (egpu.driver_limits; the node agent writes it at start, the runtime hook sets
+# the limit to the share on those cards).
+DRIVER_LIMITS_FILE: Final = "driver-memory-limits.json"
 # Set by a prepared claim's CDI device of one request, in the container's environment:
 # EGPU_CLAIM_SHARE_<claim-uid>_<request>=<claim-uid>/<request> (the name holds both so that the
 # devices of several requests, or of two claims, never overwrite each other's).
@@ -199,6 +203,7 @@ METRIC_CARD_MEMORY_USED: Final = "egpu_card_memory_used_bytes"
 METRIC_CARD_MEMORY_BOOKED: Final = "egpu_card_memory_booked_bytes"
 METRIC_CARD_CORES_BOOKED: Final = "egpu_card_cores_booked_percent"
 METRIC_CARD_COMPUTE_USED: Final = "egpu_card_compute_used_percent"
+METRIC_CARD_DRIVER_MEMORY_LIMIT: Final = "egpu_card_driver_memory_limit"  # 1: the driver's wall
 # unix seconds of the node agent's last successful inventory heartbeat (PATCH of the node)
 METRIC_NODE_HEARTBEAT: Final = "egpu_node_heartbeat_timestamp_seconds"
 # 1 for the config a part runs: labels part, generation (sha256 prefix), source (file|last-good)

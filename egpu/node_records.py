@@ -23,7 +23,9 @@ from egpu.records import RecordError, _field, _list, _load_object, _non_negative
 
 @dataclass(frozen=True)
 class Card:
-    """One physical GPU as the node agent found it. memory_mib: NVML total, MiB."""
+    """One physical GPU as the node agent found it. memory_mib: NVML total, MiB.
+    driver_memory_limit: its driver takes a per-container memory limit (NVML r615,
+    egpu.driver_limits), which the runtime hook sets to each share."""
 
     uuid: str
     index: int
@@ -31,6 +33,7 @@ class Card:
     memory_mib: int
     healthy: bool = True
     numa_node: int = -1
+    driver_memory_limit: bool = False
 
     @classmethod
     def from_dict(cls, obj: Any, where: str) -> Card:
@@ -49,6 +52,8 @@ class Card:
             memory_mib=memory,
             healthy=_field(obj, "healthy", bool, where) if "healthy" in obj else True,
             numa_node=_field(obj, "numa_node", int, where) if "numa_node" in obj else -1,
+            driver_memory_limit=(_field(obj, "driver_memory_limit", bool, where)
+                                 if "driver_memory_limit" in obj else False),
         )
 
 

@@ -8,6 +8,9 @@ fakegpu/build/libnvidia-ml.so.1) by setting ``pynvml.nvmlLib`` before ``nvmlInit
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import logging
+import os
 import threading
 import warnings
 
@@ -15,8 +18,12 @@ with warnings.catch_warnings():  # pynvml warns that nvidia-ml-py is its new nam
     warnings.simplefilter("ignore", FutureWarning)
     import pynvml
 
+import contextlib
+
+from egpu import driver_limits
 from egpu.records import Card
 
+log = logging.getLogger(__name__)
 MIB = 1 << 20
 _init_lock = threading.Lock()
 _initialized = False
@@ -75,6 +82,47 @@ def discover() -> tuple[Card, ...]:
     except pynvml.NVMLError as exc:
         raise DiscoveryError(f"NVML: {exc}") from None
     return tuple(cards)
+
+
+def with_driver_limits(cards: tuple[Card, ...]) -> tuple[Card, ...]:
+    """``cards`` with ``driver_memory_limit`` set where the driver takes a per-container
+    memory limit (egpu.driver_limits.Nvml.supported, asked for the agent's own cgroup): a
+    driver of r615 or later, cgroup v2, no MIG. Never raises: a card it cannot tell is
+    without the limit (logged)."""
+    init()
+    try:
+        nvml = driver_limits.Nvml(pynvml.nvmlLib)
+        namespace = driver_limits.cgroup_dir(os.getpid())
+    except driver_limits.DriverLimitError as exc:
+        log.info("no driver memory limits on this node: %s", exc)
+        return cards
+    try:
+        return tuple(dataclasses.replace(c, driver_memory_limit=nvml.supported(c.uuid, namespace))
+                     for c in cards)
+    finally:
+        nvml.close()
+
+
+def write_driver_limits(private_dir: str, cards: tuple[Card, ...]) -> None:
+    """Write ``<private_dir>/driver-memory-limits.json`` (egpu.driver_limits.encode_cards:
+    the cards with the driver's limit) for the runtime hook, replacing the last agent's; with
+    no such card, remove it (the hook then makes no NVML call). Raises OSError."""
+    from egpu.contract import DRIVER_LIMITS_FILE
+
+    path = os.path.join(private_dir, DRIVER_LIMITS_FILE)
+    uuids = [c.uuid for c in cards if c.driver_memory_limit]
+    if not uuids:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    os.makedirs(private_dir, mode=0o711, exist_ok=True)
+    tmp = f"{path}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(driver_limits.encode_cards(uuids))
+    os.replace(tmp, path)
 
 
 def memory_used_bytes(uuid: str) -> int | None:

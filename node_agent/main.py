@@ -206,7 +206,8 @@ def run(argv: Sequence[str] | None = None) -> int:
                       "config is fixed", loaded.error, loaded.generation)
         if args.nvml_library:
             discovery.use_library(args.nvml_library)
-        cards = CardState(discovery.discover())
+        cards = CardState(discovery.with_driver_limits(discovery.discover()))
+        discovery.write_driver_limits(args.private_dir, cards.get())
     except (ConfigError, OSError, discovery.DiscoveryError) as exc:
         print(f"egpu-node-agent: {exc}", file=sys.stderr)
         return 2

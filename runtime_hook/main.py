@@ -25,7 +25,11 @@ passes the container state JSON on stdin. The hook reads the bundle's config.jso
   folder at ``/var/run/egpu/cards/<uuid>`` (ro: the roster and every co-tenant's share file
   can be read, none written, nothing created) with the share's own file on top of
   ``/var/run/egpu/cards/<uuid>/share-<owner>`` (rw, this container only). Nothing else of the
-  host's ``/var/run/egpu`` is visible.
+  host's ``/var/run/egpu`` is visible;
+- on the cards ``<private>/driver-memory-limits.json`` names (the node agent found that their
+  driver takes a per-container memory limit: egpu.driver_limits), sets the driver's hard
+  limit for the container's cgroup to the share's memory, a second wall under the interposer
+  (not for a share with memory oversubscription: its overflow is the interposer's to place).
 
 Other containers pass untouched. Reruns are idempotent (existing mount points are kept).
 Exit status: 0 done or untouched; 1 refused (the message on stderr names the container and
@@ -77,9 +81,12 @@ if TYPE_CHECKING:
 
 ENV_INTERPOSER: str = "EGPU_INTERPOSER"  # host path of the interposer library (hook option)
 ENV_HOOK_LOG: str = "EGPU_HOOK_LOG"  # file to append one line per run to (hook option)
+ENV_NVML_LIBRARY: str = "EGPU_NVML_LIBRARY"  # the host's NVML, for the driver's memory limit
+DEFAULT_NVML_LIBRARY: str = "libnvidia-ml.so.1"
 
 USAGE = ("usage: egpu-hook [-h] [--runtime-dir RUNTIME_DIR] [--private-dir PRIVATE_DIR]\n"
-         "                 [--interposer INTERPOSER] [--log LOG] [stage]\n")
+         "                 [--interposer INTERPOSER] [--nvml-library NVML_LIBRARY]\n"
+         "                 [--log LOG] [stage]\n")
 OPTIONS = """
 positional arguments:
   stage                 hook stage, for the log only (createRuntime, prestart, ...)
@@ -95,6 +102,9 @@ options:
   --interposer INTERPOSER
                         host path of libegpu_interpose.so (default $EGPU_INTERPOSER, else
                         /usr/local/egpu/lib/libegpu_interpose.so)
+  --nvml-library NVML_LIBRARY
+                        the host's NVML, loaded only on cards with the driver's memory limit
+                        (default $EGPU_NVML_LIBRARY, else libnvidia-ml.so.1)
   --log LOG             append one line per run to this file (default $EGPU_HOOK_LOG)
 """
 
@@ -103,7 +113,7 @@ class Args:
     """The hook's options (argparse's command line, parsed by hand: argparse alone costs the
     hook more than its work)."""
 
-    __slots__ = ("interposer", "log", "private_dir", "runtime_dir", "stage")
+    __slots__ = ("interposer", "log", "nvml_library", "private_dir", "runtime_dir", "stage")
 
     def __init__(self) -> None:
         self.stage = "createRuntime"
@@ -111,9 +121,10 @@ class Args:
         self.private_dir = os.environ.get(ENV_NODE_PRIVATE_DIR, NODE_PRIVATE_DIR)
         self.interposer = os.environ.get(ENV_INTERPOSER, HOST_INTERPOSER_PATH)
         self.log = os.environ.get(ENV_HOOK_LOG, "")
+        self.nvml_library = os.environ.get(ENV_NVML_LIBRARY, DEFAULT_NVML_LIBRARY)
 
 
-_VALUED = ("--runtime-dir", "--private-dir", "--interposer", "--log")
+_VALUED = ("--runtime-dir", "--private-dir", "--interposer", "--nvml-library", "--log")
 
 
 def _usage_error(message: str) -> SystemExit:
@@ -286,6 +297,45 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
     mounts.in_mount_namespace(state.pid, inside)
 
 
+class DriverLimitRefused(OSError):
+    """The node says a card has the driver's memory limit and setting it failed."""
+
+
+def set_driver_limits(plan: Apply, state: State, args: Args) -> int:
+    """Set the driver's hard memory limit of the container's cgroup to the share's memory on
+    each of its cards that ``<private>/driver-memory-limits.json`` names (module docstring);
+    returns how many were set. No record (the common case): one failed open, no NVML call.
+    Raises DriverLimitRefused naming the card and NVML's answer (fail closed: the node said
+    the wall is there)."""
+    config = plan.config
+    if config is None or config.memory_oversubscription:
+        return 0
+    from egpu.contract import DRIVER_LIMITS_FILE
+
+    try:
+        with open(os.path.join(args.private_dir, DRIVER_LIMITS_FILE), "rb") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return 0
+    from egpu import driver_limits
+
+    try:
+        walled = driver_limits.decode_cards(text)
+        cards = [c for c in config.cards if c.uuid in walled]
+        if not cards:
+            return 0
+        namespace = driver_limits.cgroup_dir(state.pid)
+        nvml = driver_limits.Nvml(args.nvml_library)
+        try:
+            for card in cards:
+                nvml.set_limit(card.uuid, namespace, card.memory_mib << 20)
+        finally:
+            nvml.close()
+    except driver_limits.DriverLimitError as exc:
+        raise DriverLimitRefused(f"the driver's memory limit: {exc}") from None
+    return len(cards)
+
+
 def _log(path: str, line: str) -> None:
     if not path:
         return
@@ -333,6 +383,7 @@ def run(argv: Sequence[str] | None = None, stdin: bytes | None = None) -> int:
         status = 2
     elif isinstance(decision, Apply) and spec is not None:
         try:
+            set_driver_limits(decision, state, args)
             apply(decision, state, spec, args)
         except OSError as exc:
             print(f"egpu-hook: container {state.id}: cannot install its egpu share: {exc}",

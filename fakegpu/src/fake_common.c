@@ -80,9 +80,13 @@ static void load_config(fg_world *w)
             continue;
         }
         char *eq = strchr(s, '=');
-        if (!eq || !c) continue;
+        if (!eq) continue;
         *eq = 0;
         char *k = trim(s), *v = trim(eq + 1);
+        if (!c) { /* the driver's keys come before the first [card] */
+            if (!strcmp(k, "driver_version")) snprintf(w->driver_version, sizeof w->driver_version, "%s", v);
+            continue;
+        }
         if (!strcmp(k, "uuid")) snprintf(c->uuid, sizeof c->uuid, "%s", v);
         else if (!strcmp(k, "name") || !strcmp(k, "model")) snprintf(c->name, sizeof c->name, "%s", v);
         else if (!strcmp(k, "memory_mib")) c->total = strtoull(v, NULL, 10) << 20;
@@ -179,9 +183,20 @@ static void attach(fg_world *w)
     pthread_mutex_unlock(&sh->mu);
 }
 
+/* The driver version NVML reports: FAKEGPU_DRIVER_VERSION, else the config's driver_version,
+ * else 580.00.fake (a driver without per-cgroup memory limits). */
+static void driver_version(fg_world *w)
+{
+    const char *env = getenv("FAKEGPU_DRIVER_VERSION");
+    if (env && *env) snprintf(w->driver_version, sizeof w->driver_version, "%s", env);
+    if (!w->driver_version[0]) snprintf(w->driver_version, sizeof w->driver_version, "580.00.fake");
+    w->driver_major = atoi(w->driver_version);
+}
+
 static void init_world(void)
 {
     load_config(&g_world);
+    driver_version(&g_world);
     attach(&g_world);
 }
 
@@ -203,6 +218,7 @@ static fg_proc *my_proc_locked(fg_world *w)
             if (!w->sh->procs[p].pid) {
                 memset(&w->sh->procs[p], 0, sizeof w->sh->procs[p]);
                 w->sh->procs[p].pid = me;
+                fg_self_cgroup(w->sh->procs[p].cgroup, sizeof w->sh->procs[p].cgroup);
                 w->proc_slot = p;
                 w->pid = me;
                 return &w->sh->procs[p];
@@ -210,6 +226,161 @@ static fg_proc *my_proc_locked(fg_world *w)
         reap_locked(w->sh);
     }
     return NULL;
+}
+
+/* ---- memory limits per cgroup ---------------------------------------------------------
+ * As the driver's "misc" backend (docs.nvidia.com, "MPS v3 Memory Partitioning"): a flat map
+ * of (cgroup, card) -> soft and hard limit; a process counts toward the limit of its nearest
+ * limited ancestor; an allocation that would take that group's use past the hard limit fails
+ * with out-of-memory; the soft limit is only reported. The real driver charges the task's
+ * cgroup in the kernel; the fake reads the "0::" line of /proc/self/cgroup once, at a
+ * process's first charge. */
+void fg_self_cgroup(char *out, size_t n)
+{
+    out[0] = 0;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return;
+    char line[FG_CGROUP_PATH + 16];
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "0::", 3)) {
+            line[strcspn(line, "\n")] = 0;
+            snprintf(out, n, "%s", line + 3);
+            break;
+        }
+    fclose(f);
+}
+
+/* Whether cgroup ``path`` is ``group`` or inside it. */
+static int in_group(const char *path, const char *group)
+{
+    size_t n = strlen(group);
+    if (!path[0] || !n) return 0;
+    if (!strcmp(group, "/")) return 1;
+    return !strncmp(path, group, n) && (path[n] == 0 || path[n] == '/');
+}
+
+/* The limit entry of card slot ``s`` nearest above cgroup ``path``, or -1. */
+static int nearest_limit_locked(fg_shared *sh, int s, const char *path)
+{
+    int best = -1;
+    size_t best_len = 0;
+    for (int i = 0; i < FG_MAX_LIMITS; i++) {
+        fg_limit *l = &sh->limits[i];
+        if (!l->cgroup[0] || (int)l->slot != s || !in_group(path, l->cgroup)) continue;
+        size_t n = strlen(l->cgroup);
+        if (best < 0 || n > best_len) { best = i; best_len = n; }
+    }
+    return best;
+}
+
+/* Card slot ``s`` memory of the live processes whose nearest limit is entry ``li``. */
+static uint64_t limit_used_locked(fg_shared *sh, int s, int li)
+{
+    uint64_t sum = 0;
+    for (int p = 0; p < FG_MAX_PROCS; p++)
+        if (sh->procs[p].pid && nearest_limit_locked(sh, s, sh->procs[p].cgroup) == li) sum += sh->procs[p].used[s];
+    return sum;
+}
+
+/* Whether the calling process may take ``bytes`` more of card slot ``s`` under its limit. */
+static int within_limit_locked(fg_shared *sh, int s, const fg_proc *p, uint64_t bytes)
+{
+    int li = nearest_limit_locked(sh, s, p->cgroup);
+    if (li < 0 || sh->limits[li].hard == UINT64_MAX) return 1;
+    uint64_t used = limit_used_locked(sh, s, li), hard = sh->limits[li].hard;
+    return used <= hard && bytes <= hard - used;
+}
+
+/* The inode of cgroup ``group`` under ``mount``, 0 when it is gone. */
+static uint64_t group_ino(const char *mount, const char *group)
+{
+    char dir[FG_CGROUP_PATH + 4096];
+    struct stat st;
+    int n = snprintf(dir, sizeof dir, "%s%s", mount, group);
+    if (n < 0 || (size_t)n >= sizeof dir || stat(dir, &st) != 0) return 0;
+    return (uint64_t)st.st_ino;
+}
+
+/* A group that is gone, or was made again, keeps no limit (the driver's map follows the
+ * cgroup, not its path). */
+static void drop_gone_limits_locked(fg_shared *sh, const char *mount)
+{
+    for (int i = 0; i < FG_MAX_LIMITS; i++) {
+        fg_limit *l = &sh->limits[i];
+        if (l->cgroup[0] && group_ino(mount, l->cgroup) != l->ino) memset(l, 0, sizeof *l);
+    }
+}
+
+int fg_limit_set(int card, const char *cgroup, const char *mount, uint64_t soft, uint64_t hard)
+{
+    fg_world *w = fg_get();
+    int s = w->slot[card];
+    if (s < 0) return -1;
+    fg_shared *sh = w->sh;
+    lock(sh);
+    drop_gone_limits_locked(sh, mount);
+    int at = -1, free_at = -1;
+    for (int i = 0; i < FG_MAX_LIMITS; i++) {
+        fg_limit *l = &sh->limits[i];
+        if (l->cgroup[0] && (int)l->slot == s && !strcmp(l->cgroup, cgroup)) at = i;
+        else if (!l->cgroup[0] && free_at < 0) free_at = i;
+    }
+    int rc = 0;
+    if (soft == 0 && hard == UINT64_MAX) { /* cleared: as if never set */
+        if (at >= 0) memset(&sh->limits[at], 0, sizeof sh->limits[at]);
+    } else if (at < 0 && free_at < 0) {
+        rc = -1;
+    } else {
+        fg_limit *l = &sh->limits[at >= 0 ? at : free_at];
+        snprintf(l->cgroup, sizeof l->cgroup, "%s", cgroup);
+        l->slot = (uint32_t)s;
+        l->soft = soft;
+        l->hard = hard;
+        l->ino = group_ino(mount, cgroup);
+    }
+    pthread_mutex_unlock(&sh->mu);
+    return rc;
+}
+
+void fg_limit_get(int card, const char *cgroup, const char *mount, uint64_t *soft, uint64_t *hard, uint64_t *used)
+{
+    fg_world *w = fg_get();
+    int s = w->slot[card];
+    *soft = 0;
+    *hard = UINT64_MAX;
+    *used = 0;
+    if (s < 0) return;
+    fg_shared *sh = w->sh;
+    lock(sh);
+    reap_locked(sh);
+    drop_gone_limits_locked(sh, mount);
+    int li = nearest_limit_locked(sh, s, cgroup);
+    if (li >= 0) {
+        *soft = sh->limits[li].soft;
+        *hard = sh->limits[li].hard;
+    }
+    for (int p = 0; p < FG_MAX_PROCS; p++)
+        if (sh->procs[p].pid && in_group(sh->procs[p].cgroup, cgroup)) *used += sh->procs[p].used[s];
+    pthread_mutex_unlock(&sh->mu);
+}
+
+int fg_my_limit(int card, uint64_t *hard, uint64_t *used)
+{
+    char me[FG_CGROUP_PATH];
+    fg_self_cgroup(me, sizeof me);
+    fg_world *w = fg_get();
+    int s = w->slot[card];
+    if (s < 0 || !me[0]) return 0;
+    fg_shared *sh = w->sh;
+    lock(sh);
+    int li = nearest_limit_locked(sh, s, me);
+    int limited = li >= 0 && sh->limits[li].hard != UINT64_MAX;
+    if (limited) {
+        *hard = sh->limits[li].hard;
+        *used = limit_used_locked(sh, s, li);
+    }
+    pthread_mutex_unlock(&sh->mu);
+    return limited;
 }
 
 int fg_charge(int card, uint64_t bytes)
@@ -220,12 +391,14 @@ int fg_charge(int card, uint64_t bytes)
     fg_shared *sh = w->sh;
     lock(sh);
     int ok = 0;
+    fg_proc *p = NULL;
     for (int pass = 0; pass < 2 && !ok; pass++) {
         fg_card_state *c = &sh->cards[s];
-        if (c->used <= c->total && bytes <= c->total - c->used) ok = 1;
+        p = my_proc_locked(w);
+        if (p && c->used <= c->total && bytes <= c->total - c->used && within_limit_locked(sh, s, p, bytes)) ok = 1;
         else if (pass == 0) reap_locked(sh);
     }
-    fg_proc *p = ok ? my_proc_locked(w) : NULL;
+    if (!ok) p = NULL;
     if (p) {
         sh->cards[s].used += bytes;
         p->used[s] += bytes;

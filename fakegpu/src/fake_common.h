@@ -8,7 +8,11 @@
 
 #define FG_MAX_CARDS 16
 #define FG_MAX_PROCS 256
-#define FG_MAGIC 0x46414b4547505531ULL /* "FAKEGPU1" */
+#define FG_MAX_LIMITS 64
+#define FG_CGROUP_PATH 256
+#define FG_MAGIC 0x46414b4547505532ULL /* "FAKEGPU2": a new layout reinitialises the state */
+/* NVML's per-cgroup memory limits (nvmlDeviceSetMemoryLimits_v1) came with driver r615. */
+#define FG_MEMORY_LIMITS_MIN_DRIVER 615
 #define FG_EXPORT __attribute__((visibility("default")))
 
 typedef struct {
@@ -29,7 +33,18 @@ typedef struct {
     int32_t pid;
     int32_t pad;
     uint64_t used[FG_MAX_CARDS];
+    char cgroup[FG_CGROUP_PATH]; /* its cgroup v2 path when it first charged ("0::" line) */
 } fg_proc;
+
+/* A memory limit of one cgroup on one card, as the driver's "misc" backend keeps them: flat,
+ * a process counts toward the limit of its nearest limited ancestor (limits do not nest). */
+typedef struct {
+    char cgroup[FG_CGROUP_PATH]; /* path in the cgroup v2 hierarchy; "" = a free entry */
+    uint32_t slot;               /* the card's index in the shared state */
+    uint32_t pad;
+    uint64_t soft, hard; /* bytes; hard UINT64_MAX = the card's capacity */
+    uint64_t ino;        /* the directory's inode when set: a group made again is another */
+} fg_limit;
 
 typedef struct {
     uint64_t magic;
@@ -38,6 +53,7 @@ typedef struct {
     uint32_t pad;
     fg_card_state cards[FG_MAX_CARDS];
     fg_proc procs[FG_MAX_PROCS];
+    fg_limit limits[FG_MAX_LIMITS];
 } fg_shared;
 
 typedef struct {
@@ -48,6 +64,8 @@ typedef struct {
     int proc_slot;
     pid_t pid;
     char state_dir[512];
+    int driver_major; /* of driver_version */
+    char driver_version[32];
 } fg_world;
 
 fg_world *fg_get(void); /* loads config + state once; never NULL */
@@ -58,4 +76,9 @@ uint64_t fg_card_used(int card);
 int fg_card_procs(int card, int32_t *pids, uint64_t *bytes, int max);
 uint64_t fg_now_ns(void);
 int fg_parse_uuid(const char *s, unsigned char out[16]);
+/* Memory limits per cgroup (NVML's nvmlDevice{Set,Get}MemoryLimits_v1; fake_common.c). */
+void fg_self_cgroup(char *out, size_t n);
+int fg_limit_set(int card, const char *cgroup, const char *mount, uint64_t soft, uint64_t hard);
+void fg_limit_get(int card, const char *cgroup, const char *mount, uint64_t *soft, uint64_t *hard, uint64_t *used);
+int fg_my_limit(int card, uint64_t *hard, uint64_t *used);
 #endif

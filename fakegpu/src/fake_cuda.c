@@ -715,9 +715,17 @@ FG_EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
     if (!free_b || !total_b) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c = cur_ctx();
     if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
-    uint64_t total = fg_get()->card[card_of(c->dev)].total, used = fg_card_used(card_of(c->dev));
+    int card = card_of(c->dev);
+    uint64_t total = fg_get()->card[card].total, used = fg_card_used(card);
     *total_b = total;
     *free_b = used < total ? total - used : 0;
+    uint64_t hard, group_used;
+    if (fg_get()->driver_major >= FG_MEMORY_LIMITS_MIN_DRIVER && fg_my_limit(card, &hard, &group_used) && hard < total) {
+        /* in a cgroup with a memory limit (r615): the limit, and the headroom under it */
+        uint64_t left = group_used < hard ? hard - group_used : 0;
+        *total_b = hard;
+        *free_b = left < *free_b ? left : *free_b;
+    }
     return CUDA_SUCCESS;
 }
 

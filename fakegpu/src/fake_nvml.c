@@ -7,8 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include "fake_common.h"
+
+static int memory_limits_supported(void);
 
 struct nvmlDevice_st { int idx; };
 struct nvmlEventSet_st { unsigned long long mask[FG_MAX_CARDS]; long consumed; };
@@ -58,7 +63,7 @@ FG_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *v, unsigned int len)
 {
     NEED_INIT();
     if (!v || !len) return NVML_ERROR_INVALID_ARGUMENT;
-    snprintf(v, len, "580.00.fake");
+    snprintf(v, len, "%s", fg_get()->driver_version);
     return NVML_SUCCESS;
 }
 
@@ -148,6 +153,81 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_
     m->reserved = 0;
     m->used = v1.used;
     m->free = v1.free;
+    uint64_t hard, used;
+    if (memory_limits_supported() && fg_my_limit(i, &hard, &used) && hard < v1.total) {
+        /* within a memory partition: the partition's figures (r615: "nvmlDeviceGetMemoryInfo_v2
+         * ... account for cgroup memory partitions when called within the partition") */
+        m->total = hard;
+        m->used = used;
+        uint64_t left = used < hard ? hard - used : 0;
+        m->free = left < v1.free ? left : v1.free;
+    }
+    return NVML_SUCCESS;
+}
+
+/* ---- per-cgroup memory limits (r615; docs.nvidia.com/deploy/mps, "MPS v3 Memory
+ * Partitioning"). The fake keeps the driver's "misc" backend (fake_common.c); it accepts the
+ * cgroup v2 hierarchy wherever it is mounted (the real driver wants it at /sys/fs/cgroup). */
+static int memory_limits_supported(void) { return fg_get()->driver_major >= FG_MEMORY_LIMITS_MIN_DRIVER; }
+
+/* The cgroup v2 path of directory ``ns`` ("/..."), and the host path the hierarchy is mounted
+ * at, from /proc/self/mountinfo; -1 when ``ns`` is no directory of a cgroup v2 mount. */
+static int cgroup_of_namespace(const char *ns, char *group, size_t gn, char *mount, size_t mn)
+{
+    char real[PATH_MAX];
+    struct stat st;
+    if (!realpath(ns, real) || stat(real, &st) != 0 || !S_ISDIR(st.st_mode)) return -1;
+    FILE *f = fopen("/proc/self/mountinfo", "r");
+    if (!f) return -1;
+    char line[4096];
+    int found = -1;
+    size_t best = 0;
+    while (fgets(line, sizeof line, f)) {
+        char root[PATH_MAX], point[PATH_MAX];
+        const char *sep = strstr(line, " - ");
+        if (!sep || strncmp(sep + 3, "cgroup2 ", 8) != 0) continue;
+        if (sscanf(line, "%*s %*s %*s %4095s %4095s", root, point) != 2) continue;
+        size_t n = strlen(point);
+        if (strncmp(real, point, n) != 0 || (real[n] != 0 && real[n] != '/' && strcmp(point, "/"))) continue;
+        if (found == 0 && n <= best) continue;
+        const char *rest = strcmp(point, "/") ? real + n : real;
+        int g = snprintf(group, gn, "%s%s", strcmp(root, "/") ? root : "", *rest ? rest : (strcmp(root, "/") ? "" : "/"));
+        int m = snprintf(mount, mn, "%s", strcmp(point, "/") ? point : "");
+        if (g < 0 || (size_t)g >= gn || m < 0 || (size_t)m >= mn) continue;
+        best = n;
+        found = 0;
+    }
+    fclose(f);
+    return found;
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t d, nvmlSetMemoryLimits_v1_t *limits)
+{
+    NEED_INIT();
+    DEV_OR_FAIL(d, i);
+    if (!limits || !limits->nameSpace) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!memory_limits_supported()) return NVML_ERROR_NOT_SUPPORTED;
+    if (geteuid() != 0) return NVML_ERROR_NO_PERMISSION; /* "setting limits is privileged" */
+    if (limits->softLimit > limits->hardLimit) return NVML_ERROR_INVALID_ARGUMENT;
+    char group[PATH_MAX], mount[PATH_MAX];
+    if (cgroup_of_namespace(limits->nameSpace, group, sizeof group, mount, sizeof mount) != 0) return NVML_ERROR_NOT_FOUND;
+    if (strlen(group) >= FG_CGROUP_PATH) return NVML_ERROR_INVALID_ARGUMENT;
+    return fg_limit_set(i, group, mount, limits->softLimit, limits->hardLimit) == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+}
+
+FG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t d, nvmlGetMemoryLimits_v1_t *limits)
+{
+    NEED_INIT();
+    DEV_OR_FAIL(d, i);
+    if (!limits || !limits->nameSpace) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!memory_limits_supported()) return NVML_ERROR_NOT_SUPPORTED;
+    char group[PATH_MAX], mount[PATH_MAX];
+    if (cgroup_of_namespace(limits->nameSpace, group, sizeof group, mount, sizeof mount) != 0) return NVML_ERROR_NOT_FOUND;
+    uint64_t soft, hard, used;
+    fg_limit_get(i, group, mount, &soft, &hard, &used);
+    limits->softLimit = soft;
+    limits->hardLimit = hard;
+    limits->currentUsed = used;
     return NVML_SUCCESS;
 }
 

@@ -197,6 +197,17 @@ typedef struct {
 #define NVML_STRUCT_VERSION(data, ver) (unsigned int)(sizeof(nvml##data##_v##ver##_t) | ((ver) << 24U))
 #define nvmlMemory_v2 NVML_STRUCT_VERSION(Memory, 2)
 
+/* NVML r615 (CUDA 13.4): a cgroup's memory limits on one device (nvmlDeviceSetMemoryLimits_v1,
+ * nvmlDeviceGetMemoryLimits_v1); nameSpace is the full path of the cgroup v2 directory. */
+typedef struct {
+    const char *nameSpace; unsigned long long softLimit; unsigned long long hardLimit;
+} nvmlSetMemoryLimits_v1_t;
+typedef struct {
+    const char *nameSpace; unsigned long long softLimit; unsigned long long hardLimit;
+    unsigned long long currentUsed;
+} nvmlGetMemoryLimits_v1_t;
+#define NVML_DEVICE_MEMORY_LIMIT_MAX 0xffffffffffffffffull
+
 typedef struct {
     unsigned int pid; unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId; unsigned int computeInstanceId;

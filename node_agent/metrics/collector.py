@@ -33,6 +33,7 @@ from egpu.contract import (
     LABELS_NODE,
     METRIC_CARD_COMPUTE_USED,
     METRIC_CARD_CORES_BOOKED,
+    METRIC_CARD_DRIVER_MEMORY_LIMIT,
     METRIC_CARD_MEMORY_BOOKED,
     METRIC_CARD_MEMORY_TOTAL,
     METRIC_CARD_MEMORY_USED,
@@ -226,9 +227,14 @@ class EgpuCollector(Collector):
         compute = GaugeMetricFamily(METRIC_CARD_COMPUTE_USED,
                                     "Card compute utilisation (NVML, else measured by the "
                                     "shares), %", labels=LABELS_CARD)
+        wall = GaugeMetricFamily(METRIC_CARD_DRIVER_MEMORY_LIMIT,
+                                 "1 when the card's driver takes a per-container memory limit "
+                                 "(NVML r615), set to each share as a second wall; else 0",
+                                 labels=LABELS_CARD)
         for uuid, found in sorted(cards.items(), key=lambda kv: kv[1].index):
             labels = card_labels(uuid)
             total.add_metric(labels, found.memory_mib * MIB)
+            wall.add_metric(labels, 1 if found.driver_memory_limit else 0)
             booked.add_metric(labels, booked_mib.get(uuid, 0) * MIB)
             cores_booked.add_metric(labels, booked_cores.get(uuid, 0))
             mem = src.memory_used(uuid)
@@ -237,7 +243,7 @@ class EgpuCollector(Collector):
             util = card_compute(card_regions, src.compute_used(uuid), uuid, now_ns)
             if util is not None:
                 compute.add_metric(labels, util)
-        yield from (total, used, booked, cores_booked, compute)
+        yield from (total, used, booked, cores_booked, compute, wall)
         heartbeat = GaugeMetricFamily(METRIC_NODE_HEARTBEAT,
                                       "Last successful inventory heartbeat, unix seconds",
                                       labels=LABELS_NODE)
