@@ -11,10 +11,10 @@ DeviceClasses of manifests/dra and a ResourceClaimTemplate of one share; starts 
 (``python -m scheduler.main``) and points the dev cluster's ``egpu-scheduler`` profile at it
 (``devcluster.set_extender``, restored at the end). Then, in each of R rounds (``--rounds``,
 at least 3), P pods of each kind are created with a scheduling gate, the gates are lifted from
-16 threads, and the rate is P / (last bind - first ungate); pods (and claims) are deleted
-between the kinds. The kinds are interleaved: each round runs all three, in an order rotated
-from the round before, so that a slow stretch of the machine hits every kind alike; each ratio
-is taken within its round and the median of the rounds is reported:
+16 threads (one pooled connection each), and the rate is P / (last bind - first ungate); pods
+(and claims) are deleted between the kinds. The kinds are interleaved: each round runs all
+three, in an order rotated from the round before, so that a slow stretch of the machine hits
+every kind alike; each ratio is taken within its round and the median of the rounds is reported:
 
 - ``default``: a whole card, ``nvidia.com/gpu: 1``, default-scheduler (device-plugin counting);
 - ``extender``: a share (20000 MiB, 25%) through egpu-scheduler and the extender;
@@ -58,6 +58,7 @@ GATE = "egpu.io/bench"
 NS = "egpu-bench"
 SHARES = devnodes.DEFAULT_SHARES_PER_CARD
 MIN_ROUNDS = 3
+CLIENT_THREADS = 16  # the threads that create the pods and lift their gates
 
 
 
@@ -90,7 +91,7 @@ def add_nodes(api: RawApi, n: int, cards: int) -> list[str]:
                  content_type="application/merge-patch+json")
         return name
 
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(CLIENT_THREADS) as pool:
         names = list(pool.map(one, range(n)))
     # a new Node carries the not-ready taint until kwok reports it Ready
     devnodes.wait_nodes_ready(api.client, names, timeout_s=300, interval_s=1.0)
@@ -103,14 +104,14 @@ def delete_nodes(api: RawApi, n: int) -> None:
         with contextlib.suppress(ApiStatusError):
             api.json("DELETE", f"/api/v1/nodes/bench-{i:04d}")
 
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(CLIENT_THREADS) as pool:
         list(pool.map(one, range(n)))
 
 
 def heartbeat(api: RawApi, names: list[str]) -> None:
     stamp = devnodes.now_rfc3339()
     body = {"metadata": {"annotations": {"egpu.io/inventory-heartbeat": stamp}}}
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(CLIENT_THREADS) as pool:
         list(pool.map(lambda n: api.json("PATCH", f"/api/v1/nodes/{n}", body=body,
                                          content_type="application/merge-patch+json"), names))
 
@@ -165,7 +166,7 @@ def pod(name: str, kind: str) -> dict[str, Any]:
 def run(api: RawApi, kind: str, count: int) -> tuple[float, float]:
     """Pods/s bound, and gates lifted per second."""
     names = [f"{kind[:4]}-{i:05d}" for i in range(count)]
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(CLIENT_THREADS) as pool:
         if kind == DRA_SHARE:
             list(pool.map(lambda n: api.json(
                 "POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
@@ -174,7 +175,7 @@ def run(api: RawApi, kind: str, count: int) -> tuple[float, float]:
                                          body=pod(n, kind)), names))
     ungate = [{"op": "remove", "path": "/spec/schedulingGates"}]
     t0 = time.monotonic()
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(CLIENT_THREADS) as pool:
         list(pool.map(lambda n: api.json("PATCH", f"/api/v1/namespaces/{NS}/pods/{n}",
                                          body=ungate, content_type="application/json-patch+json"),
                       names))
@@ -216,7 +217,12 @@ def main(argv: list[str] | None = None) -> int:
         info = devcluster.up(devcluster.Config(state_dir=state_dir))
         started = True
     work = Path(tempfile.mkdtemp(prefix="egpu-bench-"))
-    api = RawApi(info.api_client())
+    client = info.api_client()
+    # one pooled connection per client thread: the kubernetes client's default pool (5 x the
+    # CPUs, 10 here) is smaller than the 16 threads, and each thread past it would pay a TLS
+    # handshake per request, bounding the plain pods' rate by the client
+    client.rest_client.pool_manager.connection_pool_kw["maxsize"] = CLIENT_THREADS
+    api = RawApi(client)
     extender = None
     rounds: dict[int, dict[str, float]] = {}
     previous = (info.extender_url, info.extender_ca_file)
@@ -231,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                                           "heartbeatTimeoutSeconds": 3600}))
         heartbeat(api, names)
         t = time.monotonic()
-        with ThreadPoolExecutor(16) as pool:  # as the node agent with --dra publishes them
+        # as the node agent with --dra publishes them
+        with ThreadPoolExecutor(CLIENT_THREADS) as pool:
             list(pool.map(lambda n: devdra.publish_node_slices(
                 info.api_client(), n, devnodes.inventory(node_spec(n, args.cards)).cards),
                 names))
