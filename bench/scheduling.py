@@ -50,7 +50,7 @@ from devcluster import nodes as devnodes
 from devcluster.cluster import wait_until
 from devcluster.extender import ExtenderProcess
 from egpu.contract import DEVICE_CLASS_SHARE
-from scheduler.kube import ApiStatusError, RawApi
+from scheduler.kube import ApiStatusError, RawApi, load_client
 from testbed.stats import percentile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -217,12 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         info = devcluster.up(devcluster.Config(state_dir=state_dir))
         started = True
     work = Path(tempfile.mkdtemp(prefix="egpu-bench-"))
-    client = info.api_client()
     # one pooled connection per client thread: the kubernetes client's default pool (5 x the
     # CPUs, 10 here) is smaller than the 16 threads, and each thread past it would pay a TLS
     # handshake per request, bounding the plain pods' rate by the client
-    client.rest_client.pool_manager.connection_pool_kw["maxsize"] = CLIENT_THREADS
-    api = RawApi(client)
+    api = RawApi(load_client(info.kubeconfig, pool_size=CLIENT_THREADS))
     extender = None
     rounds: dict[int, dict[str, float]] = {}
     previous = (info.extender_url, info.extender_ca_file)

@@ -25,8 +25,6 @@ from typing import Any
 
 MIN_DRIVER_MAJOR = 615  # the first driver with nvmlDeviceSetMemoryLimits_v1
 NVML_SUCCESS = 0
-NVML_ERROR_NOT_SUPPORTED = 3
-NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NO_LIMIT = (1 << 64) - 1  # NVML_DEVICE_MEMORY_LIMIT_MAX: hard limit "max" (the card's capacity)
 DRIVER_VERSION_BUFFER = 96
 RECORD_VERSION = 1

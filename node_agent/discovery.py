@@ -7,6 +7,7 @@ fakegpu/build/libnvidia-ml.so.1) by setting ``pynvml.nvmlLib`` before ``nvmlInit
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import logging
@@ -17,8 +18,6 @@ import warnings
 with warnings.catch_warnings():  # pynvml warns that nvidia-ml-py is its new name
     warnings.simplefilter("ignore", FutureWarning)
     import pynvml
-
-import contextlib
 
 from egpu import driver_limits
 from egpu.records import Card
@@ -108,6 +107,7 @@ def write_driver_limits(private_dir: str, cards: tuple[Card, ...]) -> None:
     the cards with the driver's limit) for the runtime hook, replacing the last agent's; with
     no such card, remove it (the hook then makes no NVML call). Raises OSError."""
     from egpu.contract import DRIVER_LIMITS_FILE
+    from node_agent.cdi import write_spec  # the agent's one atomic file writer
 
     path = os.path.join(private_dir, DRIVER_LIMITS_FILE)
     uuids = [c.uuid for c in cards if c.driver_memory_limit]
@@ -115,14 +115,7 @@ def write_driver_limits(private_dir: str, cards: tuple[Card, ...]) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
-    os.makedirs(private_dir, mode=0o711, exist_ok=True)
-    tmp = f"{path}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(driver_limits.encode_cards(uuids))
-    os.replace(tmp, path)
+    write_spec(path, driver_limits.encode_cards(uuids), mode=0o644, folder_mode=0o711)
 
 
 def memory_used_bytes(uuid: str) -> int | None:
