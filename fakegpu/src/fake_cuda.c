@@ -26,6 +26,7 @@
 #define ARR_MAGIC 0x41525231u
 #define GRAPH_MAGIC 0x47524146u
 #define GEXEC_MAGIC 0x47455843u
+#define GNODE_MAGIC 0x474e4f44u
 #define STREAM_NON_BLOCKING 0x1u
 #define STREAM_PER_THREAD ((CUstream)0x2)
 
@@ -38,9 +39,23 @@ struct CUctx_st {
     unsigned flags;
     uint64_t null_end_ns; /* the default stream's simulated end */
 };
-/* A graph holds what was captured: kernels on the simulated timeline, as their total time. */
-struct CUgraph_st { uint32_t magic; uint64_t work_ns; unsigned nkernels; };
-struct CUgraphExec_st { uint32_t magic; uint64_t work_ns; unsigned nkernels; };
+/* A graph holds what was captured: kernels on the simulated timeline, as their total time,
+ * and its nodes (a kernel node per captured launch; memory allocation and free nodes). */
+struct CUgraphNode_st {
+    uint32_t magic; int type; /* CUgraphNodeType */
+    int dev; uint64_t dptr, size; /* memory nodes: the device, the address, its size */
+    int freed; /* an allocation node freed by a free node of the same graph */
+    struct CUgraphNode_st *next;
+};
+struct CUgraph_st { uint32_t magic; uint64_t work_ns; unsigned nkernels; struct CUgraphNode_st *nodes, *last; size_t nnodes; };
+/* An executable graph. Its allocation nodes' memory (mem, per device, each node rounded up to
+ * the granularity) is reserved on the card at its first launch or upload and kept until it
+ * is destroyed or trimmed while idle (cuDeviceGraphMemTrim). */
+struct CUgraphExec_st {
+    uint32_t magic; uint64_t work_ns; unsigned nkernels;
+    uint64_t mem[FG_MAX_CARDS]; int reserved; uint64_t end_ns; /* its last launch's simulated end */
+    struct CUgraphExec_st *next;
+};
 struct CUstream_st {
     uint32_t magic; struct CUctx_st *ctx; uint64_t end_ns; struct CUstream_st *next;
     unsigned flags;
@@ -82,6 +97,9 @@ static uint64_t g_kernel_ns;
 static atomic_ullong g_va = 0x7f0000000000ull;
 static atomic_uint g_va_low = 0x10000000u;
 static uint64_t g_ctx_bytes;
+static void graph_free_nodes(struct CUgraph_st *g);
+static struct CUgraphExec_st *g_execs; /* live executable graphs (cuDeviceGraphMemTrim) */
+static uint64_t g_graph_reserved[FG_MAX_CARDS], g_graph_reserved_high[FG_MAX_CARDS];
 
 static __thread struct CUctx_st *t_stack[32];
 static __thread int t_depth;
@@ -494,7 +512,8 @@ FG_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         if (s->ctx != c) { pp = &s->next; continue; }
         *pp = s->next;
         if (s->capture) {
-            free(s->capture);
+            graph_free_nodes(s->capture);
+        free(s->capture);
             s->capture = NULL;
             atomic_fetch_sub(&g_ncaptures, 1);
         }
@@ -822,6 +841,7 @@ FG_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
     for (struct CUstream_st **pp = &g_streams; *pp; pp = &(*pp)->next)
         if (*pp == s) { *pp = s->next; break; }
     if (s->capture) {
+        graph_free_nodes(s->capture);
         free(s->capture);
         atomic_fetch_sub(&g_ncaptures, 1);
     }
@@ -912,6 +932,19 @@ FG_EXPORT CUresult cuCtxSynchronize(void)
     return CUDA_SUCCESS;
 }
 
+/* g_mu held: a new node at the end of graph g (NULL when out of host memory). */
+static struct CUgraphNode_st *graph_add_node(struct CUgraph_st *g, int type, int dev, uint64_t dptr, uint64_t size)
+{
+    struct CUgraphNode_st *n = calloc(1, sizeof *n);
+    if (!n) return NULL;
+    *n = (struct CUgraphNode_st){GNODE_MAGIC, type, dev, dptr, size, 0, NULL};
+    if (g->last) g->last->next = n;
+    else g->nodes = n;
+    g->last = n;
+    g->nnodes++;
+    return n;
+}
+
 /* Pushes `ns` of simulated work (`kernels` kernels) on a stream: into the stream's graph while
  * it captures, otherwise onto the card's timeline. Kernels on one card run one after another:
  * each starts at the later of now, the stream's previous work and the card's clock (shared by
@@ -926,12 +959,14 @@ static CUresult stream_push(CUstream s, uint64_t ns, unsigned kernels)
         if (!is_default_stream(s)) {
             pthread_mutex_lock(&g_mu);
             struct CUgraph_st *g = s->capture;
+            int lost = 0;
             if (g) {
                 g->work_ns += ns;
                 g->nkernels += kernels;
+                if (kernels) lost = !graph_add_node(g, CU_GRAPH_NODE_TYPE_KERNEL, c->dev, 0, 0);
             }
             pthread_mutex_unlock(&g_mu);
-            if (g) return CUDA_SUCCESS;
+            if (g) return lost ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
         } else if (s != STREAM_PER_THREAD && (r = capture_legacy_use(c, 1)) != CUDA_SUCCESS) {
             return r;
         }
@@ -1134,6 +1169,7 @@ FG_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *pg)
     atomic_fetch_sub(&g_ncaptures, 1);
     pthread_mutex_unlock(&g_mu);
     if (invalid) {
+        graph_free_nodes(g);
         free(g);
         *pg = NULL;
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
@@ -1186,25 +1222,194 @@ FG_EXPORT CUresult cuGraphCreate(CUgraph *pg, unsigned int flags)
     return CUDA_SUCCESS;
 }
 
+static void graph_free_nodes(struct CUgraph_st *g)
+{
+    for (struct CUgraphNode_st *n = g->nodes, *next; n; n = next) {
+        next = n->next;
+        n->magic = 0;
+        free(n);
+    }
+    g->nodes = g->last = NULL;
+    g->nnodes = 0;
+}
+
 FG_EXPORT CUresult cuGraphDestroy(CUgraph g)
 {
     NEED_INIT();
     if (!g || g->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
     g->magic = 0;
+    graph_free_nodes(g);
     free(g);
+    return CUDA_SUCCESS;
+}
+
+static int graph_ok(CUgraph g) { return g && g->magic == GRAPH_MAGIC; }
+static int node_ok(CUgraphNode n) { return n && n->magic == GNODE_MAGIC; }
+
+FG_EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *num)
+{
+    NEED_INIT();
+    if (!graph_ok(g) || !num) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    if (nodes) { /* as the driver: up to *num handles, NULL after the last, *num = how many there are */
+        size_t i = 0;
+        for (struct CUgraphNode_st *n = g->nodes; n && i < *num; n = n->next) nodes[i++] = n;
+        for (; i < *num; i++) nodes[i] = NULL;
+    }
+    *num = g->nnodes;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphNodeGetType(CUgraphNode n, CUgraphNodeType *type)
+{
+    NEED_INIT();
+    if (!node_ok(n) || !type) return CUDA_ERROR_INVALID_VALUE;
+    *type = (CUgraphNodeType)n->type;
+    return CUDA_SUCCESS;
+}
+
+/* cuGraphAddMemAllocNode: the address is given now (params->dptr) and stays the node's; no
+ * memory is taken until an executable graph made from it is launched or uploaded. */
+FG_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *pn, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                          CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    (void)deps;
+    NEED_INIT();
+    if (!pn || !graph_ok(g) || !params || !params->bytesize || (ndeps && !deps)) return CUDA_ERROR_INVALID_VALUE;
+    const CUmemPoolProps *pp = &params->poolProps;
+    if (pp->allocType != CU_MEM_ALLOCATION_TYPE_PINNED || pp->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!dev_ok(pp->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    uint64_t dptr = va_take(params->bytesize);
+    pthread_mutex_lock(&g_mu);
+    struct CUgraphNode_st *n = graph_add_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, pp->location.id, dptr, params->bytesize);
+    pthread_mutex_unlock(&g_mu);
+    if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
+    params->dptr = dptr;
+    *pn = n;
+    return CUDA_SUCCESS;
+}
+
+/* g_mu held: a free node in g for dptr, which must be an allocation node of g not yet freed
+ * in it (the fake does not free one graph's allocation in another graph). */
+static CUresult graph_free_node(struct CUgraph_st *g, uint64_t dptr, CUgraphNode *pn)
+{
+    struct CUgraphNode_st *a = g->nodes;
+    while (a && !(a->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && a->dptr == dptr && !a->freed)) a = a->next;
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphNode_st *n = graph_add_node(g, CU_GRAPH_NODE_TYPE_MEM_FREE, a->dev, dptr, a->size);
+    if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
+    a->freed = 1;
+    if (pn) *pn = n;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *pn, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUdeviceptr dptr)
+{
+    (void)deps;
+    NEED_INIT();
+    if (!pn || !graph_ok(g) || (ndeps && !deps)) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = graph_free_node(g, dptr, pn);
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+FG_EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode n, CUDA_MEM_ALLOC_NODE_PARAMS *out)
+{
+    NEED_INIT();
+    if (!node_ok(n) || !out || n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) return CUDA_ERROR_INVALID_VALUE;
+    memset(out, 0, sizeof *out);
+    out->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    out->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    out->poolProps.location.id = n->dev;
+    out->bytesize = n->size;
+    out->dptr = n->dptr;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode n, CUdeviceptr *dptr)
+{
+    NEED_INIT();
+    if (!node_ok(n) || !dptr || n->type != CU_GRAPH_NODE_TYPE_MEM_FREE) return CUDA_ERROR_INVALID_VALUE;
+    *dptr = n->dptr;
+    return CUDA_SUCCESS;
+}
+
+/* g_mu held: reserve the executable graph's memory on its cards (all or nothing). */
+static CUresult gexec_reserve(struct CUgraphExec_st *e)
+{
+    if (e->reserved) return CUDA_SUCCESS;
+    for (int d = 0; d < g_nvis; d++) {
+        if (!e->mem[d] || fg_charge(card_of(d), e->mem[d]) == 0) continue;
+        while (--d >= 0)
+            if (e->mem[d]) fg_uncharge(card_of(d), e->mem[d]);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (int d = 0; d < g_nvis; d++) {
+        g_graph_reserved[d] += e->mem[d];
+        if (g_graph_reserved[d] > g_graph_reserved_high[d]) g_graph_reserved_high[d] = g_graph_reserved[d];
+    }
+    e->reserved = 1;
+    return CUDA_SUCCESS;
+}
+
+/* g_mu held */
+static void gexec_release(struct CUgraphExec_st *e)
+{
+    if (!e->reserved) return;
+    for (int d = 0; d < g_nvis; d++) {
+        if (!e->mem[d]) continue;
+        fg_uncharge(card_of(d), e->mem[d]);
+        g_graph_reserved[d] -= e->mem[d];
+    }
+    e->reserved = 0;
+}
+
+/* Launches (or, work_ns 0, uploads) e on s: its memory first, then its work on the timeline. */
+static CUresult gexec_run(struct CUgraphExec_st *e, CUstream s, int launch)
+{
+    struct CUctx_st *c;
+    uint64_t *end;
+    CUresult r = stream_end(s, &c, &end);
+    if (r != CUDA_SUCCESS) return r;
+    pthread_mutex_lock(&g_mu);
+    r = gexec_reserve(e);
+    pthread_mutex_unlock(&g_mu);
+    if (r != CUDA_SUCCESS || !launch) return r;
+    r = stream_push(s, e->work_ns, e->nkernels);
+    if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&g_mu);
+        if (*end > e->end_ns) e->end_ns = *end;
+        pthread_mutex_unlock(&g_mu);
+    }
+    return r;
+}
+
+static CUresult instantiate(CUgraphExec *pe, CUgraph g)
+{
+    NEED_INIT();
+    if (!pe || !graph_ok(g)) return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphExec_st *e = calloc(1, sizeof *e);
+    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = GEXEC_MAGIC;
+    pthread_mutex_lock(&g_mu);
+    e->work_ns = g->work_ns;
+    e->nkernels = g->nkernels;
+    for (struct CUgraphNode_st *n = g->nodes; n; n = n->next)
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) e->mem[n->dev] += (n->size + GRAN - 1) / GRAN * GRAN;
+    e->next = g_execs;
+    g_execs = e;
+    pthread_mutex_unlock(&g_mu);
+    *pe = e;
     return CUDA_SUCCESS;
 }
 
 FG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long long flags)
 {
     (void)flags;
-    NEED_INIT();
-    if (!pe || !g || g->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
-    struct CUgraphExec_st *e = calloc(1, sizeof *e);
-    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
-    *e = (struct CUgraphExec_st){GEXEC_MAGIC, g->work_ns, g->nkernels};
-    *pe = e;
-    return CUDA_SUCCESS;
+    return instantiate(pe, g);
 }
 /* CUDA 10/11 form: (exec, graph, error node, log buffer, its size) */
 FG_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *pe, CUgraph g, void *err_node, char *log, size_t n)
@@ -1218,11 +1423,42 @@ FG_EXPORT CUresult cuGraphInstantiate(CUgraphExec *pe, CUgraph g, void *err_node
     return cuGraphInstantiate_v2(pe, g, err_node, log, n);
 }
 
+FG_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e);
+/* CUDA 12 form: CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD uploads into params->hUploadStream, which
+ * reserves the graph's memory now (out of memory: no executable graph is made). */
+FG_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (!params) return atomic_load(&g_inited) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    params->hErrNode_out = NULL;
+    params->result_out = 0; /* CUDA_GRAPH_INSTANTIATE_SUCCESS */
+    CUresult r = instantiate(pe, g);
+    if (r != CUDA_SUCCESS || !(params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)) return r;
+    r = gexec_run(*pe, params->hUploadStream, 0);
+    if (r != CUDA_SUCCESS) {
+        cuGraphExecDestroy(*pe);
+        *pe = NULL;
+    }
+    return r;
+}
+FG_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *pe, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (params && !params->hUploadStream) params->hUploadStream = STREAM_PER_THREAD;
+    return cuGraphInstantiateWithParams(pe, g, params);
+}
+
 FG_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 {
     NEED_INIT();
     if (!e || e->magic != GEXEC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    gexec_release(e);
+    for (struct CUgraphExec_st **pp = &g_execs; *pp; pp = &(*pp)->next)
+        if (*pp == e) {
+            *pp = e->next;
+            break;
+        }
     e->magic = 0;
+    pthread_mutex_unlock(&g_mu);
     free(e);
     return CUDA_SUCCESS;
 }
@@ -1232,9 +1468,50 @@ FG_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
     NEED_INIT();
     call_cost(COST_LAUNCH);
     if (!e || e->magic != GEXEC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
-    return stream_push(s, e->work_ns, e->nkernels);
+    return gexec_run(e, s, 1);
 }
 FG_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e, s ? s : STREAM_PER_THREAD); }
+
+FG_EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s)
+{
+    NEED_INIT();
+    if (!e || e->magic != GEXEC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    return gexec_run(e, s, 0);
+}
+FG_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s) { return cuGraphUpload(e, s ? s : STREAM_PER_THREAD); }
+
+/* Gives back the memory of every executable graph on the device whose launches have all
+ * finished on the simulated timeline (they reserve it again at their next launch). */
+FG_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    NEED_INIT();
+    if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    uint64_t now = fg_now_ns();
+    pthread_mutex_lock(&g_mu);
+    for (struct CUgraphExec_st *e = g_execs; e; e = e->next)
+        if (e->reserved && e->mem[dev] && e->end_ns <= now) gexec_release(e);
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+/* The fake reuses no memory between a graph's allocations: used is what is reserved. */
+FG_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value)
+{
+    NEED_INIT();
+    if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = CUDA_SUCCESS;
+    switch (attr) {
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = g_graph_reserved[dev]; break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = g_graph_reserved_high[dev]; break;
+    default: r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
 
 /* ---- memory pools and stream-ordered allocation ------------------------------------- */
 static int pool_ok(CUmemoryPool p) { return p && p->magic == POOL_MAGIC && p->alive; }
@@ -1249,6 +1526,20 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool p, CUstr
     if (r != CUDA_SUCCESS) return r;
     if (!p) p = g_cur_pool[c->dev];
     if (!pool_ok(p)) return CUDA_ERROR_INVALID_VALUE;
+    if (atomic_load(&g_ncaptures) && !is_default_stream(s)) {
+        /* captured: an allocation node of the stream's graph, its address now, its memory
+         * the executable graph's (programming guide, "Graph Memory Nodes", stream capture) */
+        pthread_mutex_lock(&g_mu);
+        struct CUgraph_st *g = s->capture;
+        uint64_t ptr = g ? va_take(size) : 0;
+        struct CUgraphNode_st *n = g ? graph_add_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, p->dev, ptr, size) : NULL;
+        pthread_mutex_unlock(&g_mu);
+        if (g) {
+            if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
+            *dptr = ptr;
+            return CUDA_SUCCESS;
+        }
+    }
     static int delay_us = -1; /* FAKEGPU_POOL_ALLOC_DELAY_US: widen race windows in tests */
     if (delay_us < 0) { const char *e = getenv("FAKEGPU_POOL_ALLOC_DELAY_US"); delay_us = e ? atoi(e) : 0; }
     if (delay_us > 0) usleep((useconds_t)delay_us);
@@ -1292,12 +1583,13 @@ FG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s)
     CUresult r = stream_end(s, &c, &end);
     if (r != CUDA_SUCCESS) return r;
     if (atomic_load(&g_ncaptures) && !is_default_stream(s)) {
-        /* captured, a free becomes a graph node and must name a graph allocation: the fake
-         * makes none, so every such free is refused (nothing is freed) */
+        /* captured, a free becomes a free node of the stream's graph and must name an
+         * allocation node of that graph (anything else is refused; nothing is freed) */
         pthread_mutex_lock(&g_mu);
-        int capturing = s->capture != NULL;
+        struct CUgraph_st *g = s->capture;
+        r = g ? graph_free_node(g, ptr, NULL) : CUDA_SUCCESS;
         pthread_mutex_unlock(&g_mu);
-        if (capturing) return CUDA_ERROR_INVALID_VALUE;
+        if (g) return r;
     }
     alloc_ent e;
     if (tab_take(ptr, K_POOL, &e) != 0) {

@@ -68,7 +68,14 @@
     X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, 9000, 0, (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)) \
     X(cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel, 9000, 1, (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)) \
     X(cuGraphLaunch, cuGraphLaunch, 10000, 0, (CUgraphExec hGraphExec, CUstream hStream)) \
-    X(cuGraphLaunch_ptsz, cuGraphLaunch, 10000, 1, (CUgraphExec hGraphExec, CUstream hStream))
+    X(cuGraphLaunch_ptsz, cuGraphLaunch, 10000, 1, (CUgraphExec hGraphExec, CUstream hStream)) \
+    /* graph memory nodes (issue 25, src/hooks_graph.c) */ \
+    X(cuGraphInstantiate, cuGraphInstantiate, 10000, 0, (CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)) \
+    X(cuGraphInstantiate_v2, cuGraphInstantiate, 11000, 0, (CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)) \
+    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, 0, (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)) \
+    X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 12000, 0, (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)) \
+    X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams, 12000, 1, (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)) \
+    X(cuGraphExecDestroy, cuGraphExecDestroy, 10000, 0, (CUgraphExec hGraphExec))
 
 #define EGPU_NVML_HOOKS(X) \
     X(nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo, 0, 0, (nvmlDevice_t device, nvmlMemory_t *memory)) \
@@ -97,6 +104,10 @@
     X(cuStreamIsCapturing, O, (CUstream hStream, CUstreamCaptureStatus *captureStatus)) \
     X(cuThreadExchangeStreamCaptureMode, O, (CUstreamCaptureMode *mode)) \
     X(cuMemGetAllocationPropertiesFromHandle, O, (CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)) \
+    X(cuGraphGetNodes, O, (CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)) \
+    X(cuGraphNodeGetType, O, (CUgraphNode hNode, CUgraphNodeType *type)) \
+    X(cuGraphMemAllocNodeGetParams, O, (CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out)) \
+    X(cuGraphChildGraphNodeGetGraph, O, (CUgraphNode hNode, CUgraph *phGraph)) \
     X(cuMemGetAllocationGranularity, O, (size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option))
 
 #define EGPU_NVML_CALLS(X) \

@@ -24,8 +24,9 @@ typedef struct {
  * MAP_PTR, MAP_ARRAY: ctx = the context it was made in (freed with it).
  * MAP_VMM: key = handle; aux = VMM_REFS (handles: create, import, retain) | VMM_NMAPS << 32
  *          (mappings) | VMM_IMPORTED. MAP_VMAP: key = mapped address, bytes = length,
- *          aux = handle. */
-enum { MAP_PTR = 1, MAP_VMM, MAP_ARRAY, MAP_CTX, MAP_VMAP };
+ *          aux = handle. MAP_GEXEC: key = executable graph ^ device << 56, bytes = what its
+ *          allocation nodes booked on that device (hooks_graph.c). */
+enum { MAP_PTR = 1, MAP_VMM, MAP_ARRAY, MAP_CTX, MAP_VMAP, MAP_GEXEC };
 typedef struct { uint64_t key; uint64_t bytes; uint64_t aux; uint64_t ctx; int32_t dev; int32_t kind; } egpu_map_ent;
 typedef struct {
     pthread_mutex_t mu;

@@ -85,6 +85,9 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
     if (!dptr || !size || cur_dev(&dev) != CUDA_SUCCESS) return CALL_REAL();
     if (egpu_config_ready() != 0) return EGPU_REFUSED_CU;
     if (!devs_ready() || dev >= S->ndev) return CALL_REAL();
+    /* captured: an allocation node, which takes no memory now; its graph's memory is booked
+     * when the graph is instantiated (hooks_graph.c) */
+    if (strm_capturing(st, pt)) return CALL_REAL();
     if (!from_pool && (!R.cuDeviceGetMemPool || R.cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS)) pool = NULL;
     if (!pool || !R.cuMemPoolGetAttribute) return CALL_REAL(); /* let the driver report */
     /* Under pool_mu: what the pool's cache can serve, less what concurrent in-flight

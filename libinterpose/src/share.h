@@ -1,5 +1,6 @@
 /* share.h: what the memory hooks share (internal; the files that include it are share.c,
- * hooks_alloc.c, hooks_pool.c, hooks_vmm.c, hooks_array.c, hooks_ctx.c and hooks_view.c).
+ * hooks_alloc.c, hooks_pool.c, hooks_vmm.c, hooks_array.c, hooks_ctx.c, hooks_graph.c and
+ * hooks_view.c).
  *
  * The share's state lives in egpu_g (egpu_state.h). Every charged path: find the card (from
  * the current context, or from the allocation's properties for VMM), charge the bytes

@@ -2,7 +2,7 @@
 run by a client environment's Python (tests/clients/test_memory_patterns.py). Prints one JSON
 object.
 
-    python patterns_probe.py SHARE_MIB expandable|vllm
+    python patterns_probe.py SHARE_MIB expandable|vllm|graph
 
 - ``expandable``: PyTorch's expandable segments. One large virtual range is reserved
   (cuMemAddressReserve, 64 GiB: more than any card here), and physical chunks are created
@@ -13,7 +13,14 @@ object.
   (cuMemAlloc of a quarter of the total) and a warm-up's activations allocated and freed;
   free and total are read again and the KV cache is sized as
   ``gpu_memory_utilization x total - (total - free)`` and allocated in one piece; then what
-  is left, plus one MiB, is asked for.
+  is left, plus one MiB, is asked for. Then, as vLLM does after its KV cache, a CUDA graph
+  is captured whose memory nodes (cuMemAllocAsync in the capture) take half of what is left,
+  and a second one that asks for more than is left.
+- ``graph``: CUDA graph memory nodes. A capture allocates and frees 256 and 128 MiB on its
+  stream (allocation and free nodes), the graph is instantiated, launched, the device's graph
+  memory trimmed and the graph launched again; then a graph built node by node
+  (cuGraphAddMemAllocNode, cuGraphAddMemFreeNode) asks for more than is free; everything is
+  destroyed.
 """
 
 from __future__ import annotations
@@ -96,6 +103,62 @@ def expandable(out: dict[str, Any]) -> None:
     out["free_end_mib"] = free_mib()
 
 
+def launched_capture(sizes_mib: list[int]) -> tuple[Any, Any, Any, str | None, int]:
+    """A stream captures allocations of sizes_mib and their frees (a graph of memory nodes);
+    the graph is instantiated and launched. (stream, graph, exec or None, the step that
+    failed or None, its CUresult)."""
+    stream = ok(d.cuStreamCreate(0))
+    ok(d.cuStreamBeginCapture(stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    ptrs = [ok(d.cuMemAllocAsync(mib * MIB, stream)) for mib in sizes_mib]
+    for ptr in reversed(ptrs):
+        ok(d.cuMemFreeAsync(ptr, stream))
+    graph = ok(d.cuStreamEndCapture(stream))
+    return (stream, graph, *launch(graph, stream))
+
+
+def launch(graph: Any, stream: Any) -> tuple[Any, str | None, int]:
+    """Instantiates and launches graph: (exec or None, the step that failed or None, CUresult)."""
+    rc, exe = d.cuGraphInstantiate(graph, 0)
+    if int(rc) != 0:
+        return None, "instantiate", int(rc)
+    rc = int(d.cuGraphLaunch(exe, stream)[0])
+    if rc != 0:
+        return exe, "launch", rc
+    ok(d.cuStreamSynchronize(stream))
+    return exe, None, 0
+
+
+def graph(out: dict[str, Any]) -> None:
+    out["free_start_mib"] = free_mib()
+    stream, g, exe, failed, rc = launched_capture([256, 128])
+    out["launch"] = [failed, rc]
+    out["free_launched_mib"] = free_mib()
+    ok(d.cuDeviceGraphMemTrim(ok(d.cuDeviceGet(0))))
+    out["free_trimmed_mib"] = free_mib()
+    out["relaunch"] = int(d.cuGraphLaunch(exe, stream)[0])
+    ok(d.cuStreamSynchronize(stream))
+    out["free_relaunched_mib"] = free_mib()
+    # a graph built node by node that asks for more than is free
+    big = ok(d.cuGraphCreate(0))
+    params = d.CUDA_MEM_ALLOC_NODE_PARAMS()
+    params.poolProps.allocType = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    params.poolProps.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    params.poolProps.location.id = 0
+    params.bytesize = (free_mib() + 2) * MIB
+    node = ok(d.cuGraphAddMemAllocNode(big, None, 0, params))
+    ok(d.cuGraphAddMemFreeNode(big, [node], 1, params.dptr))
+    big_exe, failed, rc = launch(big, stream)
+    out["over"] = [failed, rc]
+    out["free_refused_mib"] = free_mib()
+    if big_exe is not None:
+        ok(d.cuGraphExecDestroy(big_exe))
+    ok(d.cuGraphDestroy(big))
+    ok(d.cuGraphExecDestroy(exe))
+    ok(d.cuGraphDestroy(g))
+    ok(d.cuStreamDestroy(stream))
+    out["free_end_mib"] = free_mib()
+
+
 def vllm(out: dict[str, Any]) -> None:
     free, total = ok(d.cuMemGetInfo())
     out["total_mib"], out["free_start_mib"] = int(total) // MIB, int(free) // MIB
@@ -114,6 +177,19 @@ def vllm(out: dict[str, Any]) -> None:
     out["budget_left_mib"] = (int(total_again) - budget) // MIB
     rc, _ = d.cuMemAlloc((left + 1) * MIB)
     out["over_alloc"] = int(rc)
+    # CUDA graphs captured after the KV cache: their memory nodes come out of what is left
+    out["graph_mib"] = left // 4 * 2  # half of it, in 2 MiB steps
+    stream, g, exe, failed, rc = launched_capture([out["graph_mib"]])
+    out["graph_launch"] = [failed, rc]
+    out["left_after_graph_mib"] = free_mib()
+    stream2, g2, exe2, failed, rc = launched_capture([out["left_after_graph_mib"] + 2])
+    out["graph_over"] = [failed, rc]
+    for e in (exe, exe2):
+        if e is not None:
+            ok(d.cuGraphExecDestroy(e))
+    for gr, st in ((g, stream), (g2, stream2)):
+        ok(d.cuGraphDestroy(gr))
+        ok(d.cuStreamDestroy(st))
     ok(d.cuMemFree(kv))
     ok(d.cuMemFree(weights))
     out["free_end_mib"] = free_mib()
@@ -124,7 +200,7 @@ def main() -> None:
     ok(d.cuInit(0))
     dev = ok(d.cuDeviceGet(0))
     ok(d.cuCtxSetCurrent(ok(d.cuDevicePrimaryCtxRetain(dev))))
-    {"expandable": expandable, "vllm": vllm}[sys.argv[2]](out)
+    {"expandable": expandable, "vllm": vllm, "graph": graph}[sys.argv[2]](out)
     print(json.dumps(out))
 
 

@@ -11,8 +11,17 @@ and with the interposer (a 4096 MiB share).
   bug: a total that shows the card makes vLLM size its KV cache for the card, and its first
   allocation fails or a co-tenant's does).
 
-Not yet here: CUDA graph memory nodes (cuGraphAddMemAllocNode; the fake records captured
-kernels only) and NCCL's exported handles (a second process of the same share importing a
+- CUDA graph memory nodes (cuMemAllocAsync in a stream capture, cuGraphAddMemAllocNode): a
+  capture takes nothing; the graph's memory is charged once it is instantiated (the share books
+  it then; the driver takes it at the launch) and kept across launches; a graph asking for more
+  than is free is refused with OUT_OF_MEMORY (by the share at instantiation, by the driver at
+  the launch) and takes nothing; destroying the executable graph gives it all back. The bugs:
+  charging the capture's allocations as plain allocations (a share near its cap cannot
+  capture; the charge is never given back, since the graph frees them), or never charging
+  the graph (its launch takes the card past the share: vLLM's graphs after its KV cache).
+  Also in vLLM's profile: graphs captured after the KV cache take what is left, never more.
+
+Not yet here: NCCL's exported handles (a second process of the same share importing a
 handle is charged again: each process's accounting holds what it maps; docs/interposer.md).
 """
 
@@ -54,4 +63,28 @@ def test_vllms_startup_profile_sizes_its_kv_cache_within_the_share(
     # what is left is the 10% vLLM leaves, to the MiB (the KV cache was rounded down to one)
     assert r["budget_left_mib"] <= r["left_mib"] <= r["budget_left_mib"] + 1, r
     assert r["over_alloc"] == OUT_OF_MEMORY, r
+    # the graphs captured after the KV cache: half of what was left, then no more than is left
+    assert r["graph_launch"] == [None, 0], r
+    assert r["left_after_graph_mib"] == r["left_mib"] - r["graph_mib"], r
+    assert r["graph_over"] == ["launch" if not share_mib else "instantiate", OUT_OF_MEMORY], r
     assert r["free_end_mib"] == r["free_start_mib"], r
+
+
+GRAPH_MIB = 256 + 128  # the capture's two allocation nodes (whole granules)
+
+
+@pytest.mark.parametrize("share_mib", [0, SHARE_MIB], ids=["no-interposer", "share-4096"])
+def test_graph_memory_nodes_are_charged_while_the_executable_graph_lives(
+        share_mib: int, tmp_path: Path) -> None:
+    r = probe(CLIENT, tmp_path, share_mib, SCRIPT, args=("graph",))
+    start = r["free_start_mib"]
+    assert start <= (share_mib or CARD_MIB), r
+    assert r["launch"] == [None, 0], r
+    assert r["free_launched_mib"] == start - GRAPH_MIB, r
+    # trimmed while idle, the driver gives the graph's memory back until its next launch; the
+    # share keeps its booking until the executable graph is destroyed
+    assert r["free_trimmed_mib"] == (start - GRAPH_MIB if share_mib else start), r
+    assert r["relaunch"] == 0 and r["free_relaunched_mib"] == start - GRAPH_MIB, r
+    assert r["over"] == ["launch" if not share_mib else "instantiate", OUT_OF_MEMORY], r
+    assert r["free_refused_mib"] == start - GRAPH_MIB, r
+    assert r["free_end_mib"] == start, r

@@ -191,3 +191,98 @@ def test_modules_load_and_copies_check_their_device_ranges(rig):
                  "max_threads": 1024, "launch": 0, "unload": 0,
                  "function_after_unload": 400, "library": 0, "kernel": 0,
                  "kernel_function": 0, "module_handle_as_library": 400}, r
+
+
+GRAPH_MEMORY_NODES = """
+    import ctypes as C, json
+    cuda = C.CDLL("libcuda.so.1")
+    MIB = 1 << 20
+    class Loc(C.Structure):
+        _fields_ = [("type", C.c_int), ("id", C.c_int)]
+    class PoolProps(C.Structure):
+        _fields_ = [("allocType", C.c_int), ("handleTypes", C.c_int), ("location", Loc),
+                    ("win32", C.c_void_p), ("maxSize", C.c_size_t), ("usage", C.c_ushort),
+                    ("reserved", C.c_ubyte * 54)]
+    class AllocParams(C.Structure):
+        _fields_ = [("poolProps", PoolProps), ("accessDescs", C.c_void_p),
+                    ("accessDescCount", C.c_size_t), ("bytesize", C.c_size_t),
+                    ("dptr", C.c_uint64)]
+    def params(nbytes, dev=0):
+        p = AllocParams()
+        p.poolProps.allocType, p.poolProps.location.type, p.poolProps.location.id = 1, 1, dev
+        p.bytesize = nbytes
+        return p
+    def reserved():
+        v = C.c_uint64()
+        cuda.cuDeviceGetGraphMemAttribute(0, 2, C.byref(v))  # RESERVED_MEM_CURRENT
+        return v.value // MIB
+    out = {"init": cuda.cuInit(0)}
+    ctx, s, g, e, n, n2 = (C.c_void_p() for _ in range(6))
+    cuda.cuDevicePrimaryCtxRetain(C.byref(ctx), 0)
+    cuda.cuCtxSetCurrent(ctx)
+    cuda.cuStreamCreate(C.byref(s), 0)
+    plain = C.c_uint64()
+    cuda.cuMemAlloc_v2(C.byref(plain), C.c_size_t(MIB))
+    cuda.cuStreamBeginCapture_v2(s, 0)
+    a = C.c_uint64()
+    out["captured_alloc"] = cuda.cuMemAllocAsync(C.byref(a), C.c_size_t(3 * MIB), s)
+    f = C.c_void_p(1)
+    out["launch"] = cuda.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, None, None)
+    out["captured_free_of_plain"] = cuda.cuMemFreeAsync(plain, s)
+    out["captured_free"] = cuda.cuMemFreeAsync(a, s)
+    out["captured_free_again"] = cuda.cuMemFreeAsync(a, s)
+    out["end"] = cuda.cuStreamEndCapture(s, C.byref(g))
+    count = C.c_size_t(0)
+    cuda.cuGraphGetNodes(g, None, C.byref(count))
+    out["nodes"] = count.value
+    nodes = (C.c_void_p * 5)()
+    count = C.c_size_t(5)
+    cuda.cuGraphGetNodes(g, nodes, C.byref(count))
+    types = []
+    for i in range(3):
+        t = C.c_int()
+        cuda.cuGraphNodeGetType(C.c_void_p(nodes[i]), C.byref(t))
+        types.append(t.value)
+    out["types"], out["past_last"] = types, [nodes[3], nodes[4]]
+    got = AllocParams()
+    out["get_params"] = cuda.cuGraphMemAllocNodeGetParams(C.c_void_p(nodes[0]), C.byref(got))
+    out["same_node"] = [got.bytesize == 3 * MIB, got.dptr == a.value]
+    free_node = C.c_void_p(nodes[2])
+    out["params_of_free_node"] = cuda.cuGraphMemAllocNodeGetParams(free_node, C.byref(got))
+    out["zero_bytes"] = cuda.cuGraphAddMemAllocNode(C.byref(n), g, None, 0, C.byref(params(0)))
+    out["bad_device"] = cuda.cuGraphAddMemAllocNode(C.byref(n), g, None, 0, C.byref(params(MIB, 7)))
+    out["free_node_unknown"] = cuda.cuGraphAddMemFreeNode(C.byref(n2), g, None, 0, plain)
+    out["reserved_before"] = reserved()
+    out["instantiate"] = cuda.cuGraphInstantiateWithFlags(C.byref(e), g, C.c_ulonglong(0))
+    out["reserved_instantiated"] = reserved()
+    out["graph_launch"] = cuda.cuGraphLaunch(e, s)
+    out["reserved_launched"] = reserved()  # 3 MiB: a whole 2 MiB granule more
+    cuda.cuStreamSynchronize(s)
+    out["trim"] = cuda.cuDeviceGraphMemTrim(0)
+    out["reserved_trimmed"] = reserved()
+    cuda.cuGraphLaunch(e, s)
+    out["reserved_relaunched"] = reserved()
+    out["exec_destroy"] = cuda.cuGraphExecDestroy(e)
+    out["reserved_end"] = reserved()
+    print(json.dumps(out))
+"""
+
+
+def test_graph_memory_nodes_take_memory_at_launch_and_give_it_back_when_trimmed_or_destroyed(rig):
+    """Issue 25 (vLLM's graphs): as the driver, a capture's cuMemAllocAsync is an allocation
+    node (its address now, no memory), cuMemFreeAsync of it a free node; freeing in a capture
+    what is no allocation of the graph, or twice, is CUDA_ERROR_INVALID_VALUE (1); a launch
+    kernel is a kernel node. cuGraphGetNodes says how many and NULLs past the last. The
+    memory is reserved at the first launch (whole 2 MiB granules), given back by a trim
+    while idle, taken again by the next launch, and given back when the executable graph is
+    destroyed. A fake that charged the capture or never the graph would hide both bugs the
+    interposer's graph tests catch."""
+    r = _py(rig, GRAPH_MEMORY_NODES)
+    assert r == {"init": 0, "captured_alloc": 0, "launch": 0, "captured_free_of_plain": 1,
+                 "captured_free": 0, "captured_free_again": 1, "end": 0, "nodes": 3,
+                 "types": [10, 0, 11], "past_last": [None, None], "get_params": 0,
+                 "same_node": [True, True], "params_of_free_node": 1, "zero_bytes": 1,
+                 "bad_device": 101, "free_node_unknown": 1, "reserved_before": 0,
+                 "instantiate": 0, "reserved_instantiated": 0, "graph_launch": 0,
+                 "reserved_launched": 4, "trim": 0, "reserved_trimmed": 0,
+                 "reserved_relaunched": 4, "exec_destroy": 0, "reserved_end": 0}, r
