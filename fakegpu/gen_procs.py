@@ -184,6 +184,14 @@ EXTRA = {
     "cuDeviceGetMemPool": 11020,
     "cuDeviceSetMemPool": 11020,
     "cuModuleLoadDataEx": 2010,  # numba-cuda's JIT options path (issue 25)
+    # multicast (NVLS; NCCL asks for it): stubs answering NOT_SUPPORTED, as a driver does on
+    # a card without NVSwitch (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on the fake)
+    "cuMulticastCreate": 12010,
+    "cuMulticastAddDevice": 12010,
+    "cuMulticastBindMem": 12010,
+    "cuMulticastBindAddr": 12010,
+    "cuMulticastUnbind": 12010,
+    "cuMulticastGetGranularity": 12010,
 }
 
 

@@ -2,7 +2,7 @@
 run by a client environment's Python (tests/clients/test_memory_patterns.py). Prints one JSON
 object.
 
-    python patterns_probe.py SHARE_MIB expandable|vllm|graph
+    python patterns_probe.py SHARE_MIB expandable|vllm|graph|multicast
 
 - ``expandable``: PyTorch's expandable segments. One large virtual range is reserved
   (cuMemAddressReserve, 64 GiB: more than any card here), and physical chunks are created
@@ -21,6 +21,9 @@ object.
   memory trimmed and the graph launched again; then a graph built node by node
   (cuGraphAddMemAllocNode, cuGraphAddMemFreeNode) asks for more than is free; everything is
   destroyed.
+- ``multicast``: NCCL's NVLS probe. The device's multicast attribute is read and a multicast
+  object of 512 MiB asked for (cuMulticastCreate); on a card without NVSwitch the driver
+  answers NOT_SUPPORTED and NCCL goes on without it.
 """
 
 from __future__ import annotations
@@ -159,6 +162,18 @@ def graph(out: dict[str, Any]) -> None:
     out["free_end_mib"] = free_mib()
 
 
+def multicast(out: dict[str, Any]) -> None:
+    out["free_start_mib"] = free_mib()
+    attr = d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED
+    out["supported"] = int(ok(d.cuDeviceGetAttribute(attr, ok(d.cuDeviceGet(0)))))
+    prop = d.CUmulticastObjectProp()
+    prop.numDevices = 1
+    prop.size = 512 * MIB
+    rc, _ = d.cuMulticastCreate(prop)
+    out["create"] = int(rc)
+    out["free_end_mib"] = free_mib()
+
+
 def vllm(out: dict[str, Any]) -> None:
     free, total = ok(d.cuMemGetInfo())
     out["total_mib"], out["free_start_mib"] = int(total) // MIB, int(free) // MIB
@@ -200,7 +215,8 @@ def main() -> None:
     ok(d.cuInit(0))
     dev = ok(d.cuDeviceGet(0))
     ok(d.cuCtxSetCurrent(ok(d.cuDevicePrimaryCtxRetain(dev))))
-    {"expandable": expandable, "vllm": vllm, "graph": graph}[sys.argv[2]](out)
+    patterns = {"expandable": expandable, "vllm": vllm, "graph": graph, "multicast": multicast}
+    patterns[sys.argv[2]](out)
     print(json.dumps(out))
 
 

@@ -21,6 +21,12 @@ and with the interposer (a 4096 MiB share).
   the graph (its launch takes the card past the share: vLLM's graphs after its KV cache).
   Also in vLLM's profile: graphs captured after the KV cache take what is left, never more.
 
+- NCCL's NVLS probe: a card without NVSwitch says multicast is unsupported and
+  cuMulticastCreate answers NOT_SUPPORTED, with and without the interposer, taking nothing
+  (the bug: the name not found through cuGetProcAddress, which NCCL treats as a broken
+  driver, or a multicast object charged: its memory is what each device binds to it, made
+  with cuMemCreate and charged there).
+
 Not yet here: NCCL's exported handles (a second process of the same share importing a
 handle is charged again: each process's accounting holds what it maps; docs/interposer.md).
 """
@@ -88,3 +94,14 @@ def test_graph_memory_nodes_are_charged_while_the_executable_graph_lives(
     assert r["over"] == ["launch" if not share_mib else "instantiate", OUT_OF_MEMORY], r
     assert r["free_refused_mib"] == start - GRAPH_MIB, r
     assert r["free_end_mib"] == start, r
+
+
+NOT_SUPPORTED = 801
+
+
+@pytest.mark.parametrize("share_mib", [0, SHARE_MIB], ids=["no-interposer", "share-4096"])
+def test_multicast_is_unsupported_without_nvswitch_and_takes_nothing(
+        share_mib: int, tmp_path: Path) -> None:
+    r = probe(CLIENT, tmp_path, share_mib, SCRIPT, args=("multicast",))
+    assert (r["supported"], r["create"]) == (0, NOT_SUPPORTED), r
+    assert r["free_end_mib"] == r["free_start_mib"], r
