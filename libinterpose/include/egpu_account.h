@@ -11,6 +11,8 @@ typedef struct {
     int proc;     /* my slot in r->procs, -1 until the first charge */
     pid_t pid;
     int fd;       /* the region file, kept open: holds my slot's liveness lock; -1 none */
+    uint32_t *holds; /* per procs[] slot: how many of my handles hold that shared slot
+                      * (EGPU_PROC_F_SHARED); NULL until the first */
 } egpu_acct;
 
 /* Open (creating if needed) the region file. 0 ok; -1 with a reason in err. */
@@ -27,6 +29,18 @@ void egpu_acct_uncharge(egpu_acct *a, int card, uint64_t bytes);
 void egpu_acct_force(egpu_acct *a, int card, uint64_t bytes);
 uint64_t egpu_acct_used(egpu_acct *a, int card);
 uint64_t egpu_acct_my_used(egpu_acct *a, int card);
+/* Shared charges (NCCL's exported allocations; egpu_region.h, EGPU_PROC_F_SHARED).
+ * share_out: move `bytes` of my usage on `card` into a new shared slot, held by me, for the
+ *   allocation exported as the fd `dupfd` (my private duplicate). The slot, or -1 (region
+ *   full, no liveness lock: the bytes stay mine).
+ * share_find: the shared slot whose exported fd is the same open file as `fd` (kcmp), now held
+ *   once more by me; -1 when none is (exported by another container, or its exporter let go).
+ * share_drop: one of my holds of `slot` ends; the slot is freed (its bytes given back) when no
+ *   process holds it any more. Returns the exporter's duplicate fd for the exporter to close
+ *   (its hold ended), else -1. */
+int egpu_acct_share_out(egpu_acct *a, int card, uint64_t bytes, int dupfd);
+int egpu_acct_share_find(egpu_acct *a, int fd);
+int egpu_acct_share_drop(egpu_acct *a, int slot);
 /* Reclaim the usage of dead processes. Returns how many were reclaimed. */
 int egpu_acct_reap(egpu_acct *a);
 /* This process is going away: drop its slot and usage. */

@@ -38,6 +38,7 @@
     X(cuMemUnmap, cuMemUnmap, 10020, 0, (CUdeviceptr ptr, size_t size)) \
     X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 11000, 0, (CUmemGenericAllocationHandle *handle, void *addr)) \
     X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 10020, 0, (CUmemGenericAllocationHandle *handle, void *osHandle, CUmemAllocationHandleType shHandleType)) \
+    X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, 10020, 0, (void *shareableHandle, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType, unsigned long long flags)) \
     X(cuArrayCreate, cuArrayCreate, 2000, 0, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray)) \
     X(cuArrayCreate_v2, cuArrayCreate, 3020, 0, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)) \
     X(cuArray3DCreate, cuArray3DCreate, 2000, 0, (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray)) \

@@ -33,6 +33,13 @@ typedef struct {
                                * available): the pid and its start time, judged in the peer's
                                * own pid namespace. */
 
+#define EGPU_PROC_F_SHARED 0x2u /* (with EGPU_PROC_F_OFD) not a process: one allocation exported
+                               * by a process of the container (a POSIX fd, NCCL) and held by
+                               * one or more of its processes, charged here once. pid: the
+                               * exporter; start_time: the exporter's private duplicate of the
+                               * exported fd (kcmp finds an import's match), or ~0 once the
+                               * exporter let go; each holder holds an OFD *read* lock on the
+                               * slot's first byte, so the slot lives while any holder does. */
 typedef struct {
     int32_t pid;              /* 0 = free slot; as seen in the owner's pid namespace */
     uint32_t flags;           /* EGPU_PROC_F_* */

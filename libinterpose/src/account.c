@@ -4,7 +4,9 @@
  * A process killed at any instant leaves its slot behind; the next locker that notices
  * (attach, a charge that would fail, a capacity query) reclaims it. A process killed while
  * holding the lock makes the next pthread_mutex_lock return EOWNERDEAD: the card sums are
- * then recomputed from the proc slots (each slot update is one aligned 64-bit store). */
+ * then recomputed from the proc slots (each slot update is one aligned 64-bit store).
+ * A shared slot (EGPU_PROC_F_SHARED) counts like a process's: it lives while any holder's
+ * OFD read lock on it does. */
 #define _GNU_SOURCE
 #include "egpu_account.h"
 #include "egpu_fsutil.h"
@@ -12,9 +14,12 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stddef.h>
+#include <linux/kcmp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -72,6 +77,7 @@ static int proc_dead(const egpu_acct *a, int idx)
 {
     const egpu_region_proc *p = &a->r->procs[idx];
     if (idx == a->proc && a->pid == getpid()) return 0; /* mine (my own lock never conflicts) */
+    if (a->holds && a->holds[idx] && a->pid == getpid()) return 0; /* a shared slot I hold */
     if (p->flags & EGPU_PROC_F_OFD) return ofd_held(a->fd, idx) == 0; /* pid only a hint */
     if (kill(p->pid, 0) == -1 && errno == ESRCH) return 1;
     if (p->start_time) {
@@ -312,6 +318,99 @@ uint64_t egpu_acct_my_used(egpu_acct *a, int card)
     return __atomic_load_n(&a->r->procs[a->proc].used[card], __ATOMIC_ACQUIRE);
 }
 
+/* ---- shared charges (egpu_region.h, EGPU_PROC_F_SHARED) ------------------------------ */
+#define SHARED_FD_GONE UINT64_MAX
+
+static int kcmp_same_file(pid_t other, int my_fd, uint64_t other_fd)
+{
+    if (other_fd > INT32_MAX) return 0;
+    return syscall(SYS_kcmp, (pid_t)getpid(), other, KCMP_FILE, my_fd, (int)other_fd) == 0;
+}
+
+static uint32_t *holds_of(egpu_acct *a)
+{
+    if (!a->holds) a->holds = calloc(EGPU_REGION_MAX_PROCS, sizeof *a->holds);
+    return a->holds;
+}
+
+/* locked: a free slot, taken with my read lock (reaping once if none), or -1 */
+static int shared_slot_locked(egpu_acct *a)
+{
+    egpu_region *r = a->r;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int p = 0; p < EGPU_REGION_MAX_PROCS; p++)
+            if (!r->procs[p].pid) {
+                if (ofd_lock(a->fd, p, F_RDLCK) != 0) return -1;
+                return p;
+            }
+        reap_locked(a);
+    }
+    return -1;
+}
+
+int egpu_acct_share_out(egpu_acct *a, int card, uint64_t bytes, int dupfd)
+{
+    if (card < 0 || card >= EGPU_REGION_MAX_CARDS || a->proc < 0 || a->fd < 0 || dupfd < 0 || !holds_of(a))
+        return -1;
+    egpu_region *r = a->r;
+    lock(r);
+    int q = shared_slot_locked(a);
+    if (q >= 0) {
+        egpu_region_proc *me = &r->procs[a->proc], *sh = &r->procs[q];
+        uint64_t move = bytes < me->used[card] ? bytes : me->used[card];
+        memset(sh, 0, sizeof *sh);
+        sh->flags = EGPU_PROC_F_OFD | EGPU_PROC_F_SHARED;
+        sh->start_time = (uint64_t)dupfd;
+        sh->used[card] = move;
+        me->used[card] -= move; /* the card's sum is unchanged: the bytes move */
+        a->holds[q] = 1;
+        __atomic_store_n(&sh->pid, (int32_t)getpid(), __ATOMIC_RELEASE); /* published last */
+    }
+    unlock(r);
+    return q;
+}
+
+int egpu_acct_share_find(egpu_acct *a, int fd)
+{
+    if (a->fd < 0 || fd < 0 || !holds_of(a)) return -1;
+    egpu_region *r = a->r;
+    int found = -1;
+    lock(r);
+    for (int p = 0; p < EGPU_REGION_MAX_PROCS && found < 0; p++) {
+        egpu_region_proc *sh = &r->procs[p];
+        if (!sh->pid || !(sh->flags & EGPU_PROC_F_SHARED) || sh->start_time == SHARED_FD_GONE) continue;
+        if (!kcmp_same_file(sh->pid, fd, sh->start_time)) continue;
+        if (a->holds[p] == 0 && ofd_lock(a->fd, p, F_RDLCK) != 0) continue;
+        a->holds[p]++;
+        found = p;
+    }
+    unlock(r);
+    return found;
+}
+
+int egpu_acct_share_drop(egpu_acct *a, int slot)
+{
+    if (slot < 0 || slot >= EGPU_REGION_MAX_PROCS || !a->holds || !a->holds[slot]) return -1;
+    egpu_region *r = a->r;
+    int dupfd = -1;
+    lock(r);
+    egpu_region_proc *sh = &r->procs[slot];
+    if (--a->holds[slot] == 0) {
+        if (sh->pid == (int32_t)getpid() && sh->start_time != SHARED_FD_GONE) { /* the exporter lets go */
+            dupfd = (int)sh->start_time;
+            sh->start_time = SHARED_FD_GONE;
+        }
+        ofd_lock(a->fd, slot, F_UNLCK);
+        if (ofd_held(a->fd, slot) == 0) { /* nobody else holds it: its bytes go back now */
+            for (int c = 0; c < EGPU_REGION_MAX_CARDS; c++)
+                r->cards[c].used_bytes = sat_sub(r->cards[c].used_bytes, sh->used[c]);
+            memset(sh, 0, sizeof *sh);
+        }
+    }
+    unlock(r);
+    return dupfd;
+}
+
 int egpu_acct_reap(egpu_acct *a)
 {
     lock(a->r);
@@ -338,6 +437,8 @@ void egpu_acct_forget(egpu_acct *a)
 {
     a->proc = -1;
     a->pid = 0;
+    free(a->holds); /* the parent's read locks are its own description's: the child holds none */
+    a->holds = NULL;
     if (a->fd < 0) return;
     /* The inherited descriptor shares the parent's open file description (and so its
      * liveness lock): take a description of our own. Closing ours leaves the parent's lock. */

@@ -1,6 +1,8 @@
 /* hooks_vmm.c: virtual memory management (cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap,
  * cuMemRetainAllocationHandle, cuMemImportFromShareableHandle). */
 #define _GNU_SOURCE
+#include <fcntl.h>
+#include <unistd.h>
 #include "share.h"
 
 /* ---- virtual memory management -----------------------------------------------------
@@ -16,26 +18,43 @@
  * the allocation granularity at import and then the largest extent (offset + size, rounded
  * up to the granularity) any mapping of it reaches, checked against the cap before cuMemMap.
  * All under vmm_mu, held across the driver call so that the bookkeeping follows the
- * driver's order of events. */
+ * driver's order of events.
+ *
+ * Within one container an allocation is charged once however many of its processes hold it
+ * (NCCL: cuMemExportToShareableHandle as a POSIX fd, passed over a socket, imported by a
+ * peer process). At export, the allocation's charge moves from the exporter's process slot
+ * to a shared slot of the region (egpu_region.h, EGPU_PROC_F_SHARED) that lives while any
+ * process of the container holds the allocation: an import whose fd is the same open file as
+ * that export (kcmp) holds the shared slot and is charged nothing; the charge goes back when
+ * the last holder releases it (or dies). An import that matches no export of this container
+ * (another container exported it, or the exporter let go of it before) is charged to the
+ * importer as above: it keeps the memory alive, so its container pays for what it maps. */
 static int loc_is_device(const CUmemAllocationProp *p) { return p && p->location.type == CU_MEM_LOCATION_TYPE_DEVICE; }
 
 /* (clang-format reads "(aux) &" as a cast) */
 /* clang-format off */
 #define VMM_REFS(aux) ((aux) & 0xffffffffull)
-#define VMM_NMAPS(aux) (((aux) >> 32) & 0x7fffffffull)
+#define VMM_NMAPS(aux) (((aux) >> 32) & 0x3fffffffull) /* below the flags */
 #define VMM_IMPORTED (1ull << 63)
-#define VMM_AUX(refs, nmaps, imported) ((uint64_t)(refs) | ((uint64_t)(nmaps) << 32) | ((imported) ? VMM_IMPORTED : 0))
+#define VMM_SHARED (1ull << 62) /* charged in a shared slot: ctx = the slot + 1 */
+#define VMM_FLAGS(aux) ((aux) & (VMM_IMPORTED | VMM_SHARED))
+#define VMM_AUX(refs, nmaps, flags) ((uint64_t)(refs) | ((uint64_t)(nmaps) << 32) | (flags))
 /* clang-format on */
 
 /* vmm_mu held: put the handle record back, or give its charge back when it has no handle and
- * no mapping left. */
+ * no mapping left (a shared one: this process's hold of the shared slot ends). */
 static void vmm_settle_locked(egpu_map_ent *h, uint64_t refs, uint64_t nmaps)
 {
     if (refs == 0 && nmaps == 0) {
-        uncharge(h->dev, h->bytes);
+        if (!(h->aux & VMM_SHARED)) {
+            uncharge(h->dev, h->bytes);
+            return;
+        }
+        int dupfd = egpu_acct_share_drop(&S->acct, (int)h->ctx - 1);
+        if (dupfd >= 0) close(dupfd);
         return;
     }
-    h->aux = VMM_AUX(refs, nmaps, h->aux & VMM_IMPORTED);
+    h->aux = VMM_AUX(refs, nmaps, VMM_FLAGS(h->aux));
     egpu_map_put_ent(&S->map, h);
 }
 
@@ -54,7 +73,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         uncharge(dev, size);
         return r;
     }
-    egpu_map_ent e = {*handle, size, VMM_AUX(1, 0, 0), 0, dev, MAP_VMM};
+    egpu_map_ent e = {*handle, size, VMM_AUX(1, 0, 0ull), 0, dev, MAP_VMM};
     pthread_mutex_lock(&S->vmm_mu);
     egpu_map_put_ent(&S->map, &e);
     pthread_mutex_unlock(&S->vmm_mu);
@@ -96,7 +115,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
     egpu_map_ent h;
     int had = egpu_map_take_ent(&S->map, MAP_VMM, handle, &h) == 0;
     uint64_t extra = 0;
-    if (had && (h.aux & VMM_IMPORTED) && size && offset <= UINT64_MAX - size) {
+    if (had && (h.aux & VMM_IMPORTED) && !(h.aux & VMM_SHARED) && size && offset <= UINT64_MAX - size) {
         /* an import: its charge follows the largest extent mapped (see above) */
         CUmemAllocationProp prop;
         uint64_t g = R.cuMemGetAllocationPropertiesFromHandle &&
@@ -119,7 +138,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
     if (had) {
         if (r == CUDA_SUCCESS) {
             h.bytes += extra;
-            h.aux = VMM_AUX(VMM_REFS(h.aux), VMM_NMAPS(h.aux) + 1, h.aux & VMM_IMPORTED);
+            h.aux = VMM_AUX(VMM_REFS(h.aux), VMM_NMAPS(h.aux) + 1, VMM_FLAGS(h.aux));
             egpu_map_ent m = {ptr, size, handle, 0, h.dev, MAP_VMAP};
             egpu_map_put_ent(&S->map, &m);
         } else if (extra) {
@@ -158,7 +177,7 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void 
     CUresult r = R.cuMemRetainAllocationHandle(handle, addr);
     egpu_map_ent h;
     if (r == CUDA_SUCCESS && handle && egpu_map_take_ent(&S->map, MAP_VMM, *handle, &h) == 0) {
-        h.aux = VMM_AUX(VMM_REFS(h.aux) + 1, VMM_NMAPS(h.aux), h.aux & VMM_IMPORTED);
+        h.aux = VMM_AUX(VMM_REFS(h.aux) + 1, VMM_NMAPS(h.aux), VMM_FLAGS(h.aux));
         egpu_map_put_ent(&S->map, &h);
     }
     pthread_mutex_unlock(&S->vmm_mu);
@@ -174,12 +193,18 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
     CUresult r = R.cuMemImportFromShareableHandle(handle, osHandle, type);
     egpu_map_ent h;
     CUmemAllocationProp prop;
+    int slot;
     if (r != CUDA_SUCCESS || !handle) {
         /* the driver's answer */
     } else if (egpu_map_take_ent(&S->map, MAP_VMM, *handle, &h) == 0) {
         /* an allocation this process already holds: one more reference */
-        h.aux = VMM_AUX(VMM_REFS(h.aux) + 1, VMM_NMAPS(h.aux), h.aux & VMM_IMPORTED);
+        h.aux = VMM_AUX(VMM_REFS(h.aux) + 1, VMM_NMAPS(h.aux), VMM_FLAGS(h.aux));
         egpu_map_put_ent(&S->map, &h);
+    } else if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && devs_ready() &&
+               (slot = egpu_acct_share_find(&S->acct, (int)(intptr_t)osHandle)) >= 0) {
+        /* exported by a process of this container: held, charged once (see above) */
+        egpu_map_ent e = {*handle, 0, VMM_AUX(1, 0, VMM_IMPORTED | VMM_SHARED), (uint64_t)slot + 1, -1, MAP_VMM};
+        egpu_map_put_ent(&S->map, &e);
     } else if (R.cuMemGetAllocationPropertiesFromHandle &&
                R.cuMemGetAllocationPropertiesFromHandle(&prop, *handle) == CUDA_SUCCESS && loc_is_device(&prop) &&
                devs_ready() && prop.location.id >= 0 && prop.location.id < S->ndev) {
@@ -190,9 +215,36 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
             R.cuMemRelease(*handle);
             r = c;
         } else {
-            egpu_map_ent e = {*handle, g, VMM_AUX(1, 0, 1), 0, dev, MAP_VMM};
+            egpu_map_ent e = {*handle, g, VMM_AUX(1, 0, VMM_IMPORTED), 0, dev, MAP_VMM};
             egpu_map_put_ent(&S->map, &e);
         }
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+/* The first POSIX fd export of an allocation this process created: its charge moves to a
+ * shared slot (see above), found by the fd's open file through a private duplicate. */
+#define EXPORT_DUP_FD_MIN 512 /* above the descriptors programs number by hand */
+CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType, unsigned long long flags)
+{
+    REAL_OR_UNSUPPORTED(cuMemExportToShareableHandle);
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMemExportToShareableHandle(shareableHandle, handle, handleType, flags);
+    egpu_map_ent h;
+    if (r == CUDA_SUCCESS && shareableHandle && handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
+        egpu_map_take_ent(&S->map, MAP_VMM, handle, &h) == 0) {
+        int card = h.dev >= 0 && h.dev < S->ndev ? S->dev[h.dev].slot : -1;
+        int dupfd = -1, slot = -1;
+        if (!VMM_FLAGS(h.aux) && card >= 0 && (dupfd = fcntl(*(int *)shareableHandle, F_DUPFD_CLOEXEC, EXPORT_DUP_FD_MIN)) >= 0 &&
+            (slot = egpu_acct_share_out(&S->acct, card, h.bytes, dupfd)) >= 0) {
+            h.aux |= VMM_SHARED;
+            h.ctx = (uint64_t)slot + 1;
+        } else if (dupfd >= 0) {
+            close(dupfd);
+        }
+        egpu_map_put_ent(&S->map, &h);
     }
     pthread_mutex_unlock(&S->vmm_mu);
     return r;

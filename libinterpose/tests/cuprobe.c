@@ -8,6 +8,8 @@
  *   vmm MiB host|dev ID | vmm_map | vmm_unmap | vmm_release | thread_vmm MiB DEV
  *   vmm_retain (retain the handle of the last mapping: a new handle entry)
  *   vmm_share (export the last handle as a POSIX fd and import it: a new handle entry)
+ *   vmm_share_foreign (the same, the fd opened again first: another open file, as an fd of
+ *                      another container's export is)
  *   vmm_map_part MiB (map only the first MiB of the last handle)
  *   ctx_destroy (destroy the last context made by "ctx")
  *   array W H | array3d W H D [CH] | mipmap W H LEVELS | array_destroy | hostalloc MiB | hostfree
@@ -15,6 +17,7 @@
  *   loop N <steps...> ;  (repeat steps up to ";" N times, printing only failures; then
  *                         the longest iteration, max_iter_us)
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <signal.h>
@@ -224,12 +227,20 @@ static int step(int argc, char **argv, int i)
         CUresult r = k < 0 ? 1 : p_cuMemRetainAllocationHandle(&vh[nvh], (void *)(uintptr_t)maddr[k]);
         if (!r) { vsz[nvh] = mres[k]; nvh++; }
         out(s, r, NULL);
-    } else if (!strcmp(s, "vmm_share")) {
-        int k = nvh - 1, fd = -1;
+    } else if (!strcmp(s, "vmm_share") || !strcmp(s, "vmm_share_foreign")) {
+        int k = nvh - 1, fd = -1, import_fd = -1;
         CUresult r = k < 0 ? 1 : p_cuMemExportToShareableHandle(&fd, vh[k], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        if (!r) r = p_cuMemImportFromShareableHandle(&vh[nvh], (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (!r && !strcmp(s, "vmm_share_foreign")) {
+            char path[64];
+            snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+            import_fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (import_fd < 0) r = 1;
+        }
+        if (!r) r = p_cuMemImportFromShareableHandle(&vh[nvh], (void *)(intptr_t)(import_fd >= 0 ? import_fd : fd),
+                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         if (!r) { vsz[nvh] = vsz[k]; nvh++; }
         if (fd >= 0) close(fd);
+        if (import_fd >= 0) close(import_fd);
         out(s, r, NULL);
     } else if (!strcmp(s, "vmm_release")) {
         out(s, nvh ? p_cuMemRelease(vh[--nvh]) : 1, NULL);

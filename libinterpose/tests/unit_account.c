@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "egpu_account.h"
@@ -78,6 +79,61 @@ static void test_account(const char *dir)
     CHECK(egpu_acct_open(&b, path, err, sizeof err) == -1);
 }
 
+/* Shared charges (NCCL, issue 25): an exported allocation is charged once, in a shared slot
+ * that lives while any holder does (OFD read locks), whoever lets go first or dies. */
+static void test_shared(const char *dir)
+{
+    char path[512], err[256];
+    snprintf(path, sizeof path, "%s/shared-region", dir);
+    egpu_acct a;
+    CHECK(egpu_acct_open(&a, path, err, sizeof err) == 0);
+    int c = egpu_acct_card(&a, "GPU-s", 100 * MIB);
+    int exported = memfd_create("export", MFD_CLOEXEC), unrelated = memfd_create("other", MFD_CLOEXEC);
+    for (int round = 0; round < 2; round++) {
+        CHECK(egpu_acct_charge(&a, c, 64 * MIB, 100 * MIB) == 0); /* the exporter's cuMemCreate */
+        int q = egpu_acct_share_out(&a, c, 64 * MIB, dup(exported));
+        CHECK(q >= 0 && q != a.proc);
+        CHECK(egpu_acct_used(&a, c) == 64 * MIB && egpu_acct_my_used(&a, c) == 0); /* moved, once */
+        int go[2], ready[2];
+        if (pipe(go) || pipe(ready)) return;
+        pid_t pid = fork();
+        if (pid == 0) { /* a peer process of the container holds it, then waits or dies */
+            egpu_acct_forget(&a);
+            char ch = egpu_acct_share_find(&a, unrelated) == -1 && egpu_acct_share_find(&a, exported) == q ? 'y' : 'n';
+            if (write(ready[1], &ch, 1) != 1) _exit(1);
+            if (round == 0) raise(SIGKILL);
+            if (read(go[0], &ch, 1) != 1) _exit(1);
+            _exit(egpu_acct_share_drop(&a, q) == -1 ? 0 : 1); /* a peer's drop returns no fd */
+        }
+        char ch = 0;
+        CHECK(read(ready[0], &ch, 1) == 1 && ch == 'y');
+        CHECK(egpu_acct_used(&a, c) == 64 * MIB); /* the peer's import cost nothing */
+        if (round == 0) { /* the peer was killed holding it: the exporter's release frees it */
+            waitpid(pid, NULL, 0);
+            int fd = egpu_acct_share_drop(&a, q);
+            CHECK(fd >= 0);
+            close(fd);
+            CHECK(egpu_acct_used(&a, c) == 0);
+        } else { /* the exporter lets go first: still charged while the peer holds it */
+            int fd = egpu_acct_share_drop(&a, q);
+            CHECK(fd >= 0);
+            close(fd);
+            CHECK(egpu_acct_used(&a, c) == 64 * MIB);
+            CHECK(egpu_acct_reap(&a) == 0); /* alive: the peer's read lock */
+            CHECK(egpu_acct_share_find(&a, exported) == -1); /* the exporter's fd is gone */
+            CHECK(write(go[1], "g", 1) == 1);
+            int status = -1;
+            waitpid(pid, &status, 0);
+            CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+            CHECK(egpu_acct_used(&a, c) == 0); /* the last holder gave it back */
+        }
+        close(go[0]); close(go[1]); close(ready[0]); close(ready[1]);
+    }
+    close(exported);
+    close(unrelated);
+    egpu_acct_detach(&a);
+}
+
 static int parse(const char *doc, egpu_config *c)
 {
     char err[256];
@@ -143,6 +199,7 @@ int main(int argc, char **argv)
     if (!mkdtemp(dir)) return 2;
     (void)argc; (void)argv;
     test_account(dir);
+    test_shared(dir);
     test_config();
     printf("%d checks, %d failures\n", checks, fails);
     char cmd[600];

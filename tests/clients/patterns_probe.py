@@ -2,7 +2,7 @@
 run by a client environment's Python (tests/clients/test_memory_patterns.py). Prints one JSON
 object.
 
-    python patterns_probe.py SHARE_MIB expandable|vllm|graph|multicast
+    python patterns_probe.py SHARE_MIB expandable|vllm|graph|multicast|nccl
 
 - ``expandable``: PyTorch's expandable segments. One large virtual range is reserved
   (cuMemAddressReserve, 64 GiB: more than any card here), and physical chunks are created
@@ -21,6 +21,11 @@ object.
   memory trimmed and the graph launched again; then a graph built node by node
   (cuGraphAddMemAllocNode, cuGraphAddMemFreeNode) asks for more than is free; everything is
   destroyed.
+- ``nccl``: NCCL's buffers shared between processes. A 3000 MiB allocation is made with
+  cuMemCreate for POSIX file-descriptor export, mapped, exported, and its fd passed (over a
+  socket, SCM_RIGHTS) to a process of another share (its own region), then to a process of
+  the same share; each imports and maps it; the exporter lets go of it while the second still
+  holds it, then the second does.
 - ``multicast``: NCCL's NVLS probe. The device's multicast attribute is read and a multicast
   object of 512 MiB asked for (cuMulticastCreate); on a card without NVSwitch the driver
   answers NOT_SUPPORTED and NCCL goes on without it.
@@ -29,6 +34,7 @@ object.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -162,6 +168,95 @@ def graph(out: dict[str, Any]) -> None:
     out["free_end_mib"] = free_mib()
 
 
+NCCL_MIB = 3000
+POSIX_FD = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+
+
+def primary_context() -> None:
+    ok(d.cuInit(0))
+    ok(d.cuCtxSetCurrent(ok(d.cuDevicePrimaryCtxRetain(ok(d.cuDeviceGet(0))))))
+
+
+def vmm_prop(handle_types: Any = 0) -> Any:
+    prop = d.CUmemAllocationProp()
+    prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    if handle_types:
+        prop.requestedHandleTypes = handle_types
+    return prop
+
+
+def nccl_peer(conn: Any, size: int) -> None:
+    """The importing process (started with multiprocessing's spawn: a fresh interpreter)."""
+    from multiprocessing.reduction import recv_handle
+
+    primary_context()
+    fd = recv_handle(conn)
+    first: dict[str, Any] = {"free_before_mib": free_mib()}
+    rc, handle = d.cuMemImportFromShareableHandle(fd, POSIX_FD)
+    first["import"] = int(rc)
+    va = ok(d.cuMemAddressReserve(size, 0, 0, 0))
+    first["map"] = int(d.cuMemMap(va, size, 0, handle, 0)[0]) if first["import"] == 0 else None
+    first["free_mapped_mib"] = free_mib()
+    conn.send(first)
+    conn.recv()  # the exporter has let go (or, for another share, need not)
+    then: dict[str, Any] = {"free_exporter_gone_mib": free_mib()}
+    if first["map"] == 0:
+        ok(d.cuMemUnmap(va, size))
+    if first["import"] == 0:
+        ok(d.cuMemRelease(handle))
+    ok(d.cuMemAddressFree(va, size))
+    os.close(fd)
+    then["free_released_mib"] = free_mib()
+    conn.send(then)
+
+
+def nccl(out: dict[str, Any]) -> None:
+    import multiprocessing as mp
+    from multiprocessing.reduction import send_handle
+
+    size = NCCL_MIB * MIB
+    access = d.CUmemAccessDesc()
+    access.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    access.location.id = 0
+    access.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    out["free_start_mib"] = free_mib()
+    handle = ok(d.cuMemCreate(size, vmm_prop(POSIX_FD), 0))
+    va = ok(d.cuMemAddressReserve(size, 0, 0, 0))
+    ok(d.cuMemMap(va, size, 0, handle, 0))
+    ok(d.cuMemSetAccess(va, size, [access], 1))
+    out["free_created_mib"] = free_mib()
+    fd = int(ok(d.cuMemExportToShareableHandle(handle, POSIX_FD, 0)))
+    spawn = mp.get_context("spawn")
+    own_region = os.environ.get("EGPU_CONTAINER_REGION")
+    for share in ("other", "same"):
+        if share == "other":  # a process of another container: a region of its own
+            os.environ["EGPU_CONTAINER_REGION"] = os.path.join(
+                os.environ["EGPU_RUNTIME_DIR"], "containers", "other-share", "region")
+        elif own_region is None:
+            os.environ.pop("EGPU_CONTAINER_REGION")
+        else:
+            os.environ["EGPU_CONTAINER_REGION"] = own_region
+        conn, peer_conn = spawn.Pipe()
+        peer = spawn.Process(target=nccl_peer, args=(peer_conn, size))
+        peer.start()
+        send_handle(conn, fd, peer.pid)
+        out[share] = conn.recv()
+        out[share]["exporter_free_mib"] = free_mib()
+        if share == "same":  # the exporter lets go while the peer holds it
+            ok(d.cuMemUnmap(va, size))
+            ok(d.cuMemRelease(handle))
+            out["exporter_let_go_free_mib"] = free_mib()
+        conn.send("go")
+        out[share] |= conn.recv()
+        peer.join(60)
+        out[share]["exit"] = peer.exitcode
+    os.close(fd)
+    ok(d.cuMemAddressFree(va, size))
+    out["free_end_mib"] = free_mib()
+
+
 def multicast(out: dict[str, Any]) -> None:
     out["free_start_mib"] = free_mib()
     attr = d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED
@@ -212,10 +307,9 @@ def vllm(out: dict[str, Any]) -> None:
 
 def main() -> None:
     out: dict[str, Any] = {"share_mib": int(sys.argv[1])}
-    ok(d.cuInit(0))
-    dev = ok(d.cuDeviceGet(0))
-    ok(d.cuCtxSetCurrent(ok(d.cuDevicePrimaryCtxRetain(dev))))
-    patterns = {"expandable": expandable, "vllm": vllm, "graph": graph, "multicast": multicast}
+    primary_context()
+    patterns = {"expandable": expandable, "vllm": vllm, "graph": graph, "multicast": multicast,
+                "nccl": nccl}
     patterns[sys.argv[2]](out)
     print(json.dumps(out))
 

@@ -27,8 +27,13 @@ and with the interposer (a 4096 MiB share).
   driver, or a multicast object charged: its memory is what each device binds to it, made
   with cuMemCreate and charged there).
 
-Not yet here: NCCL's exported handles (a second process of the same share importing a
-handle is charged again: each process's accounting holds what it maps; docs/interposer.md).
+- NCCL's buffers shared between processes (cuMemCreate for POSIX fd export, the fd passed
+  over a socket): a process of the same share imports and maps it and is charged nothing more
+  (the bug: charged twice, so that a 3000 MiB buffer on a 4096 MiB share cannot be mapped by
+  its peer); the exporter letting go leaves it charged while the peer holds it (the bug: the
+  memory alive and charged to nobody), and the peer's release gives it back. A process of
+  another share is charged what it maps, on its own share (the bug: memory another share
+  keeps alive for free).
 """
 
 from __future__ import annotations
@@ -104,4 +109,38 @@ def test_multicast_is_unsupported_without_nvswitch_and_takes_nothing(
         share_mib: int, tmp_path: Path) -> None:
     r = probe(CLIENT, tmp_path, share_mib, SCRIPT, args=("multicast",))
     assert (r["supported"], r["create"]) == (0, NOT_SUPPORTED), r
+    assert r["free_end_mib"] == r["free_start_mib"], r
+
+
+NCCL_MIB = 3000  # patterns_probe.NCCL_MIB
+CONTEXT_MIB = 256  # the interposer's charge per context (EGPU_CONTEXT_OVERHEAD_MIB default)
+
+
+def test_nccls_exported_buffer_is_charged_once_per_share_while_any_of_its_processes_holds_it(
+        tmp_path: Path) -> None:
+    r = probe(CLIENT, tmp_path, SHARE_MIB, SCRIPT, args=("nccl",))
+    start = r["free_start_mib"]
+    created = start - NCCL_MIB
+    assert r["free_created_mib"] == created, r
+    other, same = r["other"], r["same"]
+    # another share: its own 4096 MiB, charged what it maps
+    assert (other["import"], other["map"], other["exit"]) == (0, 0, 0), r
+    assert other["free_mapped_mib"] == other["free_before_mib"] - NCCL_MIB, r
+    assert other["free_released_mib"] == other["free_before_mib"], r
+    assert other["exporter_free_mib"] == created, r  # the exporter's share is not charged for it
+    # the same share: one charge (the peer's context only), kept while the peer holds it
+    assert (same["import"], same["map"], same["exit"]) == (0, 0, 0), r
+    assert same["free_before_mib"] == created - CONTEXT_MIB, r
+    assert same["free_mapped_mib"] == same["free_before_mib"], r
+    assert r["exporter_let_go_free_mib"] == same["free_before_mib"], r
+    assert same["free_exporter_gone_mib"] == same["free_before_mib"], r
+    assert same["free_released_mib"] == same["free_before_mib"] + NCCL_MIB, r
+    assert r["free_end_mib"] == start, r
+
+
+def test_nccls_exported_buffer_works_without_the_interposer(tmp_path: Path) -> None:
+    r = probe(CLIENT, tmp_path, 0, SCRIPT, args=("nccl",))
+    for share in ("other", "same"):
+        assert (r[share]["import"], r[share]["map"], r[share]["exit"]) == (0, 0, 0), r
+    assert r["free_created_mib"] == r["free_start_mib"] - NCCL_MIB, r
     assert r["free_end_mib"] == r["free_start_mib"], r

@@ -177,7 +177,8 @@ def test_vmm_retain_allocation_handle_no_double_charge(rig):
 
 
 def test_vmm_import_charged_to_importer(rig):
-    # an import is charged the granularity (2 MiB) at import, then what its mappings reach
+    # an import of another container's export (another open file: no shared slot matches) is
+    # charged the granularity (2 MiB) at import, then what its mappings reach
     rows = rig.probe(
         "init",
         "ctx",
@@ -185,7 +186,7 @@ def test_vmm_import_charged_to_importer(rig):
         512,
         "dev",
         0,
-        "vmm_share",
+        "vmm_share_foreign",
         "meminfo",
         "vmm_map_part",
         256,
@@ -211,15 +212,30 @@ def test_vmm_import_mapping_over_cap_refused(rig):
         3000,
         "dev",
         0,
-        "vmm_share",
+        "vmm_share_foreign",
         "vmm_map",
         "meminfo",
         EGPU_MEMORY_LIMIT_MIB=4096,
         EGPU_CONTEXT_OVERHEAD_MIB=0,
     )
-    assert one(rows, "vmm_share")["rc"] == 0
+    assert one(rows, "vmm_share_foreign")["rc"] == 0
     assert one(rows, "vmm_map")["rc"] == 2, rows  # 3000 + 3000 MiB > 4096 MiB
     assert one(rows, "meminfo")["used"] == (3000 + 2) * MIB
+
+
+def test_vmm_import_of_the_containers_own_export_is_charged_once(rig):
+    """The same open file as an export of this container (NCCL's fd passed to a peer, here
+    this process): the import holds the export's shared charge. Bug caught: 3000 MiB
+    charged twice, the import's mapping refused on a 4096 MiB share; or the charge given
+    back while the import still holds the memory."""
+    rows = rig.probe(
+        "init", "ctx", "vmm", 3000, "dev", 0, "vmm_share", "vmm_map", "meminfo",
+        "vmm_unmap", "vmm_release", "meminfo",  # the import lets go: the creator still holds it
+        "vmm_release", "meminfo",  # the creator lets go: given back
+        EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0,
+    )
+    assert all(r["rc"] == 0 for r in rows), rows
+    assert [r["used"] for r in rows if r["step"] == "meminfo"] == [3000 * MIB, 3000 * MIB, 0]
 
 
 # ---- F7: concurrent pool allocations cannot pass the cap together ------------------------
