@@ -51,7 +51,7 @@ static const char *env_or_present(const char *name, const char *fallback, int wa
     return NULL;
 }
 
-/* Config: ini sections "[card]" with uuid=, name=, memory_mib=, numa_node=. */
+/* Config: ini sections "[card]" with uuid=, name=, memory_mib=, numa_node=, multicast=. */
 static void load_config(fg_world *w)
 {
     const char *path = env_or_present("FAKEGPU_CONFIG", FG_CONTAINER_CONFIG, 0);
@@ -91,6 +91,7 @@ static void load_config(fg_world *w)
         else if (!strcmp(k, "name") || !strcmp(k, "model")) snprintf(c->name, sizeof c->name, "%s", v);
         else if (!strcmp(k, "memory_mib")) c->total = strtoull(v, NULL, 10) << 20;
         else if (!strcmp(k, "numa_node")) c->numa_node = atoi(v);
+        else if (!strcmp(k, "multicast")) c->multicast = atoi(v) != 0;
     }
     fclose(f);
 }

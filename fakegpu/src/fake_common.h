@@ -20,6 +20,7 @@ typedef struct {
     char name[96];
     uint64_t total;
     int numa_node;
+    int multicast; /* NVSwitch: multicast objects supported (config "multicast = 1") */
 } fg_card_cfg;
 
 typedef struct {

@@ -75,11 +75,18 @@ struct CUmemPoolHandle_st {
 /* A physical VMM allocation. As the driver: the memory is freed only when every handle to it
  * is released (cuMemCreate/cuMemImportFromShareableHandle/cuMemRetainAllocationHandle each
  * add one) AND every mapping of it is unmapped (refs and nmaps under g_mu). */
-typedef struct {
+typedef struct vmm_handle vmm_handle;
+/* A multicast binding: `size` bytes of `mem` from memory offset mem_offset, at mc_offset of
+ * the multicast object, for mem's device. It keeps mem alive (counted in mem->nmaps). */
+typedef struct { vmm_handle *mem; uint64_t mc_offset, size; } mc_binding;
+struct vmm_handle {
     uint32_t magic; int dev; uint64_t size; CUmemAllocationProp prop;
     int refs, nmaps;
     int imported; /* an import of another allocation: its card memory is the exporter's */
-} vmm_handle;
+    /* a multicast object (dev -1: no memory of its own): its devices, its bindings */
+    int multicast, mc_want, mc_ndevs, mc_devs[FG_MAX_CARDS], mc_nbinds;
+    mc_binding mc_binds[FG_MAX_CARDS * 8];
+};
 typedef struct { uint32_t magic; int dev; uint64_t bytes; struct CUctx_st *ctx; } arr_handle;
 
 /* ---- global driver state ------------------------------------------------------------ */
@@ -425,6 +432,7 @@ FG_EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d
     case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: *v = fg_get()->card[card_of(d)].multicast; break;
     default: *v = 0;
     }
     return CUDA_SUCCESS;
@@ -1745,7 +1753,7 @@ FG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, con
     if (dev >= 0 && fg_charge(card_of(dev), size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     vmm_handle *v = calloc(1, sizeof *v);
     if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
-    *v = (vmm_handle){VMM_MAGIC, dev, size, *prop, 1, 0, 0};
+    *v = (vmm_handle){.magic = VMM_MAGIC, .dev = dev, .size = size, .prop = *prop, .refs = 1};
     *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
     return CUDA_SUCCESS;
 }
@@ -1756,6 +1764,10 @@ static void vmm_maybe_free_locked(vmm_handle *v)
     if (v->refs > 0 || v->nmaps > 0) return;
     if (v->dev >= 0 && !v->imported) fg_uncharge(card_of(v->dev), v->size);
     v->magic = 0;
+    for (int i = 0; i < v->mc_nbinds; i++) { /* a multicast object goes: its bindings too */
+        v->mc_binds[i].mem->nmaps--;
+        vmm_maybe_free_locked(v->mc_binds[i].mem);
+    }
     free(v);
 }
 
@@ -1827,6 +1839,7 @@ FG_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
     uint64_t st;
     CUresult r = CUDA_SUCCESS;
     if (!v || offset > v->size || size > v->size - offset) r = CUDA_ERROR_INVALID_VALUE;
+    else if (v->multicast && v->mc_ndevs < v->mc_want) r = CUDA_ERROR_INVALID_VALUE; /* devices first */
     else if (map_at_locked(ptr, &st) || map_at_locked(ptr + size - 1, &st)) r = CUDA_ERROR_INVALID_VALUE; /* already mapped */
     else v->nmaps++;
     pthread_mutex_unlock(&g_mu);
@@ -1889,6 +1902,136 @@ FG_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, 
  * allocation's description. An import is a new handle to the same physical memory: it costs
  * the card nothing more (the exporter's charge stays while the exporter holds it). */
 typedef struct { uint32_t magic; int dev; uint64_t size; CUmemAllocationProp prop; } vmm_export;
+/* ---- multicast objects (CUDA driver API, "Multicast Object Management"), on the cards the
+ * config marks `multicast = 1` (NVSwitch); elsewhere CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is
+ * 0 and every call answers CUDA_ERROR_NOT_SUPPORTED. A multicast object is a VMM handle with no
+ * memory of its own (dev -1, nothing charged): each device binds cuMemCreate memory to it
+ * (cuMulticastBindMem/BindAddr), which the binding keeps alive, like a mapping, until it is
+ * unbound or the object is freed (its handles released, its mappings unmapped). It maps once
+ * every device is added. */
+#define MC_GRAN_RECOMMENDED (512 * MIB)
+
+static int multicast_anywhere(void)
+{
+    fg_world *w = fg_get();
+    for (int d = 0; d < g_nvis; d++)
+        if (w->card[card_of(d)].multicast) return 1;
+    return 0;
+}
+
+static vmm_handle *mc_live(CUmemGenericAllocationHandle h)
+{
+    vmm_handle *v = vmm_live(h);
+    return v && v->multicast ? v : NULL;
+}
+
+FG_EXPORT CUresult cuMulticastGetGranularity(size_t *g, const CUmulticastObjectProp *prop, CUmulticastGranularity_flags option)
+{
+    NEED_INIT();
+    if (!multicast_anywhere()) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!g || !prop || (option != CU_MULTICAST_GRANULARITY_MINIMUM && option != CU_MULTICAST_GRANULARITY_RECOMMENDED))
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = option == CU_MULTICAST_GRANULARITY_RECOMMENDED ? MC_GRAN_RECOMMENDED : GRAN;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMulticastCreate(CUmemGenericAllocationHandle *mc, const CUmulticastObjectProp *prop)
+{
+    NEED_INIT();
+    if (!multicast_anywhere()) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!mc || !prop || !prop->numDevices || prop->numDevices > (unsigned)g_nvis || !prop->size || prop->size % GRAN ||
+        prop->flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    vmm_handle *v = calloc(1, sizeof *v);
+    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
+    v->magic = VMM_MAGIC;
+    v->dev = -1;
+    v->size = prop->size;
+    v->refs = 1;
+    v->multicast = 1;
+    v->mc_want = (int)prop->numDevices;
+    *mc = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMulticastAddDevice(CUmemGenericAllocationHandle mc, CUdevice dev)
+{
+    NEED_INIT();
+    if (!dev_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!fg_get()->card[card_of(dev)].multicast) return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&g_mu);
+    vmm_handle *v = mc_live(mc);
+    CUresult r = v && v->mc_ndevs < v->mc_want ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; r == CUDA_SUCCESS && i < v->mc_ndevs; i++)
+        if (v->mc_devs[i] == dev) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) v->mc_devs[v->mc_ndevs++] = dev;
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+/* g_mu held: bind `size` bytes of m from mem_offset at mc_offset of v. */
+static CUresult mc_bind_locked(vmm_handle *v, size_t mc_offset, vmm_handle *m, uint64_t mem_offset, size_t size)
+{
+    if (!v || !m || m->multicast || m->dev < 0 || !size || size % GRAN || mc_offset % GRAN || mem_offset % GRAN ||
+        mem_offset > m->size || size > m->size - mem_offset || mc_offset > v->size || size > v->size - mc_offset)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (v->mc_ndevs < v->mc_want) return CUDA_ERROR_INVALID_VALUE; /* every device first */
+    int member = 0;
+    for (int i = 0; i < v->mc_ndevs; i++) member |= v->mc_devs[i] == m->dev;
+    if (!member || v->mc_nbinds >= (int)(sizeof v->mc_binds / sizeof v->mc_binds[0])) return CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < v->mc_nbinds; i++) { /* a device's ranges do not overlap */
+        mc_binding *b = &v->mc_binds[i];
+        if (b->mem->dev == m->dev && mc_offset < b->mc_offset + b->size && b->mc_offset < mc_offset + size)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    v->mc_binds[v->mc_nbinds++] = (mc_binding){m, mc_offset, size};
+    m->nmaps++; /* bound memory stays while bound */
+    return CUDA_SUCCESS;
+}
+
+FG_EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mc_offset, CUmemGenericAllocationHandle mem,
+                                      size_t mem_offset, size_t size, unsigned long long flags)
+{
+    NEED_INIT();
+    if (flags) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = mc_bind_locked(mc_live(mc), mc_offset, vmm_live(mem), mem_offset, size);
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+FG_EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mc_offset, CUdeviceptr memptr, size_t size,
+                                       unsigned long long flags)
+{
+    NEED_INIT();
+    if (flags) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    uint64_t start = 0;
+    alloc_ent *e = map_at_locked(memptr, &start);
+    CUresult r = e ? mc_bind_locked(mc_live(mc), mc_offset, e->vmm, memptr - start, size) : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+FG_EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice dev, size_t mc_offset, size_t size)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&g_mu);
+    vmm_handle *v = mc_live(mc);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; v && i < v->mc_nbinds; i++) {
+        mc_binding b = v->mc_binds[i];
+        if (b.mem->dev != dev || b.mc_offset != mc_offset || b.size != size) continue;
+        v->mc_binds[i] = v->mc_binds[--v->mc_nbinds];
+        b.mem->nmaps--;
+        vmm_maybe_free_locked(b.mem);
+        r = CUDA_SUCCESS;
+        break;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
 FG_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type, unsigned long long flags)
 {
     NEED_INIT();
@@ -1913,7 +2056,7 @@ FG_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
     if (pread(fd, &x, sizeof x, 0) != (ssize_t)sizeof x || x.magic != VMM_MAGIC) return CUDA_ERROR_INVALID_VALUE;
     vmm_handle *v = calloc(1, sizeof *v);
     if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
-    *v = (vmm_handle){VMM_MAGIC, x.dev, x.size, x.prop, 1, 0, 1};
+    *v = (vmm_handle){.magic = VMM_MAGIC, .dev = x.dev, .size = x.size, .prop = x.prop, .refs = 1, .imported = 1};
     *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
     return CUDA_SUCCESS;
 }

@@ -167,6 +167,7 @@ typedef enum {
     CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
     CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+    CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132,
     CU_DEVICE_ATTRIBUTE_MAX = 150
 } CUdevice_attribute;
 
@@ -274,6 +275,16 @@ typedef enum {
     CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
     CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3
 } CUgraphMem_attribute;
+/* Multicast objects (CUDA driver API, "Multicast Object Management"; NVSwitch systems): a
+ * generic allocation handle with no memory of its own: each device binds its own cuMemCreate
+ * memory to it. */
+typedef struct {
+    unsigned int numDevices;
+    size_t size;
+    unsigned long long handleTypes;
+    unsigned long long flags;
+} CUmulticastObjectProp;
+typedef enum { CU_MULTICAST_GRANULARITY_MINIMUM = 0, CU_MULTICAST_GRANULARITY_RECOMMENDED = 1 } CUmulticastGranularity_flags;
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;
 typedef struct CUlaunchConfig_st {
     unsigned int gridDimX, gridDimY, gridDimZ;

@@ -39,6 +39,10 @@
     X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 11000, 0, (CUmemGenericAllocationHandle *handle, void *addr)) \
     X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 10020, 0, (CUmemGenericAllocationHandle *handle, void *osHandle, CUmemAllocationHandleType shHandleType)) \
     X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, 10020, 0, (void *shareableHandle, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType, unsigned long long flags)) \
+    X(cuMulticastCreate, cuMulticastCreate, 12010, 0, (CUmemGenericAllocationHandle *mcHandle, const CUmulticastObjectProp *prop)) \
+    X(cuMulticastBindMem, cuMulticastBindMem, 12010, 0, (CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size, unsigned long long flags)) \
+    X(cuMulticastBindAddr, cuMulticastBindAddr, 12010, 0, (CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUdeviceptr memptr, size_t size, unsigned long long flags)) \
+    X(cuMulticastUnbind, cuMulticastUnbind, 12010, 0, (CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset, size_t size)) \
     X(cuArrayCreate, cuArrayCreate, 2000, 0, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray)) \
     X(cuArrayCreate_v2, cuArrayCreate, 3020, 0, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)) \
     X(cuArray3DCreate, cuArray3DCreate, 2000, 0, (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray)) \

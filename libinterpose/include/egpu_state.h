@@ -44,6 +44,8 @@ size_t egpu_map_take_ctx(egpu_map *m, uint64_t ctx, egpu_map_ent **out);
 /* charged = the pool's reserve as last seen + pending; pending = what in-flight allocations
  * charged for growth; claims = the part of the pool's cache in-flight allocations count on. */
 typedef struct { CUmemoryPool pool; int dev; uint64_t charged, pending, claims; } egpu_pool_rec;
+/* Memory bound to a multicast object (hooks_vmm.c): it keeps `mem` alive like a mapping. */
+typedef struct { CUmemGenericAllocationHandle mc, mem; int dev; uint64_t mc_offset, size; } egpu_mc_bind;
 #define EGPU_MAX_POOLS 256
 
 typedef struct {
@@ -73,6 +75,8 @@ typedef struct {
     egpu_pool_rec pools[EGPU_MAX_POOLS];
     uint64_t last_reap_ns;
     pthread_mutex_t vmm_mu; /* VMM handle/mapping bookkeeping; order: vmm_mu, pool_mu, region */
+    egpu_mc_bind *mc_binds; /* under vmm_mu */
+    int n_mc_binds, cap_mc_binds;
     CUcontext primary_ctx[EGPU_MAX_DEVS];
 } egpu_state;
 

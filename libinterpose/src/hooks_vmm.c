@@ -2,6 +2,7 @@
  * cuMemRetainAllocationHandle, cuMemImportFromShareableHandle). */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <stdlib.h>
 #include <unistd.h>
 #include "share.h"
 
@@ -34,18 +35,25 @@ static int loc_is_device(const CUmemAllocationProp *p) { return p && p->location
 /* (clang-format reads "(aux) &" as a cast) */
 /* clang-format off */
 #define VMM_REFS(aux) ((aux) & 0xffffffffull)
-#define VMM_NMAPS(aux) (((aux) >> 32) & 0x3fffffffull) /* below the flags */
+#define VMM_NMAPS(aux) (((aux) >> 32) & 0x0fffffffull) /* below the flags */
 #define VMM_IMPORTED (1ull << 63)
 #define VMM_SHARED (1ull << 62) /* charged in a shared slot: ctx = the slot + 1 */
-#define VMM_FLAGS(aux) ((aux) & (VMM_IMPORTED | VMM_SHARED))
+#define VMM_MULTICAST (1ull << 61) /* a multicast object: no memory of its own, bytes 0 */
+#define VMM_FLAGS(aux) ((aux) & (VMM_IMPORTED | VMM_SHARED | VMM_MULTICAST))
 #define VMM_AUX(refs, nmaps, flags) ((uint64_t)(refs) | ((uint64_t)(nmaps) << 32) | (flags))
 /* clang-format on */
 
 /* vmm_mu held: put the handle record back, or give its charge back when it has no handle and
  * no mapping left (a shared one: this process's hold of the shared slot ends). */
+static void mc_unbind_all_locked(CUmemGenericAllocationHandle mc);
+
 static void vmm_settle_locked(egpu_map_ent *h, uint64_t refs, uint64_t nmaps)
 {
     if (refs == 0 && nmaps == 0) {
+        if (h->aux & VMM_MULTICAST) { /* the object goes, and its bindings with it */
+            mc_unbind_all_locked(h->key);
+            return;
+        }
         if (!(h->aux & VMM_SHARED)) {
             uncharge(h->dev, h->bytes);
             return;
@@ -245,6 +253,109 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocat
             close(dupfd);
         }
         egpu_map_put_ent(&S->map, &h);
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+/* ---- multicast objects (NVSwitch; CUDA driver API, "Multicast Object Management") ------
+ * A multicast object holds no memory of its own (charged nothing): each device binds its own
+ * cuMemCreate memory to it, charged at cuMemCreate to the container that made it. A binding
+ * keeps that memory alive like a mapping (a release of the handle while it is bound frees
+ * nothing), so it counts as one until cuMulticastUnbind, or until the object itself goes (its
+ * handles released and its mappings unmapped). */
+CUresult cuMulticastCreate(CUmemGenericAllocationHandle *mc, const CUmulticastObjectProp *prop)
+{
+    REAL_OR_UNSUPPORTED(cuMulticastCreate);
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMulticastCreate(mc, prop);
+    if (r == CUDA_SUCCESS && mc) {
+        egpu_map_ent e = {*mc, 0, VMM_AUX(1, 0, VMM_MULTICAST), 0, -1, MAP_VMM};
+        egpu_map_put_ent(&S->map, &e);
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+/* vmm_mu held: one more mapping-like hold of mem (when this process tracks it). */
+static void mc_bind_locked(CUmemGenericAllocationHandle mc, CUmemGenericAllocationHandle mem, uint64_t mc_offset,
+                           uint64_t size)
+{
+    egpu_map_ent h;
+    if (egpu_map_take_ent(&S->map, MAP_VMM, mem, &h) != 0) return;
+    if (S->n_mc_binds == S->cap_mc_binds) {
+        int cap = S->cap_mc_binds ? 2 * S->cap_mc_binds : 16;
+        egpu_mc_bind *grown = realloc(S->mc_binds, (size_t)cap * sizeof *grown);
+        if (!grown) { /* cannot remember it: the handle keeps its charge until the process ends */
+            h.aux = VMM_AUX(VMM_REFS(h.aux) + 1, VMM_NMAPS(h.aux), VMM_FLAGS(h.aux));
+            egpu_map_put_ent(&S->map, &h);
+            return;
+        }
+        S->mc_binds = grown;
+        S->cap_mc_binds = cap;
+    }
+    S->mc_binds[S->n_mc_binds++] = (egpu_mc_bind){mc, mem, h.dev, mc_offset, size};
+    h.aux = VMM_AUX(VMM_REFS(h.aux), VMM_NMAPS(h.aux) + 1, VMM_FLAGS(h.aux));
+    egpu_map_put_ent(&S->map, &h);
+}
+
+/* vmm_mu held: binding i goes; its memory's hold with it. */
+static void mc_unbind_locked(int i)
+{
+    egpu_mc_bind b = S->mc_binds[i];
+    S->mc_binds[i] = S->mc_binds[--S->n_mc_binds];
+    egpu_map_ent h;
+    if (egpu_map_take_ent(&S->map, MAP_VMM, b.mem, &h) == 0) {
+        uint64_t n = VMM_NMAPS(h.aux);
+        vmm_settle_locked(&h, VMM_REFS(h.aux), n ? n - 1 : 0);
+    }
+}
+
+static void mc_unbind_all_locked(CUmemGenericAllocationHandle mc)
+{
+    for (int i = S->n_mc_binds - 1; i >= 0; i--)
+        if (S->mc_binds[i].mc == mc) mc_unbind_locked(i);
+}
+
+CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mcOffset, CUmemGenericAllocationHandle memHandle,
+                            size_t memOffset, size_t size, unsigned long long flags)
+{
+    REAL_OR_UNSUPPORTED(cuMulticastBindMem);
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMulticastBindMem(mc, mcOffset, memHandle, memOffset, size, flags);
+    if (r == CUDA_SUCCESS) mc_bind_locked(mc, memHandle, mcOffset, size);
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mcOffset, CUdeviceptr memptr, size_t size,
+                             unsigned long long flags)
+{
+    REAL_OR_UNSUPPORTED(cuMulticastBindAddr);
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMulticastBindAddr(mc, mcOffset, memptr, size, flags);
+    CUmemGenericAllocationHandle mem = 0;
+    /* the handle of the memory mapped there (the driver's own calls: no bookkeeping) */
+    if (r == CUDA_SUCCESS && R.cuMemRetainAllocationHandle &&
+        R.cuMemRetainAllocationHandle(&mem, (void *)(uintptr_t)memptr) == CUDA_SUCCESS) {
+        R.cuMemRelease(mem);
+        mc_bind_locked(mc, mem, mcOffset, size);
+    }
+    pthread_mutex_unlock(&S->vmm_mu);
+    return r;
+}
+
+CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice dev, size_t mcOffset, size_t size)
+{
+    REAL_OR_UNSUPPORTED(cuMulticastUnbind);
+    pthread_mutex_lock(&S->vmm_mu);
+    CUresult r = R.cuMulticastUnbind(mc, dev, mcOffset, size);
+    for (int i = S->n_mc_binds - 1; r == CUDA_SUCCESS && i >= 0; i--) {
+        egpu_mc_bind *b = &S->mc_binds[i];
+        if (b->mc == mc && b->dev == dev && b->mc_offset == mcOffset && b->size == size) {
+            mc_unbind_locked(i);
+            break;
+        }
     }
     pthread_mutex_unlock(&S->vmm_mu);
     return r;

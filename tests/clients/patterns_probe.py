@@ -26,9 +26,13 @@ object.
   socket, SCM_RIGHTS) to a process of another share (its own region), then to a process of
   the same share; each imports and maps it; the exporter lets go of it while the second still
   holds it, then the second does.
-- ``multicast``: NCCL's NVLS probe. The device's multicast attribute is read and a multicast
-  object of 512 MiB asked for (cuMulticastCreate); on a card without NVSwitch the driver
-  answers NOT_SUPPORTED and NCCL goes on without it.
+- ``multicast``: NCCL's NVLS buffers. The device's multicast attribute is read and a
+  multicast object of 512 MiB asked for (cuMulticastCreate); on a card without NVSwitch the
+  driver answers NOT_SUPPORTED (NCCL goes on without it). With NVSwitch: the device is added,
+  512 MiB made with cuMemCreate and bound to the object (cuMulticastBindMem; refused before
+  the device is added), the object mapped, the memory unbound and bound again by its mapped
+  address (cuMulticastBindAddr), its mapping and handle released while it is bound, then the
+  object unmapped and released (its binding goes with it).
 """
 
 from __future__ import annotations
@@ -169,6 +173,7 @@ def graph(out: dict[str, Any]) -> None:
 
 
 NCCL_MIB = 3000
+MULTICAST_MIB = 512
 POSIX_FD = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
 
@@ -263,9 +268,31 @@ def multicast(out: dict[str, Any]) -> None:
     out["supported"] = int(ok(d.cuDeviceGetAttribute(attr, ok(d.cuDeviceGet(0)))))
     prop = d.CUmulticastObjectProp()
     prop.numDevices = 1
-    prop.size = 512 * MIB
-    rc, _ = d.cuMulticastCreate(prop)
+    prop.size = MULTICAST_MIB * MIB
+    rc, mc = d.cuMulticastCreate(prop)
     out["create"] = int(rc)
+    if int(rc) == 0:
+        size, dev = prop.size, ok(d.cuDeviceGet(0))
+        out["free_created_mib"] = free_mib()
+        mem = ok(d.cuMemCreate(size, vmm_prop(), 0))
+        out["free_mem_mib"] = free_mib()
+        out["bind_before_device"] = int(d.cuMulticastBindMem(mc, 0, mem, 0, size, 0)[0])
+        ok(d.cuMulticastAddDevice(mc, dev))
+        ok(d.cuMulticastBindMem(mc, 0, mem, 0, size, 0))
+        va = ok(d.cuMemAddressReserve(size, 0, 0, 0))
+        ok(d.cuMemMap(va, size, 0, mc, 0))
+        out["free_mapped_mib"] = free_mib()
+        ok(d.cuMulticastUnbind(mc, dev, 0, size))
+        mem_va = ok(d.cuMemAddressReserve(size, 0, 0, 0))  # bound again, by its address
+        ok(d.cuMemMap(mem_va, size, 0, mem, 0))
+        ok(d.cuMulticastBindAddr(mc, 0, mem_va, size, 0))
+        ok(d.cuMemUnmap(mem_va, size))
+        ok(d.cuMemAddressFree(mem_va, size))
+        ok(d.cuMemRelease(mem))  # unmapped and released, but bound: still there
+        out["free_mem_released_mib"] = free_mib()
+        ok(d.cuMemUnmap(va, size))
+        ok(d.cuMemRelease(mc))  # the object goes, and its binding
+        ok(d.cuMemAddressFree(va, size))
     out["free_end_mib"] = free_mib()
 
 

@@ -49,12 +49,13 @@ def built() -> None:
 
 
 def probe(client: str, tmp: Path, share_mib: int, script: Path = PROBE,
-          cores: int = 0, args: tuple[str, ...] = ()) -> dict[str, Any]:
+          cores: int = 0, args: tuple[str, ...] = (), card_ini: str = "") -> dict[str, Any]:
     """``script``'s figures in client environment ``client`` (share 0: no interposer; ``cores``:
-    the share's compute cap in %, 0 none; ``args``: after the share's MiB)."""
+    the share's compute cap in %, 0 none; ``args``: after the share's MiB; ``card_ini``: more
+    lines of the fake card's config section)."""
     ini = tmp / "fakegpu.ini"
     ini.write_text("[card]\nuuid = GPU-c1c1c1c1-0000-4000-8000-000000000000\n"
-                   f"name = NVIDIA A10\nmemory_mib = {CARD_MIB}\n")
+                   f"name = NVIDIA A10\nmemory_mib = {CARD_MIB}\n{card_ini}")
     env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(FAKE), "FAKEGPU_CONFIG": str(ini),
            "FAKEGPU_STATE_DIR": str(tmp / "fakegpu"), "EGPU_RUNTIME_DIR": str(tmp / "egpu")}
     (tmp / "fakegpu").mkdir(exist_ok=True)

@@ -21,11 +21,14 @@ and with the interposer (a 4096 MiB share).
   the graph (its launch takes the card past the share: vLLM's graphs after its KV cache).
   Also in vLLM's profile: graphs captured after the KV cache take what is left, never more.
 
-- NCCL's NVLS probe: a card without NVSwitch says multicast is unsupported and
-  cuMulticastCreate answers NOT_SUPPORTED, with and without the interposer, taking nothing
-  (the bug: the name not found through cuGetProcAddress, which NCCL treats as a broken
-  driver, or a multicast object charged: its memory is what each device binds to it, made
-  with cuMemCreate and charged there).
+- NCCL's NVLS buffers (multicast objects): a card without NVSwitch says multicast is
+  unsupported and cuMulticastCreate answers NOT_SUPPORTED, with and without the interposer,
+  taking nothing (the bug: the name not found through cuGetProcAddress, which NCCL treats as
+  a broken driver). With NVSwitch the object itself takes nothing; the memory bound to it is
+  charged at its cuMemCreate to the share that made it, and stays charged while bound, even
+  after its handle is released, until the object goes (the bugs: the object charged as memory,
+  which is then counted twice; or the bound memory given back at its handle's release while
+  the binding keeps it alive on the card: a share's way past its cap).
 
 - NCCL's buffers shared between processes (cuMemCreate for POSIX fd export, the fd passed
   over a socket): a process of the same share imports and maps it and is charged nothing more
@@ -110,6 +113,24 @@ def test_multicast_is_unsupported_without_nvswitch_and_takes_nothing(
     r = probe(CLIENT, tmp_path, share_mib, SCRIPT, args=("multicast",))
     assert (r["supported"], r["create"]) == (0, NOT_SUPPORTED), r
     assert r["free_end_mib"] == r["free_start_mib"], r
+
+
+MULTICAST_MIB = 512  # patterns_probe.MULTICAST_MIB
+INVALID_VALUE = 1
+
+
+@pytest.mark.parametrize("share_mib", [0, SHARE_MIB], ids=["no-interposer", "share-4096"])
+def test_multicast_memory_is_the_bound_allocation_charged_to_its_maker_while_bound(
+        share_mib: int, tmp_path: Path) -> None:
+    r = probe(CLIENT, tmp_path, share_mib, SCRIPT, args=("multicast",),
+              card_ini="multicast = 1\n")
+    start = r["free_start_mib"]
+    assert (r["supported"], r["create"], r["bind_before_device"]) == (1, 0, INVALID_VALUE), r
+    assert r["free_created_mib"] == start, r  # the object: nothing
+    assert r["free_mem_mib"] == start - MULTICAST_MIB, r
+    assert r["free_mapped_mib"] == start - MULTICAST_MIB, r  # its mapping: nothing more
+    assert r["free_mem_released_mib"] == start - MULTICAST_MIB, r  # bound: still there
+    assert r["free_end_mib"] == start, r
 
 
 NCCL_MIB = 3000  # patterns_probe.NCCL_MIB
