@@ -435,6 +435,13 @@ void egpu_acct_detach(egpu_acct *a)
 
 void egpu_acct_forget(egpu_acct *a)
 {
+    /* the parent's private duplicates of its exported fds: not the child's to keep (an open
+     * exported fd keeps the driver's memory alive, and the child would hold it uncharged) */
+    for (int p = 0; a->r && a->pid && p < EGPU_REGION_MAX_PROCS; p++) {
+        const egpu_region_proc *sh = &a->r->procs[p];
+        if (sh->pid == (int32_t)a->pid && (sh->flags & EGPU_PROC_F_SHARED) && sh->start_time <= INT32_MAX)
+            close((int)sh->start_time);
+    }
     a->proc = -1;
     a->pid = 0;
     free(a->holds); /* the parent's read locks are its own description's: the child holds none */

@@ -51,9 +51,10 @@ static CUresult graph_mem(CUgraph g, uint64_t mem[EGPU_MAX_DEVS], int depth)
             CUDA_MEM_ALLOC_NODE_PARAMS p;
             if ((r = R.cuGraphMemAllocNodeGetParams(nodes[i], &p)) != CUDA_SUCCESS) break;
             int dev = p.poolProps.location.id;
-            if (dev < 0 || dev >= S->ndev) continue;
+            if (p.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE || dev < 0 || dev >= S->ndev) continue;
             uint64_t gran = granularity(dev);
-            mem[dev] += (p.bytesize + gran - 1) / gran * gran;
+            uint64_t bytes = p.bytesize > UINT64_MAX - gran ? UINT64_MAX : (p.bytesize + gran - 1) / gran * gran;
+            mem[dev] = mem[dev] > UINT64_MAX - bytes ? UINT64_MAX : mem[dev] + bytes; /* saturating */
         } else if (type == CU_GRAPH_NODE_TYPE_GRAPH && R.cuGraphChildGraphNodeGetGraph &&
                    depth < CHILD_GRAPH_DEPTH_MAX) {
             CUgraph child = NULL;

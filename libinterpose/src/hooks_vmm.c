@@ -115,6 +115,28 @@ static uint64_t vmm_granularity(const CUmemAllocationProp *prop)
     return g;
 }
 
+/* vmm_mu held, h taken from the map: an import charged to this container pays for the
+ * largest extent any mapping or multicast binding of it reaches (see above): the part of
+ * [offset, offset + size) beyond what it paid is charged now, in *extra (give it back if the
+ * driver call fails). */
+static CUresult import_extent_charge_locked(const egpu_map_ent *h, CUmemGenericAllocationHandle handle, uint64_t offset,
+                                            uint64_t size, uint64_t *extra)
+{
+    *extra = 0;
+    if (!(h->aux & VMM_IMPORTED) || (h->aux & VMM_SHARED) || !size || offset > UINT64_MAX - size) return CUDA_SUCCESS;
+    CUmemAllocationProp prop;
+    uint64_t g = R.cuMemGetAllocationPropertiesFromHandle &&
+                         R.cuMemGetAllocationPropertiesFromHandle(&prop, handle) == CUDA_SUCCESS
+                     ? vmm_granularity(&prop)
+                     : VMM_GRANULARITY_FALLBACK_BYTES;
+    uint64_t end = offset + size;
+    end = end > UINT64_MAX - (g - 1) ? end : (end + g - 1) / g * g;
+    if (end <= h->bytes) return CUDA_SUCCESS;
+    CUresult c = charge(h->dev, end - h->bytes);
+    if (c == CUDA_SUCCESS) *extra = end - h->bytes;
+    return c;
+}
+
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags)
 {
@@ -123,23 +145,12 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
     egpu_map_ent h;
     int had = egpu_map_take_ent(&S->map, MAP_VMM, handle, &h) == 0;
     uint64_t extra = 0;
-    if (had && (h.aux & VMM_IMPORTED) && !(h.aux & VMM_SHARED) && size && offset <= UINT64_MAX - size) {
-        /* an import: its charge follows the largest extent mapped (see above) */
-        CUmemAllocationProp prop;
-        uint64_t g = R.cuMemGetAllocationPropertiesFromHandle &&
-                             R.cuMemGetAllocationPropertiesFromHandle(&prop, handle) == CUDA_SUCCESS
-                         ? vmm_granularity(&prop)
-                         : VMM_GRANULARITY_FALLBACK_BYTES;
-        uint64_t end = offset + size;
-        end = end > UINT64_MAX - (g - 1) ? end : (end + g - 1) / g * g;
-        if (end > h.bytes) {
-            extra = end - h.bytes;
-            CUresult c = charge(h.dev, extra);
-            if (c != CUDA_SUCCESS) {
-                egpu_map_put_ent(&S->map, &h);
-                pthread_mutex_unlock(&S->vmm_mu);
-                return c;
-            }
+    if (had) {
+        CUresult c = import_extent_charge_locked(&h, handle, offset, size, &extra);
+        if (c != CUDA_SUCCESS) {
+            egpu_map_put_ent(&S->map, &h);
+            pthread_mutex_unlock(&S->vmm_mu);
+            return c;
         }
     }
     CUresult r = R.cuMemMap(ptr, size, offset, handle, flags);
@@ -211,7 +222,11 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
     } else if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && devs_ready() &&
                (slot = egpu_acct_share_find(&S->acct, (int)(intptr_t)osHandle)) >= 0) {
         /* exported by a process of this container: held, charged once (see above) */
-        egpu_map_ent e = {*handle, 0, VMM_AUX(1, 0, VMM_IMPORTED | VMM_SHARED), (uint64_t)slot + 1, -1, MAP_VMM};
+        int dev = R.cuMemGetAllocationPropertiesFromHandle &&
+                          R.cuMemGetAllocationPropertiesFromHandle(&prop, *handle) == CUDA_SUCCESS && loc_is_device(&prop)
+                      ? prop.location.id
+                      : -1; /* (multicast bindings find it by device) */
+        egpu_map_ent e = {*handle, 0, VMM_AUX(1, 0, VMM_IMPORTED | VMM_SHARED), (uint64_t)slot + 1, dev, MAP_VMM};
         egpu_map_put_ent(&S->map, &e);
     } else if (R.cuMemGetAllocationPropertiesFromHandle &&
                R.cuMemGetAllocationPropertiesFromHandle(&prop, *handle) == CUDA_SUCCESS && loc_is_device(&prop) &&
@@ -317,13 +332,40 @@ static void mc_unbind_all_locked(CUmemGenericAllocationHandle mc)
         if (S->mc_binds[i].mc == mc) mc_unbind_locked(i);
 }
 
+/* vmm_mu held: an import bound from memOffset pays for that extent first (as a mapping). */
+static CUresult mc_bind_extent_locked(CUmemGenericAllocationHandle mem, uint64_t mem_offset, uint64_t size,
+                                      uint64_t *extra, int *dev)
+{
+    egpu_map_ent h;
+    *extra = 0;
+    if (egpu_map_take_ent(&S->map, MAP_VMM, mem, &h) != 0) return CUDA_SUCCESS;
+    CUresult c = import_extent_charge_locked(&h, mem, mem_offset, size, extra);
+    h.bytes += *extra;
+    *dev = h.dev;
+    egpu_map_put_ent(&S->map, &h);
+    return c;
+}
+
+static void mc_bind_extent_undo_locked(CUmemGenericAllocationHandle mem, uint64_t extra, int dev)
+{
+    egpu_map_ent h;
+    if (!extra || egpu_map_take_ent(&S->map, MAP_VMM, mem, &h) != 0) return;
+    h.bytes -= extra;
+    uncharge(dev, extra);
+    egpu_map_put_ent(&S->map, &h);
+}
+
 CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mcOffset, CUmemGenericAllocationHandle memHandle,
                             size_t memOffset, size_t size, unsigned long long flags)
 {
     REAL_OR_UNSUPPORTED(cuMulticastBindMem);
     pthread_mutex_lock(&S->vmm_mu);
-    CUresult r = R.cuMulticastBindMem(mc, mcOffset, memHandle, memOffset, size, flags);
+    uint64_t extra = 0;
+    int dev = -1;
+    CUresult r = mc_bind_extent_locked(memHandle, memOffset, size, &extra, &dev);
+    if (r == CUDA_SUCCESS) r = R.cuMulticastBindMem(mc, mcOffset, memHandle, memOffset, size, flags);
     if (r == CUDA_SUCCESS) mc_bind_locked(mc, memHandle, mcOffset, size);
+    else mc_bind_extent_undo_locked(memHandle, extra, dev);
     pthread_mutex_unlock(&S->vmm_mu);
     return r;
 }
