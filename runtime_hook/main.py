@@ -210,56 +210,6 @@ PRIVATE_DIR_MODE = 0o711  # <private> and its hook folders: root's
 PRIVATE_FILE_MODE = 0o444
 
 
-INTERPOSER_BIND_TRIES = 5  # the library's path is looked up in the container's namespace
-INTERPOSER_BIND_RETRY_S = 0.1
-
-
-def bind_interposer(library: str, root: str, pid: int) -> None:
-    """Bind the interposer into the container (in its mount namespace). Its path is looked
-    up there, and that lookup has failed with ENOENT, rarely, while the node agent was being
-    rolled (the file there the whole time: the kubelet's restart of the container found it):
-    an ENOENT is tried again, INTERPOSER_BIND_TRIES times, INTERPOSER_BIND_RETRY_S apart;
-    the last one's message says which mount namespaces were involved and what the library's
-    folder held there."""
-    import errno
-
-    from runtime_hook import mounts
-
-    for attempt in range(INTERPOSER_BIND_TRIES):
-        try:
-            mounts.bind(library, root, INTERPOSER_PATH_IN_CONTAINER, read_only=True)
-            if attempt:
-                print(f"egpu-hook: the interposer was bound at try {attempt + 1}",
-                      file=sys.stderr)
-            return
-        except OSError as exc:
-            if exc.errno != errno.ENOENT or attempt + 1 == INTERPOSER_BIND_TRIES:
-                if exc.errno != errno.ENOENT:
-                    raise
-                report = _namespace_report(library, pid)
-                raise OSError(exc.errno, f"{exc.strerror}; {report}") from None
-            time.sleep(INTERPOSER_BIND_RETRY_S)
-
-
-def _namespace_report(library: str, pid: int) -> str:
-    """Where a lookup of ``library`` failed: this process's, the container's and init's mount
-    namespaces, and the library folder's entries as seen here."""
-    def link(path: str) -> str:
-        try:
-            return os.readlink(path)
-        except OSError as exc:
-            return f"? ({exc.strerror})"
-
-    folder = os.path.dirname(library)
-    try:
-        entries = ", ".join(sorted(os.listdir(folder))) or "empty"
-    except OSError as exc:
-        entries = f"? ({exc.strerror})"
-    return (f"mount namespaces: here {link('/proc/self/ns/mnt')}, container "
-            f"{link(f'/proc/{pid}/ns/mnt')}, init {link('/proc/1/ns/mnt')}; {folder} here: "
-            f"{entries}")
-
-
 def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
     """Write the host files and bind-mount them into the container (module docstring).
 
@@ -320,7 +270,7 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
             fds.append(preload_fd)
 
             rootfs.make_file_in_root(root, INTERPOSER_PATH_IN_CONTAINER)
-            bind_interposer(args.interposer, root, state.pid)
+            mounts.bind(args.interposer, root, INTERPOSER_PATH_IN_CONTAINER, read_only=True)
             if config_fd >= 0:
                 rootfs.make_file_in_root(root, CONTAINER_CONFIG_PATH)
                 mounts.bind(config_fd, root, CONTAINER_CONFIG_PATH, read_only=True,

@@ -13,7 +13,9 @@ the container's root is ``<rootfs>``.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+import time
 
 from runtime_hook.rootfs import open_in_root
 
@@ -77,6 +79,24 @@ def in_mount_namespace(pid: int, action: Callable[[], None]) -> None:
         raise MountError(message or f"mount helper exited with status {status}")
 
 
+def _lookup_report(path: str) -> str:
+    """Where a lookup of ``path`` failed: this process's and init's mount namespaces, and the
+    entries of ``path``'s folder as seen here."""
+    def link(name: str) -> str:
+        try:
+            return os.readlink(name)
+        except OSError as exc:
+            return f"? ({exc.strerror})"
+
+    folder = os.path.dirname(path)
+    try:
+        entries = ", ".join(sorted(os.listdir(folder))) or "empty"
+    except OSError as exc:
+        entries = f"? ({exc.strerror})"
+    return (f"mount namespaces: here {link('/proc/self/ns/mnt')}, init "
+            f"{link('/proc/1/ns/mnt')}; {folder} here: {entries}")
+
+
 def _unescape(field: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as \\ooo (octal)."""
     out, i = [], 0
@@ -96,24 +116,42 @@ def mount_points() -> set[str]:
         return {_unescape(line.split()[4]) for line in handle if len(line.split()) > 4}
 
 
+# A host path source is looked up in the namespace the mount is made in: the container's.
+# That lookup of the interposer has failed with ENOENT, rarely, while the node agent was being
+# rolled (the file there the whole time: the kubelet's restart of the container found it).
+PATH_SOURCE_TRIES = 5
+PATH_SOURCE_RETRY_S = 0.1
+
+
 def bind(source: str | int, root: str, target: str, *, read_only: bool,
          label: str = "") -> bool:
     """Bind-mount ``source`` onto ``target`` inside ``root`` (which must exist), read-only
-    (and nosuid, nodev) when asked. ``source``: a host path, or an open file descriptor (the
-    very file or folder it names is mounted, through /proc/self/fd: no path is resolved
-    again); ``label``: its name in messages. Returns False when ``target`` already is a mount
-    point (a rerun: idempotent), True when mounted."""
+    (and nosuid, nodev) when asked. ``source``: a host path (an ENOENT is tried again,
+    PATH_SOURCE_TRIES times, PATH_SOURCE_RETRY_S apart; the last one's message says which
+    mount namespaces were involved and what the source's folder held), or an open file
+    descriptor (the very file or folder it names is mounted, through /proc/self/fd: no path
+    is resolved again); ``label``: its name in messages. Returns False when ``target``
+    already is a mount point (a rerun: idempotent), True when mounted."""
+    tries = PATH_SOURCE_TRIES
     if isinstance(source, int):
         label = label or f"fd {source}"
         source = f"/proc/self/fd/{source}"
+        tries = 1
     label = label or source
     fd = open_in_root(root, target)
     try:
         real = os.readlink(f"/proc/self/fd/{fd}").removesuffix(" (deleted)")
         if real in mount_points():
             return False
-        _check(_libc.mount(source.encode(), f"/proc/self/fd/{fd}".encode(), None, MS_BIND, None),
-               f"bind {label} -> {target}")
+        for attempt in range(tries):
+            if _libc.mount(source.encode(), f"/proc/self/fd/{fd}".encode(), None, MS_BIND,
+                           None) == 0:
+                break
+            err = ctypes.get_errno()
+            if err != errno.ENOENT or attempt + 1 == tries:
+                where = f"; {_lookup_report(source)}" if err == errno.ENOENT and tries > 1 else ""
+                raise MountError(err, f"bind {label} -> {target}: {os.strerror(err)}{where}")
+            time.sleep(PATH_SOURCE_RETRY_S)
     finally:
         os.close(fd)
     if read_only:

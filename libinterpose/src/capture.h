@@ -23,16 +23,23 @@ typedef CUresult (*egpu_capture_mode_fn)(CUstreamCaptureMode *mode);
  * per-thread default stream. */
 static inline CUstream egpu_stream_of(CUstream s, int per_thread) { return !s && per_thread ? EGPU_STREAM_PER_THREAD : s; }
 
-/* 1 when stream s captures, or cannot be asked (an error such as the legacy stream beside a
- * capture, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, counts as capturing: the caller's own call
- * fails then); 0 when it does not, or the driver has no stream capture. */
-static inline int egpu_stream_capturing(egpu_is_capturing_fn is_capturing, CUstream s)
+/* What the driver says of stream s: 1 it captures, 0 it does not (or the driver has no
+ * stream capture), -1 it cannot be asked (an error such as the legacy stream beside a capture,
+ * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: the caller's own call fails then). */
+static inline int egpu_stream_capture_state(egpu_is_capturing_fn is_capturing, CUstream s)
 {
     if (!is_capturing) return 0;
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     CUresult r = is_capturing(s, &st);
     if (r == CUDA_ERROR_NOT_SUPPORTED) return 0;
-    return r != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
+    if (r != CUDA_SUCCESS) return -1;
+    return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* 1 when stream s captures, or cannot be asked (see above); else 0. */
+static inline int egpu_stream_capturing(egpu_is_capturing_fn is_capturing, CUstream s)
+{
+    return egpu_stream_capture_state(is_capturing, s) != 0;
 }
 
 typedef struct { int set; CUstreamCaptureMode old; } egpu_capture_relax;

@@ -15,7 +15,6 @@
 #include "share.h"
 
 #define CHILD_GRAPH_DEPTH_MAX 16 /* deeper nesting than any framework builds: not followed */
-#define GRANULARITY_FALLBACK_BYTES (2ull << 20)
 
 static uint64_t gexec_key(CUgraphExec e, int dev) { return (uint64_t)(uintptr_t)e ^ ((uint64_t)dev << 56); }
 
@@ -25,11 +24,7 @@ static uint64_t granularity(int dev)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = dev;
-    size_t g = 0;
-    if (!R.cuMemGetAllocationGranularity ||
-        R.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !g)
-        return GRANULARITY_FALLBACK_BYTES;
-    return g;
+    return vmm_granularity(&prop);
 }
 
 /* Adds the bytes of graph g's allocation nodes to mem[device]. The driver's error, if it

@@ -53,14 +53,6 @@ static int strm_capturing(CUstream s, int pt)
     return egpu_stream_capturing(R.cuStreamIsCapturing, egpu_stream_of(s, pt));
 }
 
-/* 1 only when the driver answers that the stream captures (errors count as not). */
-static int strm_captures_surely(CUstream s, int pt)
-{
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return R.cuStreamIsCapturing && R.cuStreamIsCapturing(egpu_stream_of(s, pt), &st) == CUDA_SUCCESS &&
-           st != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 /* FC-15: a stream-ordered allocation the driver could not serve, for an oversubscribed
  * share: managed memory of the same size, charged against the cap first like a cuMemAlloc
  * allocation (to the pool's device) and recorded as a plain pointer, so that cuMemFree or
@@ -93,10 +85,6 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
     if (!dptr || !size || cur_dev(&dev) != CUDA_SUCCESS) return CALL_REAL();
     if (egpu_config_ready() != 0) return EGPU_REFUSED_CU;
     if (!devs_ready() || dev >= S->ndev) return CALL_REAL();
-    /* captured: an allocation node, which takes no memory now; its graph's memory is booked
-     * when the graph is instantiated (hooks_graph.c). Only when the driver says so: a stream
-     * it cannot answer about is charged as usual (its call then fails anyway). */
-    if (strm_captures_surely(st, pt)) return CALL_REAL();
     if (!from_pool && (!R.cuDeviceGetMemPool || R.cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS)) pool = NULL;
     if (!pool || !R.cuMemPoolGetAttribute) return CALL_REAL(); /* let the driver report */
     /* Under pool_mu: what the pool's cache can serve, less what concurrent in-flight
@@ -120,6 +108,11 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
     cached = cached > p->claims ? cached - p->claims : 0;
     uint64_t from_cache = size < cached ? size : cached;
     uint64_t need = size - from_cache;
+    /* Captured, an allocation is a graph's allocation node: no memory now (its graph's is
+     * booked at instantiation, hooks_graph.c). Asked only when a charge is due (the pool's
+     * cache serves most allocations), and believed only when the driver answers: a stream it
+     * cannot answer about is charged as usual (its call then fails anyway). */
+    if (need && egpu_stream_capture_state(R.cuStreamIsCapturing, egpu_stream_of(st, pt)) == 1) need = 0;
     p->claims += from_cache;
     if (need) {
         /* charge() may refresh pools (pool_mu) when the cap is reached: charge unlocked,

@@ -102,11 +102,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     return r;
 }
 
-/* What an allocation is charged at import, and a mapping's extent rounded to, when the driver
- * cannot tell its granularity: 2 MiB, the device-memory granularity of current drivers. */
-#define VMM_GRANULARITY_FALLBACK_BYTES (2ull << 20)
-
-static uint64_t vmm_granularity(const CUmemAllocationProp *prop)
+uint64_t vmm_granularity(const CUmemAllocationProp *prop)
 {
     size_t g = 0;
     if (!R.cuMemGetAllocationGranularity ||

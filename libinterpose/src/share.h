@@ -79,6 +79,12 @@ void ctx_gone(uint64_t ctx);
 /* FC-15: managed memory of `size` bytes (the cap already charged by the caller). */
 CUresult managed_fallback(CUdeviceptr *dptr, size_t size);
 
+/* hooks_vmm.c: the driver's minimum allocation granularity for prop, else
+ * VMM_GRANULARITY_FALLBACK_BYTES: what an import is charged at first, what mapping extents
+ * and graph allocation nodes are rounded up to. */
+#define VMM_GRANULARITY_FALLBACK_BYTES (2ull << 20) /* device memory's on current drivers */
+uint64_t vmm_granularity(const CUmemAllocationProp *prop);
+
 /* hooks_pool.c: bring the pools' charges up to date (only_dev < 0: every device). */
 void pools_refresh(int only_dev);
 
