@@ -69,8 +69,15 @@ unit: venv native system-deps k8s clients
 e2e: venv native system-deps k8s image
 	$(BIN)/pytest -m e2e tests
 
+# `make test`: the real-time suites (compute caps and hostile tenants against the fake GPU's
+# timeline) first, on a machine nothing else loads; then the rest on TEST_WORKERS parallel
+# workers, each e2e lane (tests/e2e/conftest.py, LANES) on one worker, so that one lane's
+# waits overlap the others' work.
+REALTIME_TESTS := tests/compute tests/security
+TEST_WORKERS ?= 6
 test: venv native system-deps lint k8s image clients
-	$(BIN)/pytest tests
+	$(BIN)/pytest $(REALTIME_TESTS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope $(addprefix --ignore=,$(REALTIME_TESTS)) tests
 
 # Options of `egpu demo`, e.g. `make demo DEMO_ARGS=--dra` (shares as ResourceClaims,
 # docs/dra.md); none by default.

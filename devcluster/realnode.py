@@ -35,6 +35,7 @@ this machine needs (cgroup v1, no swap check, no registry...) are listed in docs
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -43,6 +44,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -80,9 +82,17 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # The kubelet sets these machine-wide (they are not per namespace): kept and put back.
 KUBELET_SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory",
                    "vm/panic_on_oom", "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
-# Their values before the first real node of any cluster on this machine started (host /run:
-# gone at reboot, as the changes are).
+# Raised (never lowered) while real nodes run: every kubelet, containerd and shim of every
+# node takes inotify instances from root's one budget (128 by default: the fourth node's
+# kubelet failed "inotify_init: too many open files"); kind asks the same of its users.
+INOTIFY_MINIMUMS = {"fs/inotify/max_user_instances": 8192,
+                    "fs/inotify/max_user_watches": 524288}
+# Their values (and INOTIFY_MINIMUMS') before the first real node of any cluster on this
+# machine started (host /run: gone at reboot, as the changes are).
 SYSCTLS_BEFORE = Path("/run/egpu-devcluster/sysctls-before.json")
+# Held while a node takes an index (its link), the bridge comes or goes, or the sysctls are
+# saved: real nodes of several clusters start and stop at once (parallel test lanes).
+HOST_LOCK = Path("/run/egpu-devcluster/host.lock")
 # Host folders that each node replaces with its own (bind mounts in its mount namespace).
 NODE_FOLDERS = {
     "var-lib-kubelet": "/var/lib/kubelet",
@@ -195,6 +205,15 @@ def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+@contextlib.contextmanager
+def _host_lock() -> Iterator[None]:
+    """Exclusive use of what every real node on this machine shares (``HOST_LOCK``)."""
+    HOST_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(HOST_LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def _ensure_bridge() -> None:
     if _sh("ip", "link", "show", HOST_BRIDGE, check=False).returncode != 0:
         _sh("ip", "link", "add", HOST_BRIDGE, "type", "bridge")
@@ -249,7 +268,13 @@ def _remove_cgroups(group: str) -> None:
 
 
 def _read_sysctls() -> dict[str, str]:
-    return {k: (Path("/proc/sys") / k).read_text().strip() for k in KUBELET_SYSCTLS}
+    return {k: (Path("/proc/sys") / k).read_text().strip()
+            for k in (*KUBELET_SYSCTLS, *INOTIFY_MINIMUMS)}
+
+
+def _raise_inotify_limits() -> None:
+    current = _read_sysctls()
+    _write_sysctls({k: str(v) for k, v in INOTIFY_MINIMUMS.items() if int(current[k]) < v})
 
 
 def _write_sysctls(values: dict[str, str]) -> None:
@@ -360,15 +385,22 @@ def add(info: ClusterInfo, name: str = "egpu-real-0", index: int | None = None,
     with contextlib.suppress(DevClusterError):
         remove(state_dir, name)  # a node of an earlier run under this name
     shutil.rmtree(node_dir, ignore_errors=True)
-    index = free_index() if index is None else index
     for sub in ("logs", "config", "cni", "pki", "driver/lib", "driver/state", *NODE_FOLDERS):
         (node_dir / sub).mkdir(parents=True, exist_ok=True)
     if images is None:
         images = {ref: Path(p) for ref, p in imagesmod.ensure_images().items()}
     bins = Path(info.bin_dir)
-    if not SYSCTLS_BEFORE.exists() and not _nodes_on_bridge():
-        SYSCTLS_BEFORE.parent.mkdir(parents=True, exist_ok=True)
-        SYSCTLS_BEFORE.write_text(json.dumps(_read_sysctls()))
+    host_lock = contextlib.ExitStack()  # held until this node's link exists (or add fails)
+    host_lock.enter_context(_host_lock())
+    try:
+        index = free_index() if index is None else index
+        if not SYSCTLS_BEFORE.exists() and not _nodes_on_bridge():
+            SYSCTLS_BEFORE.parent.mkdir(parents=True, exist_ok=True)
+            SYSCTLS_BEFORE.write_text(json.dumps(_read_sysctls()))
+        _raise_inotify_limits()
+    except BaseException:
+        host_lock.close()
+        raise
 
     node = RealNode(name=name, index=index, node_dir=str(node_dir), ip=node_ip(index),
                     pod_cidr=pod_cidr(index), holder_pid=0, bin_dir=str(bins))
@@ -387,6 +419,7 @@ def add(info: ClusterInfo, name: str = "egpu-real-0", index: int | None = None,
         _make_cgroups(node.cgroup)
         _write_files(info, node, cards)
         _start_namespaces(node, len(cards))
+        host_lock.close()
         _route_to_peers(state_dir, node)
         node.save()
         step("host, files and namespaces")
@@ -403,6 +436,7 @@ def add(info: ClusterInfo, name: str = "egpu-real-0", index: int | None = None,
         node.startup_s = round(time.monotonic() - t0, 1)
         node.save()
     except BaseException:
+        host_lock.close()  # a no-op once released
         with contextlib.suppress(Exception):
             node.save()
             remove(state_dir, name, delete_node_object=False)
@@ -642,6 +676,13 @@ def _last_node_gone(state_dir: Path) -> None:
         if running is not None:
             supervisor.stop(running[0].pid, grace_s=2, ticks=running[1])
     relay.unlink(missing_ok=True)
+    with _host_lock():
+        _put_back_host()
+
+
+def _put_back_host() -> None:
+    """The bridge, the sysctls and the mount points, once no real node of any cluster is left
+    (under the host lock: a node being added elsewhere has its link on the bridge)."""
     if _nodes_on_bridge():  # another cluster's real node still runs on this machine
         return
     _sh("ip", "link", "del", HOST_BRIDGE, check=False)

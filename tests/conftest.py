@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -26,6 +27,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return any(path.is_relative_to(suite) for suite in REALTIME_SUITES)
 
     items.sort(key=lambda item: not realtime(item))  # stable: each part keeps its order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` runs in lanes (tests/lanes.py); other modes are xdist's own."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from tests.lanes import LaneScheduling
+
+    return LaneScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,7 @@ import pytest
 from devcluster import build as devbuild
 from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
+from tests.lanes import LANE_OF
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -215,6 +216,18 @@ def cluster() -> Iterator[E2ECluster]:
         _release(state_dir, info)
 
 
+# --- lanes (tests/lanes.py): each real-node lane has its own control plane and real node
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0".. under xdist, "" without
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """An e2e module in no lane is an error: its lane decides which cluster it may share."""
+    here = Path(__file__).parent
+    for path in sorted({Path(str(item.path)) for item in items}):
+        if path.parent == here and path.name.startswith("test_") and path.stem not in LANE_OF:
+            raise pytest.UsageError(f"{path.name} is in no lane of tests/lanes.py LANES")
+
+
 # --- a cluster with a real node (kubelet + containerd) ------------------------------------
 # Its own control plane (state folder dev-cluster-real beside the shared one): egpu is
 # installed in it for real (kubectl apply -k / helm), which must not meet the webhook and
@@ -241,7 +254,7 @@ def real_cluster() -> Iterator[RealCluster]:
     if os.geteuid() != 0:
         pytest.fail("a real node needs root (namespaces, cgroups, mounts): run as root, README")
     state_dir = devcluster.default_state_dir().expanduser().resolve().with_name(
-        "dev-cluster-real")
+        "dev-cluster-real" + (f"-{WORKER}" if WORKER else ""))
     realnode.remove_all(state_dir)  # what an interrupted earlier run left
     devcluster.down(state_dir)
     info = devcluster.up(devcluster.Config(state_dir=state_dir, egpu_profile=False))

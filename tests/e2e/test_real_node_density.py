@@ -157,8 +157,9 @@ def wrong_shares(cluster: RealCluster, pods: list[dict[str, Any]], mib: int) -> 
         result = inst.probe_result(cluster, inst.SHARE_NS, name, timeout=120)
         seen = (result["total_mib"], result["alloc_one_more_mib"],
                 sorted(result.get("cards") or []))
-        if seen != (mib, CUDA_ERROR_OUT_OF_MEMORY, cards):
-            wrong.append(f"{name}: total/one-more/cards {seen}, placed {mib} MiB on {cards}")
+        if seen != (mib, CUDA_ERROR_OUT_OF_MEMORY, cards):  # with all it saw: which call failed
+            wrong.append(f"{name}: total/one-more/cards {seen}, placed {mib} MiB on {cards}; "
+                         f"the probe: {json.dumps(result)}")
     return wrong
 
 

@@ -223,10 +223,11 @@ def test_a_bad_configmap_edit_leaves_every_part_running_on_its_last_good_config(
                                "daemonset/egpu-node-agent", "--timeout=300s", timeout=310)
 
         def files_updated() -> bool:  # the kubelet syncs ConfigMap volumes within a minute
-            return all("lots" in helm_installed.node.run(
-                "sh", "-c", f"cat /proc/{pid}/root/etc/egpu/config.yaml") for pid in [
-                    line.split()[0] for line in helm_installed.node.run(
-                        "pgrep", "-af", "egpu-extender").splitlines()])
+            # the node's own extender containers (a host-wide pgrep also finds the extenders
+            # of other lanes' real nodes, tests/lanes.py)
+            containers = helm_installed.node.crictl("ps", "--name", "extender", "-q").split()
+            return bool(containers) and all("lots" in helm_installed.node.crictl(
+                "exec", cid, "cat", "/etc/egpu/config.yaml") for cid in containers)
 
         helm_installed.wait_for("the bad config in the extenders' volumes", files_updated,
                                 timeout=120, interval=3.0)

@@ -1,0 +1,50 @@
+"""Lanes: how `make test` runs the suite on parallel pytest-xdist workers (``--dist loadscope``
+with the scheduler below, chosen in tests/conftest.py).
+
+The modules of a lane share one cluster and run one after another on one worker; lanes run
+side by side, so that one lane's waits (a kubelet's grace period, a roll, a burst of pods)
+overlap the others' work. Each real-node lane starts its own control plane and real node
+(``real_cluster``'s state folder is per worker, tests/e2e/conftest.py); the kwok lane shares
+the dev cluster; each demo module starts its own demo. A test of a module in no lane is its
+own unit and goes to any free worker.
+
+Why a scheduler and not ``xdist_group`` marks: xdist (3.8) groups marked tests by renaming
+``item._nodeid``, which pytest 9 no longer reads, so the marks group nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from xdist.scheduler import LoadScopeScheduling
+
+E2E_DIR = "tests/e2e"
+LANES = {
+    "kwok": ("test_devcluster", "test_dra_claims_e2e", "test_dra_e2e", "test_manifests",
+             "test_node_e2e", "test_scheduler_e2e", "test_webhook_e2e"),
+    "real-node": ("test_real_node", "test_real_node_drills", "test_dra_real_node",
+                  "test_node_restarts_bench"),
+    "real-node-density": ("test_real_node_density",),
+    "real-node-helm": ("test_real_node_helm",),
+    "demo": ("test_demo", "test_demo_dra"),
+}
+LANE_OF = {module: lane for lane, modules in LANES.items() for module in modules}
+
+
+def lane_of(nodeid: str) -> str | None:
+    """The lane of a test (``tests/e2e/test_x.py::test_y[z]`` -> its module's lane), None
+    for a test in no lane."""
+    path = PurePosixPath(nodeid.split("::", 1)[0])
+    if str(path.parent) != E2E_DIR:
+        return None
+    return LANE_OF.get(path.stem)
+
+
+class LaneScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling with one scope per lane and one per test outside the lanes.
+    xdist hands out the scopes with the most tests first, so every lane starts at once when
+    there are more workers than lanes."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        lane = lane_of(nodeid)
+        return f"lane:{lane}" if lane else nodeid
