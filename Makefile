@@ -63,18 +63,20 @@ lint: venv
 clients: venv
 	$(BIN)/python -m testbed.clients
 
+# parallel pytest workers of `make test` and `make e2e` (lanes: tests/lanes.py)
+TEST_WORKERS ?= 7
+
 unit: venv native system-deps k8s clients
 	$(BIN)/pytest -m "not e2e" tests
 
 e2e: venv native system-deps k8s image
-	$(BIN)/pytest -m e2e tests
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope -m e2e tests
 
 # `make test`: the real-time suites (compute caps and hostile tenants against the fake GPU's
 # timeline) first, on a machine nothing else loads; then the rest on TEST_WORKERS parallel
-# workers, each e2e lane (tests/e2e/conftest.py, LANES) on one worker, so that one lane's
+# workers, each e2e lane (tests/lanes.py) on one worker, so that one lane's
 # waits overlap the others' work.
 REALTIME_TESTS := tests/compute tests/security
-TEST_WORKERS ?= 6
 test: venv native system-deps lint k8s image clients
 	$(BIN)/pytest $(REALTIME_TESTS)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope $(addprefix --ignore=,$(REALTIME_TESTS)) tests

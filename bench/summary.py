@@ -54,6 +54,7 @@ TARGETS: dict[str, tuple[tuple[str, str, float], ...]] = {
                       ("leaked_files", "==", 0)),
     "pod_start": (("start_ratio", ">=", 0.8),),
     "real_node": (("start_s_max", "<", 30),),
+    "test_suite": (("make_test_s", "<=", 540), ("failed", "==", 0), ("errors", "==", 0)),
 }
 
 

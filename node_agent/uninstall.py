@@ -280,6 +280,11 @@ def run_uninstall(core_v1: Any, apps_v1: Any, namespace: str, daemonsets: Sequen
         log.error("the agent DaemonSets %s are still there after %.0f s", ", ".join(daemonsets),
                   agents_wait_s)
         return 1
+    if capacity_wait_s <= 0:  # values.yaml: 0 does not wait (the key stays, at 0 after 5 min)
+        log.info("agents gone from %s; not waiting for their kubelets to drop %s (capacity "
+                 "wait 0): it reads 0 on each after 5 min and stays", ", ".join(sorted(nodes))
+                 or "no node", RES_GPU)
+        return 0
     log.info("agents gone from %s; waiting for their kubelets to drop %s",
              ", ".join(sorted(nodes)) or "no node", RES_GPU)
 

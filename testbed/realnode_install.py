@@ -172,12 +172,17 @@ def get_json(cluster: Any, *args: str) -> Any:
 
 def probe_result(cluster: Any, namespace: str, pod: str, timeout: float = POD_START_S
                  ) -> dict[str, Any]:
-    """The probe's JSON line from the container's log (kubectl logs: apiserver -> kubelet)."""
+    """The probe's JSON line from the container's log (kubectl logs: apiserver -> kubelet),
+    with the log's other lines under ``"log"`` (the interposer's errors: why CUDA was
+    refused, when it was)."""
     def result() -> dict[str, Any] | None:
         logs = cluster.kubectl("-n", namespace, "logs", pod, check=False)
-        for line in logs.splitlines():
+        lines = logs.splitlines()
+        for line in lines:
             if line.startswith("PROBE "):
-                return dict(json.loads(line[len("PROBE "):]))
+                found = dict(json.loads(line[len("PROBE "):]))
+                found["log"] = [other for other in lines if not other.startswith("PROBE ")]
+                return found
         return None
 
     try:

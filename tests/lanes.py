@@ -25,7 +25,9 @@ LANES = {
     "real-node": ("test_real_node", "test_real_node_drills", "test_dra_real_node",
                   "test_node_restarts_bench"),
     "real-node-density": ("test_real_node_density",),
-    "real-node-helm": ("test_real_node_helm",),
+    "real-node-density-restarts": ("test_real_node_density_restarts",),
+    # one lane: the uninstall module's 5 min wait would take a real node of its own
+    "real-node-helm": ("test_real_node_helm", "test_real_node_helm_uninstall"),
     "demo": ("test_demo", "test_demo_dra"),
 }
 LANE_OF = {module: lane for lane, modules in LANES.items() for module in modules}

@@ -1,12 +1,11 @@
 """The Helm path on the real node: ``helm install`` of charts/egpu (values: the local egpu
 image and the webhook's caBundle, nothing else) reaches the same Ready state as the kustomize
-install and runs the same share pod. Runs after the kustomize tests (file order): it removes
-that install first, and its own at the end.
+install and runs the same share pod; upgrades and bad values. Its own lane and real node
+(tests/lanes.py); ``helm uninstall`` is test_real_node_helm_uninstall.py's.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -19,50 +18,25 @@ import pytest
 from devcluster import build as devbuild
 from testbed import realnode_install as inst
 from tests.e2e.conftest import RealCluster
+from tests.e2e.helm import CHART, HELM_TIMEOUT_S, RELEASE, install, uninstall_if_installed
+from tests.e2e.helm import helm as _helm
 
 pytestmark = pytest.mark.e2e
 
-CHART = inst.REPO / "charts" / "egpu"
-RELEASE = "egpu"
-HELM_TIMEOUT_S = 300
-UNINSTALL_TIMEOUT = "10m"  # docs/operating.md: the kubelet keeps a stopped plugin's capacity 5 min
-UNINSTALL_TIMEOUT_S = 630
-
-
-def _helm(cluster: RealCluster, home: Path, *args: str) -> str:
-    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig, "HELM_CACHE_HOME": str(home / "c"),
-           "HELM_CONFIG_HOME": str(home / "f"), "HELM_DATA_HOME": str(home / "d")}
-    proc = subprocess.run([str(devbuild.binary_path("helm")), *args], capture_output=True,
-                          text=True, env=env, timeout=UNINSTALL_TIMEOUT_S
-                          if args[:1] == ("uninstall",) else HELM_TIMEOUT_S)
-    if proc.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed: {proc.stdout}{proc.stderr}")
-    return proc.stdout
+# Not waiting for the kubelets at uninstall (the module's teardown): that wait and what it
+# removes are test_real_node_helm_uninstall.py's; it would add 5 min here. The teardown's
+# uninstall checks that 0 means no wait: the Job used to fail with it (exit 1 after one look),
+# and helm uninstall with the Job.
+NO_CAPACITY_WAIT = "uninstall.capacityWaitSeconds=0"
 
 
 @pytest.fixture(scope="module")
 def helm_installed(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
                    ) -> Iterator[RealCluster]:
     work = tmp_path_factory.mktemp("helm")
-    kustomize = inst.kustomization(work / "kustomize")
-    real_cluster.kubectl("delete", "-k", str(kustomize), "--ignore-not-found", "--wait=true",
-                         "--timeout=180s", timeout=200)  # the kustomize install, if any
-    ca = inst.create_webhook_tls(real_cluster, work)
-    repo_ref, _, tag = inst.devimages.IMAGE_EGPU.rpartition(":")
-    _helm(real_cluster, work, "install", RELEASE, str(CHART), "--namespace", inst.NAMESPACE,
-          "--set", "namespace.create=false",
-          "--set", f"images.egpu.repository={repo_ref}", "--set", f"images.egpu.tag={tag}",
-          "--set", f"webhook.caBundle={base64.b64encode(ca.read_bytes()).decode()}")
-    inst.wait_installed(real_cluster)
-    real_cluster.ensure_namespace(inst.SHARE_NS)
+    install(real_cluster, work, NO_CAPACITY_WAIT)
     yield real_cluster
-    # what the module made; kubectl's own timeout, so that a slow deletion is reported by the
-    # next module's checks, not raised here
-    real_cluster.kubectl("-n", inst.SHARE_NS, "delete", "pods", "-l", "egpu-e2e=real-node",
-                         "--wait=true", "--timeout=110s", check=False, timeout=130)
-    if RELEASE in _helm(real_cluster, work, "list", "--namespace", inst.NAMESPACE, "-q").split():
-        _helm(real_cluster, work, "uninstall", RELEASE, "--namespace", inst.NAMESPACE, "--wait",
-              "--timeout", UNINSTALL_TIMEOUT)
+    uninstall_if_installed(real_cluster, work)
 
 
 def test_helm_lint_is_clean(real_cluster: RealCluster, tmp_path: Path) -> None:
@@ -112,6 +86,7 @@ def _values(cluster: RealCluster, work: Path, **config: object) -> Path:
         "webhook": {"caBundle": registration["webhooks"][0]["clientConfig"]["caBundle"]},
         "logLevel": "DEBUG",
         "config": config,
+        "uninstall": {"capacityWaitSeconds": 0},  # NO_CAPACITY_WAIT, kept by the upgrade
     }))
     return path
 
@@ -262,53 +237,3 @@ def test_a_bad_configmap_edit_leaves_every_part_running_on_its_last_good_config(
         helm_installed.kubectl("-n", inst.NAMESPACE, "rollout", "restart",
                                "deployment/egpu-scheduler", "daemonset/egpu-node-agent")
         _rolled(helm_installed)
-
-
-# --- uninstall (last: it removes the install) ----------------------------------------------------
-EGPU_NODE_FOLDERS = ("/var/run/egpu", "/var/run/egpu-node", "/usr/local/egpu")
-
-
-def test_helm_uninstall_takes_egpu_off_the_node_and_leaves_share_pods_running(
-        helm_installed: RealCluster, tmp_path: Path) -> None:
-    """docs/operating.md's `helm uninstall` with a share pod running. Bugs caught: the node kept
-    egpu's annotations, a 0 egpu.io/gpu capacity, /var/run/cdi/egpu.json, /var/run/egpu/*,
-    /var/run/egpu-node/* and /usr/local/egpu after uninstall; an uninstall that killed the
-    user's running pods."""
-    cluster = helm_installed
-    pod = inst.share_pod("survivor", inst.SHARE_NS,
-                         cluster.inputs / "pods" / "01-vllm-online.yaml", inst.REAL_LABEL)
-    pod["spec"]["containers"][0]["command"] = ["sleep", "3600"]
-    inst.apply_json(cluster, pod)
-    cluster.kubectl("-n", inst.SHARE_NS, "wait", "pod/survivor", "--for=condition=Ready",
-                    "--timeout=120s", timeout=130)
-    before = inst.get_json(cluster, "pod", "-n", inst.SHARE_NS, "survivor")
-    node_before = inst.get_json(cluster, "node", cluster.node.name)
-    assert "egpu.io/inventory" in node_before["metadata"]["annotations"]
-    assert int(node_before["status"]["capacity"]["egpu.io/gpu"]) > 0
-    assert cluster.node.run("ls", "-A", *EGPU_NODE_FOLDERS).split()  # something to remove
-
-    try:
-        _helm(cluster, tmp_path, "uninstall", RELEASE, "--namespace", inst.NAMESPACE, "--wait",
-              "--timeout", UNINSTALL_TIMEOUT)
-    except AssertionError as exc:  # say why: the Job's log and what is left
-        raise AssertionError(f"{exc}\nthe hook Job's log:\n" + cluster.kubectl(
-            "-n", inst.NAMESPACE, "logs", "job/egpu-uninstall", "--tail=40", check=False) +
-            cluster.kubectl("-n", inst.NAMESPACE, "get", "pods,daemonsets,jobs", "-o", "wide",
-                            check=False)) from None
-
-    node = inst.get_json(cluster, "node", cluster.node.name)
-    left = sorted(k for k in node["metadata"].get("annotations") or {} if k.startswith("egpu.io/"))
-    assert left == [], f"egpu annotations left on the node: {left}"
-    for part in ("capacity", "allocatable"):
-        assert "egpu.io/gpu" not in node["status"][part], node["status"][part]
-    listing = cluster.node.run("sh", "-c", "ls -A " + " ".join(EGPU_NODE_FOLDERS) +
-                               " 2>/dev/null; ls /var/run/cdi 2>/dev/null", check=False)
-    assert not [line for line in listing.split() if line and not line.endswith(":")
-                and not line.startswith("nvidia")], f"left on the node:\n{listing}"
-    jobs = cluster.kubectl("-n", inst.NAMESPACE, "get", "jobs,serviceaccounts", "-o", "name",
-                           check=False)
-    assert "egpu-uninstall" not in jobs, jobs
-    after = inst.get_json(cluster, "pod", "-n", inst.SHARE_NS, "survivor")
-    assert after["metadata"]["uid"] == before["metadata"]["uid"]
-    assert after["status"]["phase"] == "Running"
-    assert after["status"]["containerStatuses"][0]["restartCount"] == 0
