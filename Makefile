@@ -64,7 +64,7 @@ clients: venv
 	$(BIN)/python -m testbed.clients
 
 # parallel pytest workers of `make test` and `make e2e` (lanes: tests/lanes.py)
-TEST_WORKERS ?= 7
+TEST_WORKERS ?= 6
 
 unit: venv native system-deps k8s clients
 	$(BIN)/pytest -m "not e2e" tests

@@ -1,5 +1,5 @@
 """What the Helm modules on the real node share (test_real_node_helm.py,
-test_real_node_helm_uninstall.py, each in its own lane with its own real node:
+test_real_node_helm_uninstall.py, one after the other in one lane with its own real node:
 tests/lanes.py): ``helm`` with a private home, and ``install``/``uninstall`` of charts/egpu
 with the local egpu image and the webhook's caBundle (nothing else unless asked).
 """

@@ -1,8 +1,8 @@
 """Every replica starts with its own share while the node changes under it (issue 21): a
 rolling update and a drain of 80 replicas, and the node agents, a kubelet or a containerd
 restarted in the middle of a burst of 80, on two real nodes (the session's and
-``second_node``; helpers in tests/e2e/density.py). Its own lane (tests/lanes.py), beside
-test_real_node_density.py's.
+``second_node``; helpers in tests/e2e/density.py). In the lane of test_real_node_density.py,
+after it (tests/lanes.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Helm path on the real node: ``helm install`` of charts/egpu (values: the local egpu
 image and the webhook's caBundle, nothing else) reaches the same Ready state as the kustomize
 install and runs the same share pod; upgrades and bad values. Its own lane and real node
-(tests/lanes.py); ``helm uninstall`` is test_real_node_helm_uninstall.py's.
+(tests/lanes.py); ``helm uninstall`` is test_real_node_helm_uninstall.py's, next in the lane.
 """
 
 from __future__ import annotations

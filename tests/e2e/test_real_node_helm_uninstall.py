@@ -1,6 +1,7 @@
-"""``helm uninstall`` on the real node (docs/operating.md, "Removing egpu"), in its own lane
-and real node (tests/lanes.py): it waits for the kubelet to drop the stopped device plugin's
-capacity (5 min), which the other lanes' work overlaps.
+"""``helm uninstall`` on the real node (docs/operating.md, "Removing egpu"), after
+test_real_node_helm.py in its lane (tests/lanes.py), on a fresh install with the chart's
+default values: it waits for the kubelet to drop the stopped device plugin's capacity
+(5 min), which the other lanes' work overlaps.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ def test_the_scheduler_puts_a_lane_in_one_scope_and_every_other_test_in_its_own(
     scope = scheduler._split_scope
     assert scope("tests/e2e/test_real_node.py::test_a") == scope(
         "tests/e2e/test_real_node_drills.py::test_b[kubelet]") == "lane:real-node"
-    assert scope("tests/e2e/test_real_node_density.py::test_c") == "lane:real-node-density"
+    assert scope("tests/e2e/test_real_node_density.py::test_c") == scope(
+        "tests/e2e/test_real_node_density_restarts.py::test_d") == "lane:real-node-density"
     unit = "tests/unit/test_lanes.py::test_every_e2e_module_is_in_a_lane"
     assert scope(unit) == unit
     assert lane_of("tests/unit/test_real_node.py::test_a") is None  # same stem, not e2e
