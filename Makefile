@@ -63,23 +63,29 @@ lint: venv
 clients: venv
 	$(BIN)/python -m testbed.clients
 
-# parallel pytest workers of `make test` and `make e2e` (lanes: tests/lanes.py)
-TEST_WORKERS ?= 6
+# parallel pytest workers of `make test` and `make e2e` (lanes: tests/lanes.py); 0: none
+TEST_WORKERS ?= 0
 
 unit: venv native system-deps k8s clients
 	$(BIN)/pytest -m "not e2e" tests
 
 e2e: venv native system-deps k8s image
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope -m e2e tests
+	$(BIN)/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope) -m e2e tests
 
-# `make test`: the real-time suites (compute caps and hostile tenants against the fake GPU's
-# timeline) first, on a machine nothing else loads; then the rest on TEST_WORKERS parallel
-# workers, each e2e lane (tests/lanes.py) on one worker, so that one lane's
-# waits overlap the others' work.
+# `make test`: every test, one after another (29 min on 2 cores). `make test TEST_WORKERS=6`:
+# the real-time suites (compute caps and hostile tenants against the fake GPU's timeline)
+# first, on a machine nothing else loads; then the rest on TEST_WORKERS parallel workers, each
+# e2e lane (tests/lanes.py) on one worker, so that one lane's waits overlap the others' work
+# (17.5 min; not the default yet: on 2 cores some real-node checks still fail under that load,
+# docs/devcluster.md "pytest").
 REALTIME_TESTS := tests/compute tests/security
 test: venv native system-deps lint k8s image clients
+ifeq ($(TEST_WORKERS),0)
+	$(BIN)/pytest tests
+else
 	$(BIN)/pytest $(REALTIME_TESTS)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope $(addprefix --ignore=,$(REALTIME_TESTS)) tests
+endif
 
 # Options of `egpu demo`, e.g. `make demo DEMO_ARGS=--dra` (shares as ResourceClaims,
 # docs/dra.md); none by default.

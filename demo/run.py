@@ -172,10 +172,13 @@ def down(state_dir: Path | None = None, say: Callable[[str], None] = print) -> N
 # --- the steps ---------------------------------------------------------------------------
 
 
-def _kubectl(info: devcluster.ClusterInfo, *args: str, stdin: str | None = None
-             ) -> subprocess.CompletedProcess[str]:
+KUBECTL_TIMEOUT_S = 60.0  # a kubectl call's own --timeout, when it has one, must be shorter
+
+
+def _kubectl(info: devcluster.ClusterInfo, *args: str, stdin: str | None = None,
+             timeout_s: float = KUBECTL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     return subprocess.run(info.kubectl_argv(*args), input=stdin, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=timeout_s)
 
 
 def _fake_gpu_config(path: Path, spec: dict[str, Any]) -> None:
@@ -462,8 +465,10 @@ def _start_rightsizing(options: Options, info: devcluster.ClusterInfo) -> float:
     if result.returncode != 0:
         raise DemoError(f"the right-sizing workload: {result.stderr.strip()}")
     name = workload["metadata"]["name"]
+    # kubectl's own limit, inside the call's (which cut it at 60 s on a loaded host: a
+    # TimeoutExpired instead of the demo's message)
     ready = _kubectl(info, "-n", real_node.RIGHTSIZING_NAMESPACE, "rollout", "status",
-                     f"deployment/{name}", "--timeout=90s")
+                     f"deployment/{name}", "--timeout=90s", timeout_s=100)
     if ready.returncode != 0:
         raise DemoError(f"the right-sizing workload did not start: {ready.stdout.strip()} "
                         f"{ready.stderr.strip()}")
