@@ -508,6 +508,9 @@ def up(config: Config | None = None) -> ClusterInfo:
                 # ResourceClaimTemplate through this client
                 f"--kube-api-qps={CONTROLLER_MANAGER_QPS}",
                 f"--kube-api-burst={2 * CONTROLLER_MANAGER_QPS}",
+                # a quota's first count can miss a pod its informer has not seen yet; the
+                # default 5 min recount left a test waiting past its 60 s
+                "--resource-quota-sync-period=15s",
             ],
         )
         # kube-scheduler
