@@ -31,7 +31,6 @@ import pytest
 from devcluster import build as devbuild
 from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
-from tests.lanes import LANE_OF
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -216,16 +215,9 @@ def cluster() -> Iterator[E2ECluster]:
         _release(state_dir, info)
 
 
-# --- lanes (tests/lanes.py): each real-node lane has its own control plane and real node
+# --- lanes (tests/lanes.py; tests/unit/test_lanes.py checks every module has one): each
+# real-node lane has its own control plane and real node
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0".. under xdist, "" without
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """An e2e module in no lane is an error: its lane decides which cluster it may share."""
-    here = Path(__file__).parent
-    for path in sorted({Path(str(item.path)) for item in items}):
-        if path.parent == here and path.name.startswith("test_") and path.stem not in LANE_OF:
-            raise pytest.UsageError(f"{path.name} is in no lane of tests/lanes.py LANES")
 
 
 # --- a cluster with a real node (kubelet + containerd) ------------------------------------
