@@ -20,7 +20,7 @@ config says ``allocationMode: dra``, the DeviceClasses of ``manifests/dra`` are 
 simulated nodes offer no ``egpu.io/gpu`` and their agents run ``--dra --no-device-plugin`` (the
 fleet's ResourceSlices: ``devcluster.dra``, published when the nodes are created, and kept by
 the agents with the same ``egpu.dra.slices.sync``), the webhook (``--kubeconfig``) turns each
-input's ``egpu.io/*`` requests into a ResourceClaimTemplate, and the default kube-scheduler
+input's ``egpu.io/*`` requests into a ResourceClaim, and the default kube-scheduler
 allocates the claims (no extender, no egpu-scheduler profile: every node serves DRA only, so
 the extender would refuse every share). The real node's agent serves the DRA kubelet plugin
 instead of the device plugin; the placement table reads each pod's cards and shares from its
@@ -230,8 +230,8 @@ def _start_webhook(options: Options, info: devcluster.ClusterInfo, config_file: 
     paths = issue.write_bundle(options.state_dir / "certs", ca,
                                issue.create_serving(ca, ["127.0.0.1", "localhost"]))
     port = free_port()
-    # DRA mode: the webhook creates ResourceClaimTemplates and reads the fleet's card sizes
-    # (ResourceSlices) through the API
+    # DRA mode: the webhook creates each GPU pod's ResourceClaim, sweeps the ones no pod can
+    # use, and reads the fleet's card sizes (ResourceSlices) through the API
     api = ["--kubeconfig", info.kubeconfig] if options.dra else []
     proc = _start(options.state_dir, "webhook", [
         str(BIN / "egpu-webhook"), "--cert", str(paths[issue.CERT_FILE]),
@@ -581,7 +581,7 @@ def up(options: Options | None = None) -> int:
         raise
     if options.container:
         _container_demo(options)
-    claims = (f"\n  {info.kubectl} get resourceclaims,resourceclaimtemplates -A"
+    claims = (f"\n  {info.kubectl} get resourceclaims -A"
               if options.dra else "")
     monitoring = (f"\n  Prometheus: {prometheus_url}   (PATH=...:$PATH kubectl egpu advise "
                   f"--prometheus {prometheus_url} --since 1h --min-history 1m)"

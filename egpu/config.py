@@ -99,6 +99,13 @@ class Config:
         return AllocationMode(self.namespace_allocation_modes.get(namespace,
                                                                   self.allocation_mode))
 
+    @property
+    def makes_dra_pods(self) -> bool:
+        """Whether any namespace's pods go the DRA way by default (a pod's own annotation
+        may choose it in any config)."""
+        return AllocationMode.DRA in (self.allocation_mode,
+                                      *self.namespace_allocation_modes.values())
+
 
 def _choice(value: Any, key: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:

@@ -175,8 +175,14 @@ ALLOCATION_MODE_DRA: Final = "dra"  # ResourceClaims placed by the kube-schedule
 ALLOCATION_MODES: Final = (ALLOCATION_MODE_EXTENDER, ALLOCATION_MODE_DRA)
 DRA_POD_CLAIM: Final = "egpu"  # pod.spec.resourceClaims[].name of the webhook's claim
 DRA_TEMPLATE_PREFIX: Final = "egpu-"  # ResourceClaimTemplate egpu-<hash of its spec>
+# resource.k8s.io/v1's own finalizer of an allocated claim: the webhook writes it on the claims
+# it creates, so that the kube-scheduler need not add it (one API write less per pod); the
+# resourceclaim controller removes it from a deleted claim that no pod reserves
+DRA_CLAIM_FINALIZER: Final = "resource.kubernetes.io/delete-protection"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"  # on the webhook's templates
-DRA_TEMPLATE_MANAGER: Final = "egpu-webhook"  # its value there
+DRA_TEMPLATE_MANAGER: Final = "egpu-webhook"  # its value there (templates and claims)
+# on the webhook's claims: the template name of the claim's shape (egpu-<hash of its spec>)
+LABEL_CLAIM_SHAPE: Final = "egpu.io/claim-shape"
 
 # --- Configuration -----------------------------------------------------------------------
 CONFIG_MAP_NAME: Final = "egpu-config"

@@ -1,11 +1,13 @@
 """``egpu-webhook``: serve the admission webhook over HTTPS.
 
 Usage: ``egpu-webhook --cert tls.crt --key tls.key [--port 8443] [--host 0.0.0.0]
-[--config config.yaml] [--reload-interval 10] [--kubeconfig FILE]``. The config defaults to
-the file named by ``$EGPU_CLUSTER_CONFIG``, else built-in defaults. The certificate, key and
-config are re-read when they change on disk. In DRA mode (``allocationMode: dra``) the
-webhook creates claim templates through the Kubernetes API: with ``--kubeconfig``, else its
-service account (connecting on the first DRA pod only). Exit status: 0 after SIGTERM/SIGINT,
+[--config config.yaml] [--reload-interval 10] [--kubeconfig FILE] [--claim-grace-seconds
+120] [--claim-sweep-interval-seconds 30]``. The config defaults to the file named by
+``$EGPU_CLUSTER_CONFIG``, else built-in defaults. The certificate, key and config are re-read
+when they change on disk. In DRA mode (``allocationMode: dra``) the webhook creates each GPU
+pod's ResourceClaim through the Kubernetes API, and sweeps away the ones no pod can use
+(``webhook.claimsweep``): with ``--kubeconfig``, else its service account (connecting only
+when the config makes DRA pods or a pod asks for DRA). Exit status: 0 after SIGTERM/SIGINT,
 2 for a bad config, certificate or key.
 """
 
@@ -23,6 +25,7 @@ from aiohttp import web
 from egpu.config import ConfigError
 from egpu.contract import CONFIG_FILE_ENV
 from webhook.claimstore import ApiClaimStore
+from webhook.claimsweep import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, ClaimSweeper
 from webhook.server import DEFAULT_RELOAD_INTERVAL_S, ConfigSource, Settings, create_app
 from webhook.tls import CertReloader
 
@@ -44,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config-keep-dir", default=None,
                         help="where the last good config is kept, for a restart on a bad one "
                              "(default: none kept)")
+    parser.add_argument("--claim-grace-seconds", type=float, default=DEFAULT_GRACE_S,
+                        help="DRA mode: a claim the webhook made is deleted once no pod can "
+                             "use it and it is older than this (default %(default)s)")
+    parser.add_argument("--claim-sweep-interval-seconds", type=float,
+                        default=DEFAULT_INTERVAL_S,
+                        help="DRA mode: seconds between two sweeps of those claims "
+                             "(default %(default)s)")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
@@ -64,8 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ssl.SSLError, OSError) as exc:
         print(f"egpu-webhook: TLS {args.cert}, {args.key}: {exc}", file=sys.stderr)
         return 2
+    store = ApiClaimStore(args.kubeconfig)
     settings = Settings(config=config, tls=tls, reload_interval_s=args.reload_interval,
-                        claims=ApiClaimStore(args.kubeconfig))
+                        claims=store, sweeper=ClaimSweeper(store, args.claim_grace_seconds),
+                        sweep_interval_s=args.claim_sweep_interval_seconds)
     web.run_app(create_app(settings), host=args.host, port=args.port,
                 ssl_context=tls.context, access_log=None, shutdown_timeout=5,
                 print=lambda *_: logging.getLogger("webhook").info(

@@ -8,6 +8,8 @@
   under several kinds.
 - ``egpu_webhook_review_seconds``: time from the body being read to the answer being ready,
   seconds (histogram).
+- ``egpu_webhook_claims_swept_total``: DRA mode: claims the webhook made that its sweeper
+  deleted, no pod being able to use them (``webhook.claimsweep``).
 - ``egpu_webhook_certificate_reloads_total{result}``: ``ok`` / ``error``.
 - ``egpu_webhook_certificate_expiry_timestamp_seconds``: the served certificate's notAfter
   (Unix seconds).
@@ -32,6 +34,7 @@ class Metrics:
     latency: Histogram
     cert_reloads: Counter
     cert_expiry: Gauge
+    claims_swept: Counter
 
 
 def new_metrics(registry: CollectorRegistry | None = None) -> Metrics:
@@ -49,4 +52,7 @@ def new_metrics(registry: CollectorRegistry | None = None) -> Metrics:
                              ["result"], registry=registry),
         cert_expiry=Gauge("egpu_webhook_certificate_expiry_timestamp_seconds",
                           "notAfter of the served certificate, Unix seconds", registry=registry),
+        claims_swept=Counter("egpu_webhook_claims_swept",
+                             "Claims made by the webhook and deleted once no pod could use them",
+                             registry=registry),
     )

@@ -28,16 +28,18 @@ What it decides, for ``CREATE`` of a ``Pod`` outside ``config.ignored_namespaces
 The pod's allocation mode (``Config.allocation_mode_for``: its ``egpu.io/allocation-mode``
 annotation, its namespace's entry in ``namespaceAllocationModes``, else ``allocationMode``)
 picks the patch. ``extender``: as above. ``dra`` (docs/dra.md "Claims from pod specs"): the
-same reading and denials, then ``mutate_pod_dra``: the pod's claim from the
-ResourceClaimTemplate that ``egpu.dra.claims.plan_claims`` makes of its shares, each share
-container pointed at its requests, the egpu resources taken out of its limits (DRA nodes do
-not offer them), no schedulerName (the kube-scheduler places claims). The decision carries
-the template (``Decision.claim_templates``); the HTTP edge creates it before answering
-(except for a dry run) and denies the pod when it cannot. A share the claim cannot express
+same reading and denials, then ``mutate_pod_dra``: the pod's own ResourceClaim, of the
+plan that ``egpu.dra.claims.plan_claims`` makes of its shares (named by
+``egpu.dra.claims.claim_name`` from the request's uid, referred to by
+``resourceClaimName``), each share container pointed at its requests, the egpu resources
+taken out of its limits (DRA nodes do not offer them), no schedulerName (the kube-scheduler
+places claims). The decision carries the claim (``Decision.claims``); the HTTP edge creates
+it before answering (except for a dry run) and denies the pod when it cannot; the claim
+sweeper (``webhook.claimsweep``) deletes it once no pod can use it. A share the claim cannot express
 (``ClaimPlanError``), or a pod claim already named ``egpu``, is denied, code 400.
 
 Every other operation or resource is allowed untouched. ``dryRun`` requests are answered the
-same way (this module has no side effects; the edge creates no template for them).
+same way (this module has no side effects; the edge creates no claim for them).
 
 The pod is read once through ``egpu.podshape.check_pod``: the policy checks read its typed
 view, and ``mutate_pod`` runs only on a pod whose read fields all have their types. Nothing
@@ -76,7 +78,13 @@ from egpu.contract import (
     RES_MEMORY_PERCENTAGE,
     RUNTIME_DIR,
 )
-from egpu.dra.claims import ClaimPlan, ClaimPlanError, needs_card_sizes, plan_claims
+from egpu.dra.claims import (
+    ClaimPlan,
+    ClaimPlanError,
+    claim_name,
+    needs_card_sizes,
+    plan_claims,
+)
 from egpu.kube import KubePod
 from egpu.podshape import ContainerView, PodView, SpecView, check_pod, clip
 from egpu.requests import PodRequest, read_checked
@@ -136,9 +144,9 @@ class Decision:
 
     allowed: admit or not. patch: JSON Patch operations (RFC 6902), empty for none.
     warnings: shown to the client. code/reason/message: the denial's ``Status`` (allowed
-    false only). denials: the kinds of denial (``DENY_*``), for metrics. claim_templates:
-    DRA mode, the ResourceClaimTemplates (with namespace) the patched pod refers to, for the
-    HTTP edge to create before it answers.
+    false only). denials: the kinds of denial (``DENY_*``), for metrics. claims: DRA mode,
+    the ResourceClaims (with namespace) the patched pod refers to, for the HTTP edge to
+    create before it answers.
     """
 
     allowed: bool
@@ -148,7 +156,7 @@ class Decision:
     reason: str = ""
     message: str = ""
     denials: tuple[str, ...] = ()
-    claim_templates: tuple[dict[str, Any], ...] = ()
+    claims: tuple[dict[str, Any], ...] = ()
 
     @property
     def result(self) -> str:
@@ -414,17 +422,19 @@ def _mutated_container(container: dict[str, Any], env: Mapping[str, str],
 
 
 def mutate_pod_dra(
-    pod: Mapping[str, Any], request: PodRequest, plan: ClaimPlan, config: Config
+    pod: Mapping[str, Any], request: PodRequest, plan: ClaimPlan, config: Config,
+    claim: str,
 ) -> tuple[dict[str, Any], list[str]]:
     """The pod as egpu wants it in DRA mode, and warnings; copy on write as ``mutate_pod``.
 
-    ``plan`` is ``plan_claims(request, ...)``. Changes: ``spec.resourceClaims`` gets
-    ``{name: egpu, resourceClaimTemplateName: <plan's template>}``; each container with a
-    share gets ``resources.claims`` entries ``{name: egpu, request: <r>}`` for its requests,
-    loses its egpu.io and alias resources from limits and requests (an empty map goes), and
-    gets egpu's env; label ``egpu.io/priority``. ``spec.schedulerName`` stays (the
-    kube-scheduler allocates claims). Warnings: ``egpu.io/gpu-policy`` and
-    ``egpu.io/node-policy`` are not applied (the kube-scheduler scores nodes itself).
+    ``plan`` is ``plan_claims(request, ...)``, ``claim`` the name of the pod's claim of it.
+    Changes: ``spec.resourceClaims`` gets ``{name: egpu, resourceClaimName: <claim>}``; each
+    container with a share gets ``resources.claims`` entries ``{name: egpu, request: <r>}``
+    for its requests, loses its egpu.io and alias resources from limits and requests (an
+    empty map goes), and gets egpu's env; label ``egpu.io/priority``.
+    ``spec.schedulerName`` stays (the kube-scheduler allocates claims). Warnings:
+    ``egpu.io/gpu-policy`` and ``egpu.io/node-policy`` are not applied (the kube-scheduler
+    scores nodes itself).
     """
     new = dict(pod)
     spec = _copied(new, "spec", dict)
@@ -432,7 +442,7 @@ def mutate_pod_dra(
     labels = _copied(metadata, "labels", dict)
     labels[LABEL_PRIORITY] = str(request.priority)
     claims = _copied(spec, "resourceClaims", list)
-    claims.append({"name": DRA_POD_CLAIM, "resourceClaimTemplateName": plan.template_name})
+    claims.append({"name": DRA_POD_CLAIM, "resourceClaimName": claim})
     env = informational_env(request)
     for key in ("initContainers", "containers"):
         items = spec.get(key)
@@ -555,9 +565,10 @@ def pod_patch(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def decide_pod(pod: Mapping[str, Any], config: Config, namespace: str = "",
-               card_sizes: CardSizes = no_card_sizes) -> Decision:
+               card_sizes: CardSizes = no_card_sizes, request_uid: str = "") -> Decision:
     """The decision for creating ``pod`` (a Pod as JSON) in ``namespace``; see the module
-    docstring. ``card_sizes`` is read only in DRA mode, for a memory percentage."""
+    docstring. ``card_sizes`` is read only in DRA mode, for a memory percentage;
+    ``request_uid`` (the AdmissionReview's ``request.uid``) names the pod's claim there."""
     checked = check_pod(pod)
     reading = read_checked(checked, config)
     preset = ANN_ALLOCATION in checked.metadata.get("annotations", {})
@@ -578,7 +589,7 @@ def decide_pod(pod: Mapping[str, Any], config: Config, namespace: str = "",
     assert reading.request is not None
     request = reading.request
     if config.allocation_mode_for(namespace, request.allocation_mode) == ALLOCATION_MODE_DRA:
-        return _decide_dra(pod, request, config, namespace, card_sizes)
+        return _decide_dra(pod, request, config, namespace, card_sizes, request_uid)
     new, warnings = mutate_pod(pod, request, config)
     return Decision(allowed=True, patch=pod_patch(dict(pod), new),
                     warnings=tuple(warnings))
@@ -595,8 +606,8 @@ def _denied(messages: list[str], denials: list[str], invalid: bool) -> Decision:
 
 
 def _decide_dra(pod: Mapping[str, Any], request: PodRequest, config: Config, namespace: str,
-                card_sizes: CardSizes) -> Decision:
-    """DRA mode: the claim plan, the patch and the template to create (or a denial)."""
+                card_sizes: CardSizes, request_uid: str) -> Decision:
+    """DRA mode: the claim plan, the patch and the claim to create (or a denial)."""
     taken = [entry for entry in KubePod(pod).resource_claims
              if entry.get("name") == DRA_POD_CLAIM]
     if taken:
@@ -609,9 +620,12 @@ def _decide_dra(pod: Mapping[str, Any], request: PodRequest, config: Config, nam
         plan = plan_claims(request, sizes)
     except ClaimPlanError as exc:
         return _denied([str(exc)], [DENY_CLAIM], invalid=True)
-    new, warnings = mutate_pod_dra(pod, request, plan, config)
+    metadata = KubePod(pod).metadata
+    name = claim_name(str(metadata.get("name") or ""), str(metadata.get("generateName") or ""),
+                      request_uid)
+    new, warnings = mutate_pod_dra(pod, request, plan, config, name)
     return Decision(allowed=True, patch=pod_patch(dict(pod), new), warnings=tuple(warnings),
-                    claim_templates=(plan.template_in(namespace),))
+                    claims=(plan.claim(namespace, name),))
 
 
 def _joined(messages: list[str]) -> str:
@@ -671,7 +685,7 @@ def decide(admission_review: Any, config: Config,
     if namespace in config.ignored_namespaces:
         return api_version, uid, ALLOW
     try:
-        return api_version, uid, decide_pod(pod, config, namespace, card_sizes)
+        return api_version, uid, decide_pod(pod, config, namespace, card_sizes, uid)
     except RecursionError:  # no Pod nests this deep; Python's stack cannot walk it
         raise InvalidReview("request.object: nested too deeply") from None
 

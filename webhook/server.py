@@ -5,7 +5,7 @@ Routes:
   (HTTP 200). Not an AdmissionReview (bad JSON, wrong shape): HTTP 400, JSON
   ``{"reason": ...}`` naming the field. Integer literals too long to convert are kept as
   their digits (``egpu.podshape.decode_int``), so the review names them like any bad value.
-  Body over ``max_body_bytes``: HTTP 413. In DRA mode an allowed GPU pod's claim template
+  Body over ``max_body_bytes``: HTTP 413. In DRA mode an allowed GPU pod's own claim
   is created (``Settings.claims``, ``webhook.claimstore``) before the answer, except for a
   dry run (``sideEffects: NoneOnDryRun``); when it cannot be, the pod is denied (code 500,
   the reason in the message): a GPU pod fails closed, other pods never get here. A bug
@@ -37,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from egpu.config import Config, ConfigError, load_config_keeping
 from egpu.podshape import decode_int
 from webhook.claimstore import ClaimStore, ClaimStoreError
+from webhook.claimsweep import DEFAULT_INTERVAL_S, ClaimSweeper, run_sweeper
 from webhook.metrics import Metrics, new_metrics
 from webhook.review import (
     DENY_CLAIM,
@@ -115,6 +116,28 @@ class Settings:
     metrics: Metrics = field(default_factory=new_metrics)
     ready: bool = True
     claims: ClaimStore | None = None  # DRA mode's API access; None: DRA pods are denied
+    sweeper: ClaimSweeper | None = None  # deletes the claims no pod can use (DRA mode)
+    sweep_interval_s: float = DEFAULT_INTERVAL_S
+    _sweeping: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def start_sweeping(self) -> None:
+        """Run the claim sweeper from now on (once; nothing without a sweeper). Called in
+        the event loop: when the app starts with a config that makes DRA pods, and when the
+        webhook creates a claim."""
+        if self.sweeper is None or self._sweeping is not None:
+            return
+        metrics = self.metrics
+        self._sweeping = asyncio.create_task(
+            run_sweeper(self.sweeper, self.sweep_interval_s, metrics.claims_swept.inc),
+            name="egpu-webhook-claim-sweep")
+
+    async def stop_sweeping(self) -> None:
+        """Cancel the sweeper's task, if it runs."""
+        task, self._sweeping = self._sweeping, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -150,8 +173,8 @@ async def mutate(request: web.Request) -> web.Response:
     try:
         card_sizes = settings.claims.card_sizes_mib if settings.claims else no_card_sizes
         api_version, uid, decision = decide(data, settings.config.config, card_sizes)
-        if decision.claim_templates and decision.allowed and not _dry_run(data):
-            decision = await _with_templates(settings.claims, decision)
+        if decision.claims and decision.allowed and not _dry_run(data):
+            decision = await _with_claims(settings, decision)
         answer = response_for(api_version, uid, decision)
         text = json.dumps(answer, separators=(",", ":"))
     except InvalidReview as exc:
@@ -187,18 +210,20 @@ def _dry_run(data: Any) -> bool:
                 and data["request"].get("dryRun") is True)
 
 
-async def _with_templates(store: ClaimStore | None, decision: Decision) -> Decision:
-    """``decision`` once its claim templates exist; a denial (code 500) naming the template
-    and the reason when one cannot be created (or no store is configured)."""
+async def _with_claims(settings: Settings, decision: Decision) -> Decision:
+    """``decision`` once its claims exist; a denial (code 500) naming the claim and the
+    reason when one cannot be created (or no store is configured)."""
+    store = settings.claims
     try:
         if store is None:
             raise ClaimStoreError("the webhook has no Kubernetes API access for DRA mode "
                                   "(egpu-webhook --kubeconfig, or its service account)")
         loop = asyncio.get_running_loop()
-        for template in decision.claim_templates:
-            await loop.run_in_executor(None, store.ensure_template, template)
+        for claim in decision.claims:
+            await loop.run_in_executor(None, store.create_claim, claim)
+        settings.start_sweeping()
     except ClaimStoreError as exc:
-        log.warning("claim template: %s", exc)
+        log.warning("claim: %s", exc)
         return Decision(allowed=False, code=500, reason="InternalError", denials=(DENY_CLAIM,),
                         message=f"egpu webhook (DRA mode): {exc}; the pod is refused so that "
                                 "its share is never placed without its claim")
@@ -246,6 +271,8 @@ async def _watch(settings: Settings, sleep: Callable[[float], Any] = asyncio.sle
             check_files(settings)
         except Exception:  # keep watching whatever happens
             log.exception("file watch step failed")
+        if settings.config.config.makes_dra_pods:  # a reload may have turned DRA on
+            settings.start_sweeping()
 
 
 async def _watcher_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -253,8 +280,11 @@ async def _watcher_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     _record_cert(settings)
     task = asyncio.create_task(_watch(settings), name="egpu-webhook-watch")
+    if settings.config.config.makes_dra_pods:
+        settings.start_sweeping()
     yield
     settings.ready = False
+    await settings.stop_sweeping()
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task

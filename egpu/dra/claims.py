@@ -68,9 +68,11 @@ from egpu.contract import (
     DRA_ATTR_UUID,
     DRA_CAPACITY_CORES,
     DRA_CAPACITY_MEMORY,
+    DRA_CLAIM_FINALIZER,
     DRA_DRIVER,
     DRA_TEMPLATE_MANAGER,
     DRA_TEMPLATE_PREFIX,
+    LABEL_CLAIM_SHAPE,
     LABEL_MANAGED_BY,
 )
 from egpu.dra.shareconfig import ShareConfig
@@ -85,6 +87,9 @@ from egpu.requests import ContainerKind, ContainerRequest, PodRequest, Share
 
 API_VERSION: Final = "resource.k8s.io/v1"
 TEMPLATE_KIND: Final = "ResourceClaimTemplate"
+CLAIM_KIND: Final = "ResourceClaim"
+CLAIM_NAME_BASE_CHARS: Final = 200  # of the pod's name in its claim's (253 at most in all)
+CLAIM_KEY_DIGITS: Final = 16  # hex digits of the SHA-256 of the admission request's uid
 MAX_REQUESTS: Final = 32  # resource.k8s.io/v1: requests (and constraints) per claim
 MAX_SUBREQUESTS: Final = 8  # resource.k8s.io/v1: firstAvailable alternatives per request
 HASH_DIGITS: Final = 10
@@ -122,6 +127,16 @@ class ClaimPlan:
         """The template as created in ``namespace`` (a copy of the metadata)."""
         metadata = {**self.template["metadata"], "namespace": namespace}
         return {**self.template, "metadata": metadata}
+
+    def claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The pod's own ResourceClaim ``namespace/name`` (the webhook creates it): the
+        template's spec and labels, and the allocation finalizer already set, so that the
+        kube-scheduler need not write it (``DRA_CLAIM_FINALIZER``)."""
+        labels = {**self.template["metadata"]["labels"], LABEL_CLAIM_SHAPE: self.template_name}
+        return {"apiVersion": API_VERSION, "kind": CLAIM_KIND,
+                "metadata": {"name": name, "namespace": namespace, "labels": labels,
+                             "finalizers": [DRA_CLAIM_FINALIZER]},
+                "spec": self.template["spec"]["spec"]}
 
     def requests_of(self, name: str) -> tuple[str, ...]:
         """The request names container ``name`` uses; () when it has no share (a pod's init
@@ -303,6 +318,20 @@ def plan_claims(request: PodRequest, card_sizes_mib: Sequence[int] = ()) -> Clai
     )
 
 
+def claim_name(pod_name: str, generate_name: str, request_uid: str) -> str:
+    """The name of the claim the webhook makes for one pod: ``<pod name>-egpu-<key>``, the key
+    the first CLAIM_KEY_DIGITS hex digits of the SHA-256 of the admission request's uid (the
+    API server's unique id of that request: a retried review names the same claim). The
+    pod's ``name`` (else its ``generateName``, else ``pod``) is cut to CLAIM_NAME_BASE_CHARS,
+    lower-case letters, digits and ``-`` (any other character becomes ``-``), so the result
+    is always a DNS subdomain (RFC 1123)."""
+    base = (pod_name or generate_name or "").lower()[:CLAIM_NAME_BASE_CHARS]
+    base = "".join(ch if ch.isascii() and ch.isalnum() else "-" for ch in base)
+    base = base.strip("-") or "pod"
+    key = hashlib.sha256(request_uid.encode()).hexdigest()[:CLAIM_KEY_DIGITS]
+    return f"{base}-egpu-{key}"
+
+
 def template_name(spec: dict[str, Any]) -> str:
     """``egpu-<hash>``: the first HASH_DIGITS hex digits of the SHA-256 of ``spec`` as
     canonical JSON (sorted keys, no spaces)."""
@@ -311,6 +340,6 @@ def template_name(spec: dict[str, Any]) -> str:
 
 
 def same_template_spec(read: Any, written: dict[str, Any]) -> bool:
-    """Whether a template ``spec`` read from the API server says what ``written`` says
+    """Whether a template's or claim's ``spec`` read from the API server says what ``written`` says
     (fields the server added ignored, Quantities compared by value)."""
     return bool(normal_quantities(project_onto(read, written)) == normal_quantities(written))

@@ -5,11 +5,13 @@ The webhook runs as its own process (``--config`` with ``allocationMode: dra``,
 ``--kubeconfig`` of the dev cluster) for this module's namespace only; the simulated fleet
 publishes its ResourceSlices (``devcluster.dra``) and the DeviceClasses of
 ``manifests/dra/deviceclasses.yaml`` are applied. Pods are written as their authors write them
-(``egpu.io/*``, Volcano names); the webhook makes their ResourceClaimTemplates and the default
+(``egpu.io/*``, Volcano names); the webhook makes each pod's own ResourceClaim and the default
 scheduler allocates the claims. Checks: every shared input that asks for a share lands as its
-comment says (node, card, consumed capacity, ShareConfig); a dry run creates no template; an
+comment says (node, card, consumed capacity, ShareConfig); a dry run creates no claim; an
 impossible UUID filter stays Pending; bursts of pods created at once never book a card past its
-capacity.
+capacity; no claim is left behind by a deleted pod, a pod refused after the webhook, or a
+webhook that died between its claim and its answer (the sweeper, with a grace of
+``SWEEP_GRACE_S`` here).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -48,6 +52,10 @@ CONFIG_NAME = "egpu-webhook-dra-claims"
 NODE = "egpu-dra-claims-burst"
 A10 = ("NVIDIA A10", 23028)
 SCHEDULE_S = 90.0
+# the sweeper's grace here: a claim is older than this before it may go (the product's
+# default is 120 s); long enough for a pod's create to finish on a loaded machine
+SWEEP_GRACE_S = 15
+SWEPT_S = 90.0  # within this a claim no pod can use is gone (grace, sweeps, the finalizer)
 V1 = "/apis/resource.k8s.io/v1"
 
 
@@ -57,6 +65,7 @@ class Env:
     def __init__(self, cluster: E2ECluster) -> None:
         self.cluster = cluster
         self.client = cluster.api_client()
+        self.webhook: WebhookProcess | None = None
 
     def api(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
         return devnodes.api_request(self.client, method, path, body, query=query or None)
@@ -68,13 +77,13 @@ class Env:
         return self.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
 
     def claim_of(self, pod: dict[str, Any]) -> dict[str, Any]:
-        [entry] = (pod.get("status") or {}).get("resourceClaimStatuses") or [{}]
+        [entry] = pod["spec"].get("resourceClaims") or [{}]
         name = entry.get("resourceClaimName")
-        assert name, f"pod {pod['metadata']['name']} names no claim: {pod.get('status')}"
+        assert name, f"pod {pod['metadata']['name']} names no claim: {pod['spec']}"
         return self.api("GET", f"{V1}/namespaces/{NAMESPACE}/resourceclaims/{name}")
 
-    def templates(self) -> list[str]:
-        body = self.api("GET", f"{V1}/namespaces/{NAMESPACE}/resourceclaimtemplates")
+    def claims(self) -> list[str]:
+        body = self.api("GET", f"{V1}/namespaces/{NAMESPACE}/resourceclaims")
         return [t["metadata"]["name"] for t in body["items"]]
 
     def device_memory_mib(self) -> dict[tuple[str, str], int]:
@@ -144,7 +153,8 @@ def env(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     write_bundle(work, ca, create_serving(ca, ["127.0.0.1", "localhost"]))
     (work / "config.yaml").write_text("allocationMode: dra\n")
     process = WebhookProcess(work, _free_port(), (
-        "--config", str(work / "config.yaml"), "--kubeconfig", cluster.kubeconfig))
+        "--config", str(work / "config.yaml"), "--kubeconfig", cluster.kubeconfig,
+        "--claim-grace-seconds", str(SWEEP_GRACE_S), "--claim-sweep-interval-seconds", "1"))
     process.start()
     admission = client.AdmissionregistrationV1Api(cluster.api_client())
     with_url = configuration_for_url(f"{process.url}/mutate", ca.cert_pem, name=CONFIG_NAME)
@@ -155,6 +165,7 @@ def env(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         admission.delete_mutating_webhook_configuration(CONFIG_NAME)
     admission.create_mutating_webhook_configuration(with_url)
     handle = Env(cluster)
+    handle.webhook = process
     try:
         counter = iter(range(10_000))
 
@@ -291,15 +302,16 @@ def test_bad_requests_are_denied_with_the_same_messages(env: Env) -> None:
 
 # --- dry run, an impossible filter --------------------------------------------------------------
 
-def test_a_dry_run_creates_no_template(env: Env) -> None:
+def test_a_dry_run_creates_no_claim(env: Env) -> None:
     pod = _pod("dry", {"egpu.io/gpu-memory": "4321"})
-    before = env.templates()
+    before = env.claims()
     result = subprocess.run(env.cluster.info.kubectl_argv(
         "create", "--dry-run=server", "-o", "json", "-f", "-"), input=json.dumps(pod),
         capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    name = json.loads(result.stdout)["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
-    assert name not in env.templates() and env.templates() == before
+    name = json.loads(result.stdout)["spec"]["resourceClaims"][0]["resourceClaimName"]
+    assert name.startswith("dry-egpu-")
+    assert name not in env.claims() and env.claims() == before
 
 
 def test_an_impossible_uuid_filter_stays_pending(env: Env) -> None:
@@ -346,3 +358,94 @@ def test_a_burst_of_pods_never_books_a_card_past_its_capacity(env: Env, round_: 
         env.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}", gracePeriodSeconds=0)
     devcluster.wait_until("the burst's claims released", lambda: not env.consumed(NODE),
                           timeout=SCHEDULE_S)
+
+
+# --- no claim left behind (webhook.claimsweep) ---------------------------------------------------
+
+def _claims_of(env: Env, pod_name: str) -> list[dict[str, Any]]:
+    """The webhook's claims made for pod ``pod_name`` (``<name>-egpu-<key>``)."""
+    body = env.api("GET", f"{V1}/namespaces/{NAMESPACE}/resourceclaims",
+                   labelSelector="app.kubernetes.io/managed-by=egpu-webhook")
+    return [c for c in body["items"] if c["metadata"]["name"].startswith(f"{pod_name}-egpu-")]
+
+
+def _wait_gone(env: Env, pod_name: str, why: str) -> None:
+    devcluster.wait_until(f"the claim of {pod_name} deleted ({why})",
+                          lambda: not _claims_of(env, pod_name), timeout=SWEPT_S, interval=1.0)
+
+
+def test_a_deleted_pods_claim_is_deleted_and_a_pending_pods_is_kept(env: Env) -> None:
+    """Bug caught: the webhook's claim outlives its pod (nothing owns it: the pod had no UID at
+    admission), or the sweeper takes the claim of a pod still waiting to be scheduled."""
+    _, _, claim = _landed(env, _pod("swept-run", {"egpu.io/gpu-memory": "1000"}))
+    assert claim["metadata"]["finalizers"] == ["resource.kubernetes.io/delete-protection"]
+    env.create_pod(_pod("swept-wait", {"egpu.io/gpu-memory": "1000"}, {
+        "egpu.io/use-gpu-uuid": "GPU-00000000-0000-0000-0000-000000000000"}))
+    env.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/swept-run", gracePeriodSeconds=0)
+    _wait_gone(env, "swept-run", "its pod was deleted")
+    # the pending pod's claim, past the grace and a few sweeps, is named by its pod: kept
+    [waiting] = _claims_of(env, "swept-wait")
+    created = datetime.fromisoformat(waiting["metadata"]["creationTimestamp"].replace(
+        "Z", "+00:00"))
+    time.sleep(max(0.0, SWEEP_GRACE_S + 3 - (datetime.now(UTC) - created).total_seconds()))
+    [waiting] = _claims_of(env, "swept-wait")
+    assert not (waiting.get("status") or {}).get("reservedFor")
+    env.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/swept-wait", gracePeriodSeconds=0)
+    _wait_gone(env, "swept-wait", "its pending pod was deleted")
+
+
+def test_a_pod_refused_after_the_webhook_leaves_no_claim(env: Env) -> None:
+    """A ValidatingAdmissionPolicy refuses the pod after the webhook made its claim. Bug
+    caught: that claim stays forever (no pod will ever name it)."""
+    policy = "egpu-e2e-refuse-labelled"
+    env.api("POST", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies", {
+        "metadata": {"name": policy},
+        "spec": {"failurePolicy": "Fail",
+                 "matchConstraints": {"resourceRules": [{
+                     "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                     "resources": ["pods"]}]},
+                 "validations": [{"expression": "!has(object.metadata.labels) || "
+                                  "!('egpu-e2e-refuse' in object.metadata.labels)",
+                                  "message": "refused by the e2e policy"}]}})
+    env.api("POST", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings", {
+        "metadata": {"name": policy},
+        "spec": {"policyName": policy, "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": {"matchLabels": {
+                     "kubernetes.io/metadata.name": NAMESPACE}}}}})
+    try:
+        pod = _pod("refused", {"egpu.io/gpu-memory": "1000"})
+        pod["metadata"]["labels"] = {"egpu-e2e-refuse": "yes"}
+
+        def refused() -> bool:  # the API server loads a new policy within a few seconds
+            try:
+                env.create_pod(pod)
+            except devnodes.ApiError as exc:
+                return "refused by the e2e policy" in str(exc)
+            env.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/refused",
+                    gracePeriodSeconds=0)
+            return False
+
+        devcluster.wait_until("the policy to refuse the pod", refused, timeout=60, interval=1.0)
+        assert _claims_of(env, "refused"), "the webhook made no claim before the refusal"
+        _wait_gone(env, "refused", "its pod was refused after the webhook")
+    finally:
+        for kind in ("validatingadmissionpolicybindings", "validatingadmissionpolicies"):
+            with contextlib.suppress(devnodes.ApiError):
+                env.api("DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}/{policy}")
+
+
+def test_a_claim_left_by_a_webhook_that_died_is_swept_after_its_restart(env: Env) -> None:
+    """The webhook dies after its claim's POST and before its answer: the API server refuses
+    the pod, the claim stays. Bug caught: a restarted webhook forgets it (the sweeper must
+    work from what the API holds, not from what the process remembers)."""
+    assert env.webhook is not None
+    env.webhook.stop()
+    env.api("POST", f"{V1}/namespaces/{NAMESPACE}/resourceclaims", {
+        "metadata": {"name": "crashed-egpu-0123456789abcdef",
+                     "labels": {"app.kubernetes.io/managed-by": "egpu-webhook"},
+                     "finalizers": ["resource.kubernetes.io/delete-protection"]},
+        "spec": {"devices": {"requests": [{"name": "c", "exactly": {
+            "deviceClassName": "share.gpu.egpu.io", "count": 1,
+            "capacity": {"requests": {"memory": "1000Mi"}}}}]}}})
+    env.webhook.start()
+    _wait_gone(env, "crashed", "the restarted webhook swept it")

@@ -268,8 +268,8 @@ def _container_probe(cluster: RealCluster, pod: str, container: str) -> dict[str
 
 def test_the_webhook_in_dra_mode_gives_each_container_its_own_share(dra: RealCluster) -> None:
     """FC-11 through the whole DRA path: an ordinary pod spec (egpu.io/gpu-memory per
-    container, `egpu.io/allocation-mode: dra`) -> the webhook's ResourceClaimTemplate (a
-    request per container) -> the kube-scheduler's allocation -> the plugin's per-request CDI
+    container, `egpu.io/allocation-mode: dra`) -> the webhook's ResourceClaim (a request per
+    container) -> the kube-scheduler's allocation -> the plugin's per-request CDI
     devices and allocation file -> each container sees its own share, not the claim's."""
     shares = {"embed": 3000, "rerank": 1000}
     pod = {
@@ -294,7 +294,15 @@ def test_the_webhook_in_dra_mode_gives_each_container_its_own_share(dra: RealClu
         result = _container_probe(dra, "dra-webhook", name)
         assert (result["total_mib"], result["nvml_total_mib"]) == (mib, mib), (name, result)
         assert result["alloc_one_more_mib"] == CUDA_ERROR_OUT_OF_MEMORY, (name, result)
+    claim = live["spec"]["resourceClaims"][0]["resourceClaimName"]
     dra.kubectl("-n", NS, "delete", "pod", "dra-webhook", "--wait=true", timeout=90)
+    # the pod's share is freed with the pod (the claim unreserved and deallocated); the claim
+    # itself goes at the webhook's next sweep past its 120 s grace (test_dra_claims_e2e.py
+    # checks that on a short grace): deleted here so the next tests start from no claim
+    dra.wait_for("the webhook's claim freed", lambda: not (inst.get_json(
+        dra, "resourceclaim", "-n", NS, claim).get("status") or {}).get("allocation"),
+        timeout=60, interval=1.0)
+    dra.kubectl("-n", NS, "delete", "resourceclaim", claim, "--wait=true", timeout=90)
 
 
 # A burst on the node's two cards (100 cores each): 40 cores a pod, so 2 pods fit a card and

@@ -309,13 +309,14 @@ def test_dra_enabled_renders_manifests_with_the_dra_component(
     agent = dict(_containers(on))[(("DaemonSet", NAMESPACE, "egpu-node-agent"), "agent")]
     assert agent["args"] == ["--metrics-port=9400", "--dev-root=/host/dev", "--log-level=INFO",
                              "--dra", "--no-device-plugin"]
-    # DRA mode's webhook creates claim templates: its token is mounted only with DRA
+    # DRA mode's webhook creates and sweeps claims: its token is mounted only with DRA
     webhook = ("Deployment", NAMESPACE, "egpu-webhook")
     assert on[webhook]["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
     assert helm()[webhook]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     rules = on[("ClusterRole", "", "egpu-webhook-claims")]["rules"]
     assert {(r["resources"][0], tuple(r["verbs"])) for r in rules} == {
-        ("resourceclaimtemplates", ("get", "create")), ("resourceslices", ("list",))}
+        ("resourceclaims", ("get", "list", "create", "delete")), ("pods", ("list",)),
+        ("resourceslices", ("list",))}
 
 
 def test_a_dra_node_pool_splits_the_agents_in_two_daemonsets(helm) -> None:

@@ -1,9 +1,9 @@
 """The webhook in DRA mode: claims from pod specs (docs/dra.md "Claims from pod specs").
 
-The review (pure): the same denials as the extender path, the pod pointed at its claim, the
-egpu resources gone, every shared input landing as one template. The HTTP edge (aiohttp test
-client, a fake ``ClaimStore``): the template created before the answer, never for a dry run,
-a pod refused when it cannot be, non-GPU pods never touched.
+The review (pure): the same denials as the extender path, the pod pointed at its own claim,
+the egpu resources gone, every shared input landing as one claim. The HTTP edge (aiohttp test
+client, a fake ``ClaimStore``): the claim created before the answer, never for a dry run, a
+pod refused when it cannot be, non-GPU pods never touched.
 """
 
 from __future__ import annotations
@@ -56,15 +56,16 @@ def test_every_input_is_decided_as_in_extender_mode_and_shares_become_one_claim(
         assert (dra.message, dra.code, dra.denials) == (
             extender.message, extender.code, extender.denials), label
         if not dra.allowed or not extender.patch:
-            assert not dra.patch and not dra.claim_templates, label
+            assert not dra.patch and not dra.claims, label
             continue
         new = jsonpatch.apply_patch(pod, dra.patch)
-        [template] = dra.claim_templates
-        assert template["metadata"]["namespace"] == pod["metadata"]["namespace"]
+        [claim] = dra.claims
+        assert claim["kind"] == "ResourceClaim"
+        assert claim["metadata"]["namespace"] == pod["metadata"]["namespace"]
         assert new["spec"]["resourceClaims"] == [{
-            "name": DRA_POD_CLAIM, "resourceClaimTemplateName": template["metadata"]["name"]}]
+            "name": DRA_POD_CLAIM, "resourceClaimName": claim["metadata"]["name"]}]
         assert "schedulerName" not in new["spec"], label  # the kube-scheduler's
-        request_names = {r["name"] for r in template["spec"]["spec"]["devices"]["requests"]}
+        request_names = {r["name"] for r in claim["spec"]["devices"]["requests"]}
         for c in _containers(new):
             resources = c.get("resources", {})
             for key in ("limits", "requests"):
@@ -73,7 +74,7 @@ def test_every_input_is_decided_as_in_extender_mode_and_shares_become_one_claim(
                 assert claim["name"] == DRA_POD_CLAIM and claim["request"] in request_names
         # a second pass changes nothing (no egpu resource is left)
         again = decide_pod(new, DRA, pod["metadata"]["namespace"], lambda: SIZES)
-        assert again.allowed and not again.patch and not again.claim_templates
+        assert again.allowed and not again.patch and not again.claims
 
 
 def test_the_patch_keeps_other_resources_and_sets_label_and_env() -> None:
@@ -94,18 +95,18 @@ def test_volcano_names_become_the_same_claim_as_egpu_names() -> None:
                                          "volcano.sh/vgpu-cores": "30"}))
     _, by_alias = _admitted(volcano)
     _, by_name = _admitted(make_pod(container(limits=GPU)))
-    assert by_alias.claim_templates == by_name.claim_templates
+    assert by_alias.claims == by_name.claims
 
 
 def test_the_mode_follows_the_pod_then_the_namespace_then_the_config() -> None:
     pod = make_pod(container(limits=GPU))
     by_namespace = Config(namespace_allocation_modes={"team": "dra"})
-    assert decide_pod(pod, by_namespace, "team").claim_templates
-    assert not decide_pod(pod, by_namespace, "other").claim_templates
+    assert decide_pod(pod, by_namespace, "team").claims
+    assert not decide_pod(pod, by_namespace, "other").claims
     opted_out = make_pod(container(limits=GPU), annotations={"egpu.io/allocation-mode":
                                                              "extender"})
     extender = decide_pod(opted_out, DRA, "team")
-    assert not extender.claim_templates
+    assert not extender.claims
     assert {"op": "add", "path": "/spec/schedulerName", "value": "egpu-scheduler"} in (
         extender.patch)
 
@@ -163,16 +164,16 @@ def test_card_sizes_are_read_from_the_drivers_slices() -> None:
 # --- the HTTP edge ---------------------------------------------------------------------------
 
 class FakeStore:
-    """A ClaimStore in memory: the templates it was asked for; ``fail`` makes it refuse."""
+    """A ClaimStore in memory: the claims it was asked for; ``fail`` makes it refuse."""
 
     def __init__(self, fail: str = "") -> None:
-        self.templates: list[dict[str, Any]] = []
+        self.claims: list[dict[str, Any]] = []
         self.fail = fail
 
-    def ensure_template(self, template: dict[str, Any]) -> None:
+    def create_claim(self, claim: dict[str, Any]) -> None:
         if self.fail:
             raise ClaimStoreError(self.fail)
-        self.templates.append(template)
+        self.claims.append(claim)
 
     def card_sizes_mib(self) -> tuple[int, ...]:
         return SIZES
@@ -196,26 +197,32 @@ async def _review(client: TestClient, pod: dict[str, Any], **kwargs: Any) -> dic
     return dict((await resp.json())["response"])
 
 
-async def test_the_template_is_created_before_the_pod_is_admitted(
+async def test_the_pods_own_claim_is_created_before_the_pod_is_admitted(
         client: TestClient, store: FakeStore) -> None:
     pod = make_pod(container(limits={"egpu.io/gpu-memory-percentage": "25"}))
-    response = await _review(client, pod)
+    response = await _review(client, pod, uid="req-1")
     assert response["allowed"]
-    [template] = store.templates
-    assert template["metadata"]["namespace"] == "team"
+    [claim] = store.claims
+    assert claim["metadata"]["namespace"] == "team"
+    # the allocation finalizer is there already: the kube-scheduler skips writing it
+    assert claim["metadata"]["finalizers"] == ["resource.kubernetes.io/delete-protection"]
+    assert claim["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "egpu-webhook"
     claims = [op for op in decoded_patch(response) if op["path"] == "/spec/resourceClaims"]
-    assert claims[0]["value"][0]["resourceClaimTemplateName"] == template["metadata"]["name"]
+    assert claims[0]["value"][0]["resourceClaimName"] == claim["metadata"]["name"]
+    # another admission request (another replica of the same shape): another claim
+    await _review(client, pod, uid="req-2")
+    assert len({c["metadata"]["name"] for c in store.claims}) == 2
 
 
 async def test_a_dry_run_creates_nothing(client: TestClient, store: FakeStore) -> None:
     response = await _review(client, make_pod(container(limits=GPU)), dry_run=True)
     assert response["allowed"] and decoded_patch(response)
-    assert store.templates == []
+    assert store.claims == []
 
 
-async def test_a_pod_whose_template_cannot_be_made_is_refused_and_cpu_pods_never_are(
+async def test_a_pod_whose_claim_cannot_be_made_is_refused_and_cpu_pods_never_are(
         store: FakeStore) -> None:
-    store.fail = "ResourceClaimTemplate team/egpu-0: creating it failed: 403 Forbidden"
+    store.fail = "ResourceClaim team/p-egpu-0: creating it failed: 403 Forbidden"
     settings = Settings(config=ConfigSource(config=DRA), claims=store)
     async with TestClient(TestServer(create_app(settings))) as client:
         response = await _review(client, make_pod(container(limits=GPU)))
