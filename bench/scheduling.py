@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -165,50 +166,66 @@ def pod(name: str, kind: str) -> dict[str, Any]:
 
 
 BIND_TIMEOUT_S = 900.0  # a round's pods all bound within this, or the bench fails
+CHILD_START_S = 60.0  # the bind watcher's process imports and connects within this
+
+
+def _watch_binds(kubeconfig: str, count: int, version: str, out: Connection) -> None:
+    """In a process of its own: send "ready", then the time.monotonic() at which the
+    ``count``-th pod of the bench namespace was seen with a node (or an error text)."""
+    try:
+        api = RawApi(load_client(kubeconfig, pool_size=1))
+        out.send("ready")
+        bound: set[str] = set()
+        while True:
+            for event in api.watch(f"/api/v1/namespaces/{NS}/pods", version):
+                body = event.get("object") or {}
+                version = (body.get("metadata") or {}).get("resourceVersion", version)
+                if event.get("type") in ("ADDED", "MODIFIED") and \
+                        (body.get("spec") or {}).get("nodeName"):
+                    bound.add(body["metadata"]["name"])
+                    if len(bound) >= count:
+                        out.send(time.monotonic())
+                        return
+    except Exception as exc:  # the parent reports it
+        out.send(f"watch failed: {exc!r}")
 
 
 class BindWatch:
-    """Counts the bench namespace's pods that have a node, from a watch (a list of 1000 pods
-    every 0.2 s cost the API server and this client more CPU than the schedulers they share
-    the machine with); ``wait`` gives the monotonic time the ``count``-th was seen bound."""
+    """Counts the bench namespace's pods that have a node, from a watch in a child process:
+    in this one, decoding the events would take the GIL from the threads that lift the gates
+    (and a list of 1000 pods every 0.2 s, as before, cost the API server more CPU than the
+    schedulers it shares the machine with). CLOCK_MONOTONIC is one clock for both processes.
+    """
 
-    def __init__(self, api: RawApi, count: int) -> None:
-        self.api, self.count = api, count
-        self.bound: set[str] = set()
-        self.done_at: float | None = None
-        self.error: BaseException | None = None
-        self._done = threading.Event()
-        _, self._version = api.list_all(f"/api/v1/namespaces/{NS}/pods")
-        threading.Thread(target=self._run, daemon=True, name="bench-bind-watch").start()
+    def __init__(self, api: RawApi, kubeconfig: str, count: int) -> None:
+        self.count = count
+        _, version = api.list_all(f"/api/v1/namespaces/{NS}/pods")
+        context = multiprocessing.get_context("spawn")
+        self._answers, child_end = context.Pipe(duplex=False)
+        self._child = context.Process(target=_watch_binds, daemon=True,
+                                      args=(kubeconfig, count, version, child_end))
+        self._child.start()
+        ready = self._receive(CHILD_START_S)
+        if ready != "ready":
+            raise RuntimeError(f"the bind watcher did not start: {ready!r}")
 
-    def _run(self) -> None:
-        try:
-            while not self._done.is_set():
-                for event in self.api.watch(f"/api/v1/namespaces/{NS}/pods", self._version):
-                    body = event.get("object") or {}
-                    self._version = (body.get("metadata") or {}).get(
-                        "resourceVersion", self._version)
-                    if event.get("type") in ("ADDED", "MODIFIED") and \
-                            (body.get("spec") or {}).get("nodeName"):
-                        self.bound.add(body["metadata"]["name"])
-                        if len(self.bound) >= self.count:
-                            self.done_at = time.monotonic()
-                            self._done.set()
-                            return
-        except BaseException as exc:  # reported by wait
-            self.error = exc
-            self._done.set()
+    def _receive(self, timeout_s: float) -> object:
+        if not self._answers.poll(timeout_s):
+            self._child.kill()
+            raise RuntimeError(f"the bind watcher said nothing within {timeout_s:.0f} s")
+        return self._answers.recv()
 
     def wait(self, timeout_s: float) -> float:
         """The time (time.monotonic) the last pod was seen bound; RuntimeError on a timeout
         or a failed watch."""
-        if not self._done.wait(timeout_s) or self.done_at is None:
-            raise RuntimeError(f"{len(self.bound)} of {self.count} pods bound within "
-                               f"{timeout_s:.0f} s (watch error: {self.error!r})")
-        return self.done_at
+        answer = self._receive(timeout_s)
+        self._child.join(5)
+        if not isinstance(answer, float):
+            raise RuntimeError(f"not all {self.count} pods seen bound: {answer!r}")
+        return answer
 
 
-def run(api: RawApi, kind: str, count: int) -> tuple[float, float]:
+def run(api: RawApi, kubeconfig: str, kind: str, count: int) -> tuple[float, float]:
     """Pods/s bound, and gates lifted per second."""
     names = [f"{kind[:4]}-{i:05d}" for i in range(count)]
     with ThreadPoolExecutor(CLIENT_THREADS) as pool:
@@ -219,7 +236,7 @@ def run(api: RawApi, kind: str, count: int) -> tuple[float, float]:
         list(pool.map(lambda n: api.json("POST", f"/api/v1/namespaces/{NS}/pods",
                                          body=pod(n, kind)), names))
     ungate = [{"op": "remove", "path": "/spec/schedulingGates"}]
-    bound = BindWatch(api, count)
+    bound = BindWatch(api, kubeconfig, count)
     t0 = time.monotonic()
     with ThreadPoolExecutor(CLIENT_THREADS) as pool:
         list(pool.map(lambda n: api.json("PATCH", f"/api/v1/namespaces/{NS}/pods/{n}",
@@ -290,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         devcluster.set_extender(info, extender.url)
         for r in range(args.rounds):
             for kind in round_order(r):
-                rate, ungate = run(api, kind, args.pods)
+                rate, ungate = run(api, info.kubeconfig, kind, args.pods)
                 rounds.setdefault(r, {})[kind] = rate
                 print(f"round {r + 1} {kind}: {rate:.1f} pods/s (gates lifted at {ungate:.0f}/s)",
                       flush=True)
