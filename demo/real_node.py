@@ -61,7 +61,10 @@ INTERPOSER = REPO / "libinterpose" / "build" / "libegpu_interpose.so"
 # reclaims a dead process's memory by its pid (1 in every container), would keep that memory
 # charged to the fake card for good (a real driver frees it at exit). The handler is set first
 # thing: at PROBE_CPU a container can stay throttled for seconds after printing. Its progress
-# goes to /dev/termination-log (the terminated state's message).
+# goes to /dev/termination-log (the terminated state's message). Its result also goes to
+# PROBE_FILE in the container, for a reader whose log line was lost (a containerd restart can
+# cut a container's output from its log).
+PROBE_FILE = "/tmp/egpu-probe.json"
 PROBE = textwrap.dedent('''
     import os, signal
     def _note(text):
@@ -107,6 +110,10 @@ PROBE = textwrap.dedent('''
     out["cards"] = [name.value.decode() for i in range(count.value)
                     if nvml.nvmlDeviceGetHandleByIndex_v2(i, C.byref(handle)) == 0
                     and nvml.nvmlDeviceGetUUID(handle, name, 96) == 0]
+    PROBE_FILE = "/tmp/egpu-probe.json"
+    with open("/tmp/egpu-probe.json.new", "w") as f:
+        f.write(json.dumps(out))
+    os.rename("/tmp/egpu-probe.json.new", PROBE_FILE)
     print("PROBE " + json.dumps(out), flush=True)
     while True:
         time.sleep(3600)

@@ -33,6 +33,7 @@ PROBE_MEMORY = real_node.PROBE_MEMORY
 POD_START_S = 120.0
 
 PROBE = real_node.PROBE  # the container's CUDA and NVML check (demo/real_node.py)
+LOG_LOST_AFTER_S = 20.0  # a probe's log line missing this long: read its file (then as often)
 HELD_ALLOCATIONS = real_node.HELD_ALLOCATIONS  # alloc(mib), freed on SIGTERM
 
 
@@ -174,7 +175,12 @@ def probe_result(cluster: Any, namespace: str, pod: str, timeout: float = POD_ST
                  ) -> dict[str, Any]:
     """The probe's JSON line from the container's log (kubectl logs: apiserver -> kubelet),
     with the log's other lines under ``"log"`` (the interposer's errors: why CUDA was
-    refused, when it was)."""
+    refused, when it was). When the log has had no such line for LOG_LOST_AFTER_S, the
+    probe's file in the container (``PROBE_FILE``, kubectl exec) answers too: a containerd
+    restart can cut a running container's output from its log (its ``"source"`` says
+    ``exec`` then)."""
+    next_exec = [time.monotonic() + LOG_LOST_AFTER_S]  # each exec is a runc exec: sparingly
+
     def result() -> dict[str, Any] | None:
         logs = cluster.kubectl("-n", namespace, "logs", pod, check=False)
         lines = logs.splitlines()
@@ -183,15 +189,53 @@ def probe_result(cluster: Any, namespace: str, pod: str, timeout: float = POD_ST
                 found = dict(json.loads(line[len("PROBE "):]))
                 found["log"] = [other for other in lines if not other.startswith("PROBE ")]
                 return found
-        return None
+        if time.monotonic() < next_exec[0]:
+            return None
+        next_exec[0] = time.monotonic() + LOG_LOST_AFTER_S
+        text = cluster.kubectl("-n", namespace, "exec", pod, "--", "cat",
+                               real_node.PROBE_FILE, check=False)
+        try:
+            found = dict(json.loads(text))
+        except ValueError:
+            return None
+        found["log"], found["source"] = lines, "exec"
+        return found
 
     try:
         return dict(cluster.wait_for(f"probe output of {namespace}/{pod}", result,
                                      timeout=timeout, interval=1.0))
     except Exception as exc:
-        raise AssertionError(f"{exc}\n{describe_namespace(cluster, namespace)}\n--- egpu-system:"
+        raise AssertionError(f"{exc}\n{container_diagnosis(cluster, namespace, pod)}\n"
+                             f"{describe_namespace(cluster, namespace)}\n--- egpu-system:"
                              f"\n{describe_namespace(cluster)}\n--- the egpu scheduler's log:\n"
                              f"{scheduler_log_tail(cluster)}") from exc
+
+
+def container_diagnosis(cluster: Any, namespace: str, pod: str) -> str:
+    """What the node knows of the pod's first container, for a probe that said nothing: its
+    state and log path in containerd (crictl inspect), the log file's last lines as the
+    kubelet wrote them, and the container's processes (state, what they wait in). Tells a
+    probe that hangs from one whose output never reached the log."""
+    out = [f"--- the node's view of {namespace}/{pod}:"]
+    try:
+        body = get_json(cluster, "pod", "-n", namespace, pod)
+        statuses = body.get("status", {}).get("containerStatuses") or [{}]
+        cid = str(statuses[0].get("containerID", "")).split("//", 1)[-1]
+        info = json.loads(cluster.node.crictl("inspect", cid)) if cid else {}
+        state = (info.get("status") or {}).get("state")
+        log_path = (info.get("status") or {}).get("logPath", "")
+        pid = (info.get("info") or {}).get("pid", 0)
+        out.append(f"container {cid[:13]}: state {state}, pid {pid}, log {log_path}")
+        if log_path:
+            lines = cluster.node.run("tail", "-n", "5", log_path, check=False).splitlines()
+            out += [f"  log: {line[:300]}" for line in lines] or ["  log: (empty)"]
+        if pid:
+            tree = cluster.node.run("ps", "-o", "pid,stat,wchan:32,etime,args", "--ppid",
+                                    str(pid), "-p", str(pid), check=False)
+            out += [f"  ps: {line[:300]}" for line in tree.splitlines()]
+    except Exception as exc:  # a diagnosis must not hide the failure it explains
+        out.append(f"(no diagnosis: {exc!r})")
+    return "\n".join(out)
 
 
 def scheduler_log_tail(cluster: Any, lines: int = 30) -> str:
