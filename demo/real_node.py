@@ -110,14 +110,16 @@ PROBE = textwrap.dedent('''
     out["cards"] = [name.value.decode() for i in range(count.value)
                     if nvml.nvmlDeviceGetHandleByIndex_v2(i, C.byref(handle)) == 0
                     and nvml.nvmlDeviceGetUUID(handle, name, 96) == 0]
-    PROBE_FILE = "/tmp/egpu-probe.json"
-    with open("/tmp/egpu-probe.json.new", "w") as f:
-        f.write(json.dumps(out))
-    os.rename("/tmp/egpu-probe.json.new", PROBE_FILE)
+    try:  # a read-only root filesystem keeps the log line only
+        with open("@PROBE_FILE@.new", "w") as f:
+            f.write(json.dumps(out))
+        os.rename("@PROBE_FILE@.new", "@PROBE_FILE@")
+    except OSError:
+        pass
     print("PROBE " + json.dumps(out), flush=True)
     while True:
         time.sleep(3600)
-''')
+''').replace("@PROBE_FILE@", PROBE_FILE)
 
 
 # `egpu demo`'s right-sizing step (issue 26): input 01's Deployment (two replicas of 24000 MiB
