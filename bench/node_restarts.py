@@ -29,8 +29,10 @@ Every pod ends in exactly one of:
   kubelet refused it at admission: UnexpectedAdmissionError while the device plugin was away,
   or egpu's Allocate refusal); a controller would replace it, and the worker creates the next
   pod; the reasons are printed;
-- ``not_started``: no probe line within ``--pod-timeout`` seconds: stuck (pending, or its
-  container refused at every restart: a crash loop); the reasons are printed (must be 0).
+- ``not_started``: no probe result within ``--pod-timeout`` seconds: stuck (pending, or its
+  container refused at every restart: a crash loop); the reasons are printed (must be 0). The
+  result is the probe's log line, or, for a container running without one for 20 s (a
+  containerd restart can cut its output from its log), its file in the container.
 
 And over the run:
 - ``overbooked``: card samples whose bookings exceed the card's memory (none of these pods
@@ -88,6 +90,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from demo import real_node  # noqa: E402
 from devcluster import cluster as devcluster  # noqa: E402
 from devcluster import images as devimages  # noqa: E402
 from devcluster import realnode  # noqa: E402
@@ -239,6 +242,18 @@ def judge(result: dict[str, Any], mib: int) -> tuple[str, str]:
     return OK, ""
 
 
+def probe_file(info: devcluster.ClusterInfo, name: str) -> dict[str, Any] | None:
+    """The probe's result from its file in the container (kubectl exec): for a container
+    whose log line a containerd restart cut (testbed.realnode_install.probe_result)."""
+    proc = subprocess.run(info.kubectl_argv("-n", NS, "exec", name, "--", "cat",
+                                            real_node.PROBE_FILE),
+                          capture_output=True, text=True, timeout=30, check=False)
+    try:
+        return dict(json.loads(proc.stdout)) if proc.returncode == 0 else None
+    except ValueError:
+        return None
+
+
 def probe_line(api: RawApi, name: str) -> dict[str, Any] | None:
     try:
         text = api.open("GET", f"/api/v1/namespaces/{NS}/pods/{name}/log",
@@ -294,7 +309,8 @@ def reason_of(detail: str) -> str:
     return detail[:120]
 
 
-def run_pod(api: RawApi, name: str, mib: int, timeout_s: float) -> Outcome:
+def run_pod(api: RawApi, name: str, mib: int, timeout_s: float,
+            info: devcluster.ClusterInfo | None = None) -> Outcome:
     """Create the pod, wait for its probe's line (or give up), judge it."""
     t0 = time.monotonic()
     try:
@@ -304,6 +320,8 @@ def run_pod(api: RawApi, name: str, mib: int, timeout_s: float) -> Outcome:
         return Outcome(name, mib, NOT_STARTED, f"create refused: {exc}")
     uid = str(created["metadata"]["uid"])
     pod: dict[str, Any] | None = created
+    ran_at: float | None = None  # when the container was first seen running
+    next_exec = 0.0
     while time.monotonic() - t0 < timeout_s:
         time.sleep(1.0)
         try:
@@ -317,6 +335,12 @@ def run_pod(api: RawApi, name: str, mib: int, timeout_s: float) -> Outcome:
                   or s.get("restartCount") for s in statuses)
         if ran:
             result = probe_line(api, name)
+            now = time.monotonic()
+            ran_at = ran_at if ran_at is not None else now
+            if result is None and info is not None and now - ran_at >= \
+                    inst.LOG_LOST_AFTER_S and now >= next_exec:
+                next_exec = now + inst.LOG_LOST_AFTER_S
+                result = probe_file(info, name)
             if result is not None:
                 kind, detail = judge(result, mib)
                 if kind == SHORT:
@@ -374,7 +398,7 @@ def churn(info: devcluster.ClusterInfo, worker: int, seed: int, sizes: tuple[int
         while not stop.is_set():
             name = f"w{worker}-p{n:04d}"
             n += 1
-            outcome = run_pod(api, name, rng.choice(sizes), timeout_s)
+            outcome = run_pod(api, name, rng.choice(sizes), timeout_s, info)
             tally.add(outcome)
             ended = delete_and_watch(api, name)
             if ended and outcome.start_s is not None:
