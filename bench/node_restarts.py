@@ -90,7 +90,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from demo import real_node  # noqa: E402
 from devcluster import cluster as devcluster  # noqa: E402
 from devcluster import images as devimages  # noqa: E402
 from devcluster import realnode  # noqa: E402
@@ -245,13 +244,11 @@ def judge(result: dict[str, Any], mib: int) -> tuple[str, str]:
 def probe_file(info: devcluster.ClusterInfo, name: str) -> dict[str, Any] | None:
     """The probe's result from its file in the container (kubectl exec): for a container
     whose log line a containerd restart cut (testbed.realnode_install.probe_result)."""
-    proc = subprocess.run(info.kubectl_argv("-n", NS, "exec", name, "--", "cat",
-                                            real_node.PROBE_FILE),
-                          capture_output=True, text=True, timeout=30, check=False)
-    try:
-        return dict(json.loads(proc.stdout)) if proc.returncode == 0 else None
-    except ValueError:
-        return None
+    def kubectl(*args: str) -> str:
+        return subprocess.run(info.kubectl_argv(*args), capture_output=True, text=True,
+                              timeout=30, check=False).stdout
+
+    return inst.read_probe_file(kubectl, NS, name)
 
 
 def probe_line(api: RawApi, name: str) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ Only the fields the parts read are here; the pod's egpu requests are read by
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -33,6 +34,18 @@ def section(obj: Any, key: str) -> Mapping[str, Any]:
     """``obj[key]`` when ``obj`` is a mapping and that is one; else an empty mapping."""
     value = obj.get(key) if isinstance(obj, Mapping) else None
     return value if isinstance(value, Mapping) else _EMPTY
+
+
+def parse_time(text: Any) -> datetime | None:
+    """An RFC 3339 timestamp as the API server writes it (``2026-12-05T07:00:00Z``) -> an
+    aware datetime; None when absent, unreadable or without a zone."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo is not None else None
 
 
 def _text(obj: Mapping[str, Any], key: str) -> str:

@@ -32,7 +32,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from egpu.booking import CardBooking, allocation_bookings, record_bookings
@@ -44,7 +43,7 @@ from egpu.contract import (
     ANN_INVENTORY,
     ANN_INVENTORY_HEARTBEAT,
 )
-from egpu.kube import KubeNode, KubePod
+from egpu.kube import KubeNode, KubePod, parse_time
 from egpu.records import Allocation, Card, Inventory, RecordError
 from egpu.requests import PodReading, read_pod
 from scheduler.placement import CardState, NodeState
@@ -59,15 +58,8 @@ def pod_key(pod: Mapping[str, Any]) -> str:
 
 def parse_heartbeat(text: Any) -> float | None:
     """RFC 3339 text -> unix seconds; None when absent or unreadable (treated as stale)."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if stamp.tzinfo is None:
-        return None
-    return stamp.timestamp()
+    stamp = parse_time(text)
+    return None if stamp is None else stamp.timestamp()
 
 
 # A node of the DRA pool (its agent runs --dra --no-device-plugin, docs/dra.md): its cards are

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,17 @@ def get_json(cluster: Any, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json"))
 
 
+def read_probe_file(kubectl: Callable[..., str], namespace: str, pod: str
+                    ) -> dict[str, Any] | None:
+    """The probe's result from its file in the container (``real_node.PROBE_FILE``, through
+    ``kubectl exec``: ``kubectl(*args)`` gives its stdout); None while there is none."""
+    try:
+        return dict(json.loads(kubectl("-n", namespace, "exec", pod, "--", "cat",
+                                       real_node.PROBE_FILE)))
+    except (ValueError, TypeError):
+        return None
+
+
 def probe_result(cluster: Any, namespace: str, pod: str, timeout: float = POD_START_S
                  ) -> dict[str, Any]:
     """The probe's JSON line from the container's log (kubectl logs: apiserver -> kubelet),
@@ -192,14 +204,11 @@ def probe_result(cluster: Any, namespace: str, pod: str, timeout: float = POD_ST
         if time.monotonic() < next_exec[0]:
             return None
         next_exec[0] = time.monotonic() + LOG_LOST_AFTER_S
-        text = cluster.kubectl("-n", namespace, "exec", pod, "--", "cat",
-                               real_node.PROBE_FILE, check=False)
-        try:
-            found = dict(json.loads(text))
-        except ValueError:
-            return None
-        found["log"], found["source"] = lines, "exec"
-        return found
+        from_file = read_probe_file(lambda *args: cluster.kubectl(*args, check=False),
+                                    namespace, pod)
+        if from_file is not None:
+            from_file["log"], from_file["source"] = lines, "exec"
+        return from_file
 
     try:
         return dict(cluster.wait_for(f"probe output of {namespace}/{pod}", result,

@@ -37,13 +37,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from egpu.kube import KubeObject, KubePod
+from egpu.kube import KubeObject, KubePod, parse_time
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 120.0  # twice the API server's request timeout (60 s)
 DEFAULT_INTERVAL_S = 30.0  # between two sweeps
-TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -67,16 +66,6 @@ class SweepStore(Protocol):
                      resource_version: str) -> bool: ...
 
 
-def _created(obj: KubeObject) -> datetime | None:
-    stamp = obj.metadata.get("creationTimestamp")
-    if not isinstance(stamp, str):
-        return None
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def _reserved(claim: Mapping[str, Any]) -> bool:
     return bool((claim.get("status") or {}).get("reservedFor"))
 
@@ -88,7 +77,7 @@ def candidates(claims: Iterable[Mapping[str, Any]], now: datetime,
     out = []
     for claim in claims:
         obj = KubeObject(claim)
-        created = _created(obj)
+        created = parse_time(obj.metadata.get("creationTimestamp"))
         if created is None or obj.deleting or _reserved(claim):
             continue
         if (now - created).total_seconds() > grace_s:
@@ -98,7 +87,7 @@ def candidates(claims: Iterable[Mapping[str, Any]], now: datetime,
 
 def _can_run(pod: KubePod) -> bool:
     """Not finished and not deleted before it was scheduled (it will never run then)."""
-    return pod.phase not in TERMINAL_PHASES and not (pod.deleting and not pod.node_name)
+    return not pod.finished and not (pod.deleting and not pod.node_name)
 
 
 def named_claims(pods: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -119,9 +108,15 @@ def orphans(claims: Sequence[Mapping[str, Any]], pods_by_namespace: Mapping[str,
         Mapping[str, Any]]], now: datetime, grace_s: float) -> list[Orphan]:
     """The ``candidates`` that no pod of ``pods_by_namespace[namespace]`` (that can still run)
     names; a namespace missing there names none."""
+    return _unnamed(candidates(claims, now, grace_s), pods_by_namespace)
+
+
+def _unnamed(candidates_: Iterable[Mapping[str, Any]], pods_by_namespace: Mapping[str, Sequence[
+        Mapping[str, Any]]]) -> list[Orphan]:
+    """The candidates no pod that can still run names (``orphans`` without the age test)."""
     used = {ns: named_claims(pods) for ns, pods in pods_by_namespace.items()}
     out = []
-    for claim in candidates(claims, now, grace_s):
+    for claim in candidates_:
         obj = KubeObject(claim)
         if obj.name in used.get(obj.namespace, set()):
             continue
@@ -141,10 +136,10 @@ class ClaimSweeper:
         """Delete the orphans now; the ones deleted. Raises ClaimStoreError (a listing or a
         deletion the API server refused)."""
         moment = now or datetime.now(UTC)
-        claims = self.store.webhook_claims()
-        namespaces = {KubeObject(c).namespace for c in candidates(claims, moment, self.grace_s)}
-        pods = {ns: self.store.pods_in(ns) for ns in sorted(namespaces)}
-        done = [o for o in orphans(claims, pods, moment, self.grace_s)
+        found = candidates(self.store.webhook_claims(), moment, self.grace_s)
+        namespaces = sorted({KubeObject(c).namespace for c in found})
+        pods = {ns: self.store.pods_in(ns) for ns in namespaces}
+        done = [o for o in _unnamed(found, pods)
                 if self.store.delete_claim(o.namespace, o.name, o.uid, o.resource_version)]
         for orphan in done:
             log.info("deleted ResourceClaim %s/%s: no pod can use it", orphan.namespace,
