@@ -46,7 +46,11 @@ And over the run:
   still books then beyond the node's live pods' allocations (all three must be 0);
 - ``killed``: started containers that did not end on SIGTERM (SIGKILLed), and
   ``fake_leaked_mib``: the fake driver's memory in use after the run less before (what such
-  containers left charged to the fake cards; a real driver frees it): test-bed figures.
+  containers left charged to the fake cards; a real driver frees it): test-bed figures;
+- ``settled_pods``, ``settled_ok``: once the last round's node serves again, each worker goes
+  on until it has judged a pod created after that; those pods must all be ``ok`` (a refusal
+  or a wrong share then is egpu's, not the restart's). Without this, a short run could end
+  with only the refusals of the restarts and prove nothing of the node after them.
 
     .venv/bin/python bench/node_restarts.py [--rounds 6] [--workers 6] [--seed 15] [--state-dir DIR]
     .venv/bin/python bench/node_restarts.py --attach --state-dir DIR --node NAME --rounds 1
@@ -60,11 +64,12 @@ Last line: ``rounds=N pods=N restarts_agent=N restarts_kubelet=N restarts_contai
 wrong_share=N missing_share=N not_started=N refused=N overbooked=N ok=N short_share=N
 stuck_deleting=N
 leaked_files=N leaked_mib=N killed=N fake_leaked_mib=N container_restarts=N samples=N
-start_s_p50=N start_s_max=N recover_s_max=N`` (``start_s``: from a pod's creation to its
-probe's line, pods that started; ``recover_s``: from a round's last restart until the node
-serves again). Exit status 0 when wrong_share, missing_share, not_started, overbooked, short_share,
-stuck_deleting, leaked_files and leaked_mib are 0, at least one pod ran (ok) and no worker
-failed (refused is reported with its reasons, see docs/benchmarks.md "Node restarts").
+settled_pods=N settled_ok=N start_s_p50=N start_s_max=N recover_s_max=N`` (``start_s``: from
+a pod's creation to its probe's line, pods that started; ``recover_s``: from a round's last
+restart until the node serves again). Exit status 0 when wrong_share, missing_share,
+not_started, overbooked, short_share, stuck_deleting, leaked_files and leaked_mib are 0, at
+least one pod ran (ok), every settled pod is ok and no worker failed (refused is reported with
+its reasons, see docs/benchmarks.md "Node restarts").
 """
 
 from __future__ import annotations
@@ -120,6 +125,9 @@ DELETE_WAIT_S = 180.0
 LEAK_WAIT_S = 60.0
 DELETE_WATCH_S = 30.0
 NOT_STARTED_PAUSE_S = 3.0
+# beyond a pod's timeout and its delete: how long the workers may take, once the node serves
+# again, to have each judged a pod created after that (s)
+SETTLE_SLACK_S = 30.0
 METRIC = re.compile(r"^egpu_card_memory_(total|booked|used)_bytes\{([^}]*)\} (\S+)$", re.M)
 UUID = re.compile(r'UUID="([^"]*)"')
 # The probe of demo/real_node.py: it frees what it allocated on SIGTERM (see there). A
@@ -164,6 +172,8 @@ class Outcome:
     start_s: float | None = None
     restarts: int = 0
     uid: str = ""
+    created_at: float = 0.0  # time.monotonic() when its create was sent
+    worker: int = -1
 
 
 @dataclass
@@ -188,6 +198,20 @@ class Tally:
     def count(self, kind: str) -> int:
         with self.lock:
             return sum(1 for o in self.outcomes if o.kind == kind)
+
+    def snapshot(self) -> list[Outcome]:
+        with self.lock:
+            return list(self.outcomes)
+
+
+def created_since(outcomes: list[Outcome], since: float) -> list[Outcome]:
+    """The outcomes of the pods created at or after ``since`` (time.monotonic())."""
+    return [o for o in outcomes if o.created_at >= since]
+
+
+def workers_without(outcomes: list[Outcome], since: float, workers: int) -> set[int]:
+    """The workers (0..workers-1) with no judged pod created at or after ``since``."""
+    return set(range(workers)) - {o.worker for o in created_since(outcomes, since)}
 
 
 # --- the share pods ---------------------------------------------------------------------------
@@ -314,7 +338,7 @@ def run_pod(api: RawApi, name: str, mib: int, timeout_s: float,
         created = api.json("POST", f"/api/v1/namespaces/{NS}/pods", body=share_pod(name, mib))
     except ApiStatusError as exc:
         time.sleep(1.0)
-        return Outcome(name, mib, NOT_STARTED, f"create refused: {exc}")
+        return Outcome(name, mib, NOT_STARTED, f"create refused: {exc}", created_at=t0)
     uid = str(created["metadata"]["uid"])
     pod: dict[str, Any] | None = created
     ran_at: float | None = None  # when the container was first seen running
@@ -342,14 +366,15 @@ def run_pod(api: RawApi, name: str, mib: int, timeout_s: float,
                 kind, detail = judge(result, mib)
                 if kind == SHORT:
                     detail += f"; the fake cards now: {describe_cards(fake_cards(api))}"
-                return Outcome(name, mib, kind, detail, time.monotonic() - t0, restarts, uid)
+                return Outcome(name, mib, kind, detail, time.monotonic() - t0, restarts, uid,
+                               t0)
         if pod.get("status", {}).get("phase") in ("Failed", "Succeeded"):
             status = pod.get("status", {})
             kind = REFUSED if status.get("reason") and status.get("message") else NOT_STARTED
-            return Outcome(name, mib, kind, why_not_started(api, pod), None, restarts, uid)
+            return Outcome(name, mib, kind, why_not_started(api, pod), None, restarts, uid, t0)
     return Outcome(name, mib, NOT_STARTED,
                    f"no probe output in {timeout_s:.0f} s: {why_not_started(api, pod)}",
-                   None, 0, uid)
+                   None, 0, uid, t0)
 
 
 def delete_pod(api: RawApi, name: str) -> None:
@@ -396,6 +421,7 @@ def churn(info: devcluster.ClusterInfo, worker: int, seed: int, sizes: tuple[int
             name = f"w{worker}-p{n:04d}"
             n += 1
             outcome = run_pod(api, name, rng.choice(sizes), timeout_s, info)
+            outcome.worker = worker
             tally.add(outcome)
             ended = delete_and_watch(api, name)
             if ended and outcome.start_s is not None:
@@ -678,6 +704,8 @@ def main(argv: list[str] | None = None) -> int:
     stuck = leaked_files = leaked_mib = 0
     fake_leaked: int | str = "unknown"
     stop = threading.Event()
+    served_again = time.monotonic()
+    settled: list[Outcome] = []
     try:
         ensure_namespace(cluster, api)
         fake_before = fake_cards(api)
@@ -703,14 +731,25 @@ def main(argv: list[str] | None = None) -> int:
                 restart(cluster, api, part)
                 tally.restarts[part] += 1
             took = recover(cluster, api)
+            served_again = time.monotonic()
             recover_max = max(recover_max, took)
             time.sleep(rng.uniform(0, args.gap))  # pods under a settled node, too
             print(f"round {r + 1}: restarted {', '.join(order)}; served again {took:.1f} s "
                   f"after the last; {time.monotonic() - t_round:.0f} s; pods so far "
                   f"{len(tally.outcomes)} (not started {tally.count(NOT_STARTED)})", flush=True)
+        # every worker's next pod, created once the node served again, must start: the
+        # outcomes of the restarts alone could all be refusals, and prove nothing of after
+        settle_by = time.monotonic() + args.pod_timeout + DELETE_WATCH_S + SETTLE_SLACK_S
+        while missing := workers_without(tally.snapshot(), served_again, args.workers):
+            if time.monotonic() > settle_by:
+                tally.errors.append(f"workers {sorted(missing)}: no pod created after the "
+                                    f"node served again within {settle_by - served_again:.0f} s")
+                break
+            time.sleep(1.0)
         stop.set()
         for t in threads:
             t.join(timeout=args.pod_timeout + 60)
+        settled = created_since(tally.snapshot(), served_again)
         stuck = wait_gone(api)
         leaked_files, leaked_mib = leaks(cluster, api, {o.uid for o in tally.outcomes}, config)
         fake_after = fake_cards(api)
@@ -749,12 +788,14 @@ def main(argv: list[str] | None = None) -> int:
         "stuck_deleting": stuck, "leaked_files": leaked_files, "leaked_mib": leaked_mib,
         "killed": tally.killed, "fake_leaked_mib": fake_leaked,
         "container_restarts": sum(o.restarts for o in outcomes), "samples": tally.samples,
+        "settled_pods": len(settled), "settled_ok": sum(1 for o in settled if o.kind == OK),
         "start_s_p50": f"{statistics.median(starts) if starts else 0:.1f}",
         "start_s_max": f"{max(starts, default=0):.1f}", "recover_s_max": f"{recover_max:.1f}",
     }
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
     bad = (counts[WRONG] + counts[MISSING] + counts[SHORT] + counts[NOT_STARTED]
-           + tally.overbooked + stuck + leaked_files + leaked_mib)
+           + tally.overbooked + stuck + leaked_files + leaked_mib
+           + sum(1 for o in settled if o.kind != OK))
     return 0 if bad == 0 and counts[OK] and not tally.errors else 1
 
 
