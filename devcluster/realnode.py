@@ -106,6 +106,8 @@ MAX_NODES = 16  # node IPs 198.18.0.10..25, pod ranges 198.18.16..31.0/24 (CLUST
 NODE_READY_S = 90.0
 SOCKET_WAIT_S = 30.0
 STOP_GRACE_S = 10.0
+CRICTL_DEFAULT_RPC_S = 2  # crictl's own limit of a CRI call (its --timeout), s
+CRICTL_MARGIN_S = 5.0  # of a crictl run's time, left for crictl itself, s
 
 
 # --- the record -----------------------------------------------------------------------------
@@ -169,9 +171,13 @@ class RealNode:
         return ["nsenter", "-t", str(self.holder_pid), *ns, "--", *argv]
 
     def crictl(self, *args: str, timeout: float = 60) -> str:
-        """Run crictl against the node's containerd; returns its stdout."""
+        """Run crictl against the node's containerd; returns its stdout. Each CRI call may
+        take up to ``timeout`` less CRICTL_MARGIN_S seconds: crictl's own default, 2 s, cut a
+        StopContainer on a loaded machine (DeadlineExceeded) while containerd carried it out."""
+        rpc_s = max(CRICTL_DEFAULT_RPC_S, int(timeout - CRICTL_MARGIN_S))
         return self.run(str(Path(self.bin_dir) / "crictl"),
-                        f"--runtime-endpoint=unix://{CONTAINERD_SOCKET}", *args, timeout=timeout)
+                        f"--runtime-endpoint=unix://{CONTAINERD_SOCKET}", f"--timeout={rpc_s}s",
+                        *args, timeout=timeout)
 
     def run(self, *argv: str, timeout: float = 60, check: bool = True) -> str:
         proc = subprocess.run(self.nsenter_argv(*argv), capture_output=True, text=True,
