@@ -57,13 +57,12 @@ INTERPOSER = REPO / "libinterpose" / "build" / "libegpu_interpose.so"
 # through ctypes, as any application loads them (the interposer, preloaded by the hook,
 # sees every call).
 # It frees what it allocated and exits on SIGTERM (pod deletion): as pid 1 without a handler
-# it would ignore SIGTERM and be SIGKILLed after the grace period, and the fake driver, which
-# reclaims a dead process's memory by its pid (1 in every container), would keep that memory
-# charged to the fake card for good (a real driver frees it at exit). The handler is set first
-# thing: at PROBE_CPU a container can stay throttled for seconds after printing. Its progress
-# goes to /dev/termination-log (the terminated state's message). Its result also goes to
-# PROBE_FILE in the container, for a reader whose log line was lost (a containerd restart can
-# cut a container's output from its log).
+# it would ignore SIGTERM and hold its pod for the grace period, until SIGKILL (the fake
+# driver, as a real one, then frees its memory: fakegpu/src/fake_common.c, row_alive). The
+# handler is set first thing: at PROBE_CPU a container can stay throttled for seconds after
+# printing. Its progress goes to /dev/termination-log (the terminated state's message). Its
+# result also goes to PROBE_FILE in the container, for a reader whose log line was lost (a
+# containerd restart can cut a container's output from its log).
 PROBE_FILE = "/tmp/egpu-probe.json"
 PROBE = textwrap.dedent('''
     import os, signal

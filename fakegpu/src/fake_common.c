@@ -1,6 +1,6 @@
 /* fakegpu: card config (FAKEGPU_CONFIG, ini; else /etc/fakegpu/cards.ini where present) and the
- * card-wide shared state (FAKEGPU_STATE_DIR/state, else /var/run/fakegpu where present, mmap'd, robust process-shared mutex, per-pid usage so that a
- * dead process's memory is reclaimed). */
+ * card-wide shared state (FAKEGPU_STATE_DIR/state, else /var/run/fakegpu where present, mmap'd, robust process-shared mutex, usage per process so that a
+ * dead process's memory is reclaimed: liveness by an OFD lock of <state dir>/live, see row_alive). */
 #define _GNU_SOURCE
 #include "fake_common.h"
 #include <ctype.h>
@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -127,11 +128,48 @@ static int lock(fg_shared *sh)
 
 static int pid_dead(pid_t pid) { return kill(pid, 0) == -1 && errno == ESRCH; }
 
+/* Liveness, as the driver knows it: a process's memory is freed when the process is gone.
+ * Each process holds an OFD write lock on byte <its row> of <state dir>/live while it lives;
+ * the kernel drops the lock when the process's last descriptor of that open file closes (exit
+ * or kill), whatever PID namespace the process runs in. A pid alone cannot tell: processes in
+ * containers see the pids of their own namespace (every container has a PID 1), and kill(pid,
+ * 0) found a killed container's PID 1 alive, its memory charged for ever (bench/
+ * node_restarts.py's fake_leaked_mib). */
+static void fresh_identity(fg_world *w)
+{
+    if (w->live_fd >= 0) close(w->live_fd); /* a parent's: its open file and lock stay its own */
+    char path[600];
+    snprintf(path, sizeof path, "%s/live", w->state_dir);
+    w->live_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (w->live_fd >= 0) (void)fchmod(w->live_fd, 0666); /* every container's user locks it */
+    w->token = 0;
+    while (!w->token && getrandom(&w->token, sizeof w->token, 0) != (ssize_t)sizeof w->token) {}
+    w->pid = getpid();
+    w->proc_slot = -1;
+}
+
+static void own_identity(fg_world *w)
+{
+    if (w->pid != getpid()) fresh_identity(w);
+}
+
+/* 1: row p's process lives; 0: it is gone. Mine is alive (my own lock never conflicts). */
+static int row_alive(const fg_world *w, const fg_proc *pr, int p)
+{
+    if (p == w->proc_slot) return 1;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = p, .l_len = 1};
+    if (pr->live_lock && w->live_fd >= 0 && fcntl(w->live_fd, F_OFD_GETLK, &fl) == 0)
+        return fl.l_type != F_UNLCK;
+    return !pid_dead(pr->pid); /* a row without a lock: its pid, as seen from here */
+}
+
 static void reap_locked(fg_shared *sh)
 {
+    fg_world *w = &g_world;
+    own_identity(w); /* a forked child probing through its parent's open file sees no locks */
     for (int p = 0; p < FG_MAX_PROCS; p++) {
         fg_proc *pr = &sh->procs[p];
-        if (!pr->pid || !pid_dead(pr->pid)) continue;
+        if (!pr->pid || row_alive(w, pr, p)) continue;
         for (uint32_t c = 0; c < sh->ncards; c++) {
             uint64_t u = pr->used[c];
             sh->cards[c].used = sh->cards[c].used > u ? sh->cards[c].used - u : 0;
@@ -167,6 +205,8 @@ static void attach(fg_world *w)
     flock(fd, LOCK_UN);
     close(fd);
     w->sh = sh;
+    w->live_fd = -1;
+    fresh_identity(w);
     lock(sh);
     reap_locked(sh);
     for (int i = 0; i < w->ncards; i++) {
@@ -209,21 +249,24 @@ fg_world *fg_get(void)
 
 static fg_proc *my_proc_locked(fg_world *w)
 {
-    pid_t me = getpid();
-    if (w->proc_slot >= 0 && w->pid == me && w->sh->procs[w->proc_slot].pid == me)
+    own_identity(w);
+    if (w->proc_slot >= 0 && w->sh->procs[w->proc_slot].token == w->token)
         return &w->sh->procs[w->proc_slot];
-    for (int p = 0; p < FG_MAX_PROCS; p++)
-        if (w->sh->procs[p].pid == me) { w->proc_slot = p; w->pid = me; return &w->sh->procs[p]; }
     for (int pass = 0; pass < 2; pass++) {
-        for (int p = 0; p < FG_MAX_PROCS; p++)
-            if (!w->sh->procs[p].pid) {
-                memset(&w->sh->procs[p], 0, sizeof w->sh->procs[p]);
-                w->sh->procs[p].pid = me;
-                fg_self_cgroup(w->sh->procs[p].cgroup, sizeof w->sh->procs[p].cgroup);
-                w->proc_slot = p;
-                w->pid = me;
-                return &w->sh->procs[p];
-            }
+        for (int p = 0; p < FG_MAX_PROCS; p++) {
+            fg_proc *pr = &w->sh->procs[p];
+            if (pr->pid) continue;
+            struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = p, .l_len = 1};
+            int locked = w->live_fd >= 0 && fcntl(w->live_fd, F_OFD_SETLK, &fl) == 0;
+            if (w->live_fd >= 0 && !locked) continue; /* a row a live process still locks */
+            memset(pr, 0, sizeof *pr);
+            pr->pid = getpid();
+            pr->token = w->token;
+            pr->live_lock = locked;
+            fg_self_cgroup(pr->cgroup, sizeof pr->cgroup);
+            w->proc_slot = p;
+            return pr;
+        }
         reap_locked(w->sh);
     }
     return NULL;
@@ -435,6 +478,7 @@ uint64_t fg_card_used(int card)
     int s = w->slot[card];
     if (s < 0) return 0;
     lock(w->sh);
+    reap_locked(w->sh); /* the driver's figure leaves out what dead processes held */
     uint64_t u = w->sh->cards[s].used;
     pthread_mutex_unlock(&w->sh->mu);
     return u;

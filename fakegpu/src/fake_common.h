@@ -10,7 +10,7 @@
 #define FG_MAX_PROCS 256
 #define FG_MAX_LIMITS 64
 #define FG_CGROUP_PATH 256
-#define FG_MAGIC 0x46414b4547505532ULL /* "FAKEGPU2": a new layout reinitialises the state */
+#define FG_MAGIC 0x46414b4547505533ULL /* "FAKEGPU3": a new layout reinitialises the state */
 /* NVML's per-cgroup memory limits (nvmlDeviceSetMemoryLimits_v1) came with driver r615. */
 #define FG_MEMORY_LIMITS_MIN_DRIVER 615
 #define FG_EXPORT __attribute__((visibility("default")))
@@ -31,8 +31,9 @@ typedef struct {
 } fg_card_state;
 
 typedef struct {
-    int32_t pid;
-    int32_t pad;
+    int32_t pid;        /* as the process sees itself (its PID namespace's): for NVML's lists */
+    int32_t live_lock;  /* 1: it holds byte <row> of <state dir>/live while it lives */
+    uint64_t token;     /* the process's identity: pids repeat across PID namespaces */
     uint64_t used[FG_MAX_CARDS];
     char cgroup[FG_CGROUP_PATH]; /* its cgroup v2 path when it first charged ("0::" line) */
 } fg_proc;
@@ -63,7 +64,9 @@ typedef struct {
     int slot[FG_MAX_CARDS]; /* card index in the shared state */
     fg_shared *sh;
     int proc_slot;
-    pid_t pid;
+    pid_t pid;       /* the process these fields are of (a forked child makes its own) */
+    uint64_t token;  /* its identity in the shared rows */
+    int live_fd;     /* its own open of <state dir>/live (-1: none) */
     char state_dir[512];
     int driver_major; /* of driver_version */
     char driver_version[32];

@@ -36,7 +36,7 @@ WORKERS = 2  # share pods at a time
 # pod that was Running, its probe not done yet: the lanes run of 2026-12-05 10:18)
 POD_TIMEOUT_S = 120
 MUST_BE_ZERO = ("wrong_share", "missing_share", "not_started", "overbooked", "short_share",
-                "stuck_deleting", "leaked_files", "leaked_mib")
+                "stuck_deleting", "leaked_files", "leaked_mib", "fake_leaked_mib")
 
 
 def test_one_round_of_node_restarts_gives_no_pod_a_wrong_share(installed: RealCluster) -> None:

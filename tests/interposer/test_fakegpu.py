@@ -9,7 +9,9 @@ import subprocess
 import sys
 import textwrap
 
-from .conftest import FAKE, MIB, one
+import pytest
+
+from .conftest import FAKE, LIB, MIB, one
 
 
 def test_errors_before_init_and_without_context(rig):
@@ -71,6 +73,51 @@ def test_card_memory_shared_between_processes(rig):
         p.kill()
         p.wait()
     assert one(rig.probe("nvml", preload=False), "nvml")["used"] == 0  # dead pid reclaimed
+
+
+def _hold_in_own_pid_namespace(rig, mib: int) -> subprocess.Popen:
+    """A process holding ``mib`` MiB on card 0 as PID 1 of a PID namespace of its own, as a
+    container's main process is (unshare: it dies with its unshare parent)."""
+    p = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", str(LIB / "cuprobe"), "init", "primary",
+         "alloc", str(mib), "hold"],
+        env=rig.base_env(False), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not p.stdout.readline().startswith("hold"):
+        assert p.poll() is None, p.stderr.read()
+    return p
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces need root")
+
+
+@needs_root
+def test_a_killed_pid_1_of_another_pid_namespace_gives_its_memory_back(rig):
+    """Bug caught: the fake judged a process alive by kill(pid, 0) with the pid the process
+    saw in its own namespace, so a container's killed PID 1 looked alive (the host's init)
+    and its memory stayed charged for ever, where the driver frees it at once (bench/
+    node_restarts.py read fake_leaked_mib=1744)."""
+    holder = _hold_in_own_pid_namespace(rig, 1000)
+    assert one(rig.probe("nvml", preload=False), "nvml")["used"] == 1000 * MIB
+    holder.kill()  # unshare SIGKILLed: its child, the holder, with it
+    holder.wait()
+    assert one(rig.probe("nvml", preload=False), "nvml")["used"] == 0
+
+
+@needs_root
+def test_two_pid_1s_of_two_namespaces_keep_their_own_memory(rig):
+    """Bug caught: processes found by pid shared one row when two containers' processes had
+    the same pid, so one's death took the other's memory back (or kept its own)."""
+    first = _hold_in_own_pid_namespace(rig, 1000)
+    second = _hold_in_own_pid_namespace(rig, 3000)
+    try:
+        assert one(rig.probe("nvml", preload=False), "nvml")["used"] == 4000 * MIB
+        first.kill()
+        first.wait()
+        assert one(rig.probe("nvml", preload=False), "nvml")["used"] == 3000 * MIB
+    finally:
+        second.kill()
+        second.wait()
+    assert one(rig.probe("nvml", preload=False), "nvml")["used"] == 0
 
 
 def _py(rig, code, preload=False, **extra):
