@@ -142,8 +142,9 @@ static void fresh_identity(fg_world *w)
     snprintf(path, sizeof path, "%s/live", w->state_dir);
     w->live_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (w->live_fd >= 0) (void)fchmod(w->live_fd, 0666); /* every container's user locks it */
-    w->token = 0;
-    while (!w->token && getrandom(&w->token, sizeof w->token, 0) != (ssize_t)sizeof w->token) {}
+    if (getrandom(&w->token, sizeof w->token, GRND_NONBLOCK) != (ssize_t)sizeof w->token)
+        w->token = ((uint64_t)getpid() << 32) ^ fg_now_ns(); /* no getrandom: unique enough */
+    if (!w->token) w->token = 1; /* 0 is a free row's */
     w->pid = getpid();
     w->proc_slot = -1;
 }
