@@ -341,8 +341,7 @@ def run_pod(api: RawApi, name: str, mib: int, timeout_s: float,
         return Outcome(name, mib, NOT_STARTED, f"create refused: {exc}", created_at=t0)
     uid = str(created["metadata"]["uid"])
     pod: dict[str, Any] | None = created
-    ran_at: float | None = None  # when the container was first seen running
-    next_exec = 0.0
+    pacer = inst.ProbeFilePacer()  # from when the container is first seen running
     while time.monotonic() - t0 < timeout_s:
         time.sleep(1.0)
         try:
@@ -356,11 +355,7 @@ def run_pod(api: RawApi, name: str, mib: int, timeout_s: float,
                   or s.get("restartCount") for s in statuses)
         if ran:
             result = probe_line(api, name)
-            now = time.monotonic()
-            ran_at = ran_at if ran_at is not None else now
-            if result is None and info is not None and now - ran_at >= \
-                    inst.LOG_LOST_AFTER_S and now >= next_exec:
-                next_exec = now + inst.LOG_LOST_AFTER_S
+            if pacer.due(time.monotonic()) and result is None and info is not None:
                 result = probe_file(info, name)
             if result is not None:
                 kind, detail = judge(result, mib)

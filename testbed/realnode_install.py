@@ -172,6 +172,24 @@ def get_json(cluster: Any, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json"))
 
 
+class ProbeFilePacer:
+    """When a reader waiting for a probe's log line reads its file instead: LOG_LOST_AFTER_S
+    after its first ``due`` call (the wait began, or the container first ran), then at most
+    once every LOG_LOST_AFTER_S (each read is a kubectl exec, a runc exec on the node)."""
+
+    def __init__(self) -> None:
+        self._next: float | None = None
+
+    def due(self, now: float) -> bool:
+        """Whether to read the file at ``now`` (time.monotonic())."""
+        if self._next is None:
+            self._next = now + LOG_LOST_AFTER_S
+        if now < self._next:
+            return False
+        self._next = now + LOG_LOST_AFTER_S
+        return True
+
+
 def read_probe_file(kubectl: Callable[..., str], namespace: str, pod: str
                     ) -> dict[str, Any] | None:
     """The probe's result from its file in the container (``real_node.PROBE_FILE``, through
@@ -191,7 +209,8 @@ def probe_result(cluster: Any, namespace: str, pod: str, timeout: float = POD_ST
     probe's file in the container (``PROBE_FILE``, kubectl exec) answers too: a containerd
     restart can cut a running container's output from its log (its ``"source"`` says
     ``exec`` then)."""
-    next_exec = [time.monotonic() + LOG_LOST_AFTER_S]  # each exec is a runc exec: sparingly
+    pacer = ProbeFilePacer()
+    pacer.due(time.monotonic())  # the wait begins
 
     def result() -> dict[str, Any] | None:
         logs = cluster.kubectl("-n", namespace, "logs", pod, check=False)
@@ -201,9 +220,8 @@ def probe_result(cluster: Any, namespace: str, pod: str, timeout: float = POD_ST
                 found = dict(json.loads(line[len("PROBE "):]))
                 found["log"] = [other for other in lines if not other.startswith("PROBE ")]
                 return found
-        if time.monotonic() < next_exec[0]:
+        if not pacer.due(time.monotonic()):
             return None
-        next_exec[0] = time.monotonic() + LOG_LOST_AFTER_S
         from_file = read_probe_file(lambda *args: cluster.kubectl(*args, check=False),
                                     namespace, pod)
         if from_file is not None:

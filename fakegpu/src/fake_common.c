@@ -465,14 +465,6 @@ void fg_uncharge(int card, uint64_t bytes)
     pthread_mutex_unlock(&sh->mu);
 }
 
-void fg_reap(void)
-{
-    fg_world *w = fg_get();
-    lock(w->sh);
-    reap_locked(w->sh);
-    pthread_mutex_unlock(&w->sh->mu);
-}
-
 uint64_t fg_card_used(int card)
 {
     fg_world *w = fg_get();

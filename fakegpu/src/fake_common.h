@@ -75,7 +75,6 @@ typedef struct {
 fg_world *fg_get(void); /* loads config + state once; never NULL */
 int fg_charge(int card, uint64_t bytes);  /* 0 ok, -1 out of memory */
 void fg_uncharge(int card, uint64_t bytes);
-void fg_reap(void);
 uint64_t fg_card_used(int card);
 int fg_card_procs(int card, int32_t *pids, uint64_t *bytes, int max);
 uint64_t fg_now_ns(void);

@@ -133,8 +133,7 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
     NEED_INIT();
     DEV_OR_FAIL(d, i);
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
-    fg_reap();
-    uint64_t total = fg_get()->card[i].total, used = fg_card_used(i);
+    uint64_t total = fg_get()->card[i].total, used = fg_card_used(i); /* dead processes reaped */
     m->total = total;
     m->used = used;
     m->free = used < total ? total - used : 0;
