@@ -16,7 +16,8 @@ through the small ``BindApi`` protocol, ``scheduler.kube`` implements it).
   kubelet holds shares of the same size on other cards, the kubelet could hand one pod's
   slots to the other (the device plugin API names no pod), so the bind waits, at most
   ``BIND_GATE_WAIT_S``, for the kubelet to admit it, deciding again after each change it
-  sees; then reserve the booking, then POST ONE Binding that carries the
+  sees on that node (a pod's change wakes only its node's binds); then reserve the booking,
+  then POST ONE Binding that carries the
   ``egpu.io/allocation`` annotation (the ``placed_record``: the cards, each container's kind
   and the pod's resolved policies, so that no later reader reads the pod spec again for
   them): the API server copies a Binding's annotations onto the pod in the same write that sets
@@ -83,7 +84,7 @@ class _Held:
 
 
 class _Pulse:
-    """Wakes every waiter at each ``fire`` (a ClusterState listener: a pod changed)."""
+    """Wakes every waiter at each ``fire`` (a pod on the waiters' node changed)."""
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
@@ -158,8 +159,9 @@ class Extender:
         self.api = api
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
-        self._pulse = _Pulse()
-        state.listeners.append(self._pulse.fire)
+        # node -> the pulse its held binds wait on (one per node that ever held a bind)
+        self._pulses: dict[str, _Pulse] = {}
+        state.listeners.append(self._node_changed)
         self.gate_waits = 0  # binds the gate held at least once (metric)
         self._cache: OrderedDict[
             tuple[PodDemand, str],
@@ -263,6 +265,11 @@ class Extender:
                 for name, r in zip(names, self._fit_all(pod, demand, names), strict=True)]
 
     # --- bind ------------------------------------------------------------------------------
+    def _node_changed(self, node: str) -> None:
+        pulse = self._pulses.get(node)
+        if pulse is not None:
+            pulse.fire()
+
     def _lock(self, node: str) -> asyncio.Lock:
         lock = self._locks.get(node)
         if lock is None:
@@ -324,7 +331,7 @@ class Extender:
             if not held_once:
                 held_once = True
                 self.gate_waits += 1
-            await self._pulse.wait(left)
+            await self._pulses.setdefault(node, _Pulse()).wait(left)
         if isinstance(decision, str):
             log.info("bind %s/%s -> %s refused: %s", namespace, name, node, decision)
             return {"Error": decision}

@@ -156,8 +156,9 @@ class ClusterState:
         self.pods: dict[str, Mapping[str, Any]] = {}  # uid -> pod object, egpu pods only
         self._warned: dict[str, str] = {}  # uid -> the ignored annotation last logged
         self._on_node: dict[str, set[str]] = {}  # node -> uids of the pods booking there
-        # called after every pod change (the extender's bind gate waits on it)
-        self.listeners: list[Callable[[], None]] = []
+        # called with each node a pod change touched (the extender's bind gate waits on its
+        # node's changes alone: one pod's event must not wake the binds of every node)
+        self.listeners: list[Callable[[str], None]] = []
 
     # --- nodes ---------------------------------------------------------------------------
     def upsert_node(self, node: Mapping[str, Any]) -> None:
@@ -209,7 +210,8 @@ class ClusterState:
             self._views.pop(booking.node, None)
 
     def _change(self, uid: str, *, observed: Booking | str | None = "keep",
-                reservation: _Reservation | str | None = "keep") -> None:
+                reservation: _Reservation | str | None = "keep") -> set[str]:
+        """Set what was observed and reserved for ``uid``; the nodes its booking was or is on."""
         before = self._effective(uid)
         if observed != "keep":
             if observed is None:
@@ -223,7 +225,9 @@ class ClusterState:
             else:
                 assert isinstance(reservation, _Reservation)
                 self._reserved[uid] = reservation
-        self._apply(before, self._effective(uid))
+        after = self._effective(uid)
+        self._apply(before, after)
+        return {b.node for b in (before, after) if b is not None}
 
     def observe_pod(self, pod: Mapping[str, Any]) -> None:
         """A pod was added or changed: record (or release) the booking its annotation holds."""
@@ -251,12 +255,14 @@ class ClusterState:
             # edited (or removed) annotation books nothing more and releases nothing.
             self._ignored(uid, pod, booking, prior)
             booking = prior
-        self._change(uid, observed=booking, reservation=None if confirmed else "keep")
-        self._changed()
+        touched = self._change(uid, observed=booking, reservation=None if confirmed else "keep")
+        self._changed(touched | {view.node_name})
 
-    def _changed(self) -> None:
-        for listener in self.listeners:
-            listener()
+    def _changed(self, nodes: set[str]) -> None:
+        for node in nodes:
+            if node:
+                for listener in self.listeners:
+                    listener(node)
 
     def _ignored(self, uid: str, pod: Mapping[str, Any], seen: Booking | None,
                  kept: Booking) -> None:
@@ -275,10 +281,10 @@ class ClusterState:
 
     def delete_pod(self, uid: str) -> None:
         """A pod is gone: release everything it held, whatever its last annotations said."""
-        self.pods.pop(uid, None)
+        pod = self.pods.pop(uid, None)
         self._warned.pop(uid, None)
-        self._change(uid, observed=None, reservation=None)
-        self._changed()
+        touched = self._change(uid, observed=None, reservation=None)
+        self._changed(touched | {KubePod(pod).node_name} if pod is not None else touched)
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """The full pod list: bookings of pods missing from it are released."""
@@ -306,8 +312,7 @@ class ClusterState:
 
     def unreserve(self, uid: str) -> None:
         """The bind failed: drop its reservation (what was observed counts again)."""
-        self._change(uid, reservation=None)
-        self._changed()
+        self._changed(self._change(uid, reservation=None))
 
     def expire_reservations(self, max_age_s: float = 300.0) -> int:
         """Drop finished binds' reservations that no watch event confirmed within max_age_s."""
