@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -87,6 +89,17 @@ def _hold_in_own_pid_namespace(rig, mib: int) -> subprocess.Popen:
     return p
 
 
+def _kill_holder(unshare: subprocess.Popen) -> None:
+    """SIGKILL the holder itself (unshare's child, PID 1 of its namespace) and wait until it
+    is reaped: unshare --fork exits only after waiting for its child. (Killing unshare would
+    leave the holder to die of --kill-child's signal some time after unshare is reaped: a
+    probe in between still saw it alive; the lanes run of 13:24 did.)"""
+    children = Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    os.kill(int(children[0]), signal.SIGKILL)
+    unshare.wait(timeout=60)
+
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces need root")
 
 
@@ -98,8 +111,7 @@ def test_a_killed_pid_1_of_another_pid_namespace_gives_its_memory_back(rig):
     node_restarts.py read fake_leaked_mib=1744)."""
     holder = _hold_in_own_pid_namespace(rig, 1000)
     assert one(rig.probe("nvml", preload=False), "nvml")["used"] == 1000 * MIB
-    holder.kill()  # unshare SIGKILLed: its child, the holder, with it
-    holder.wait()
+    _kill_holder(holder)
     assert one(rig.probe("nvml", preload=False), "nvml")["used"] == 0
 
 
@@ -111,12 +123,12 @@ def test_two_pid_1s_of_two_namespaces_keep_their_own_memory(rig):
     second = _hold_in_own_pid_namespace(rig, 3000)
     try:
         assert one(rig.probe("nvml", preload=False), "nvml")["used"] == 4000 * MIB
-        first.kill()
-        first.wait()
+        _kill_holder(first)
         assert one(rig.probe("nvml", preload=False), "nvml")["used"] == 3000 * MIB
     finally:
-        second.kill()
-        second.wait()
+        for holder in (first, second):
+            if holder.poll() is None:
+                _kill_holder(holder)
     assert one(rig.probe("nvml", preload=False), "nvml")["used"] == 0
 
 
