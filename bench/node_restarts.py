@@ -355,7 +355,9 @@ def run_pod(api: RawApi, name: str, mib: int, timeout_s: float,
                   or s.get("restartCount") for s in statuses)
         if ran:
             result = probe_line(api, name)
-            if pacer.due(time.monotonic()) and result is None and info is not None:
+            now = time.monotonic()
+            pacer.start(now)
+            if result is None and info is not None and pacer.due(now):
                 result = probe_file(info, name)
             if result is not None:
                 kind, detail = judge(result, mib)

@@ -174,17 +174,20 @@ def get_json(cluster: Any, *args: str) -> Any:
 
 class ProbeFilePacer:
     """When a reader waiting for a probe's log line reads its file instead: LOG_LOST_AFTER_S
-    after its first ``due`` call (the wait began, or the container first ran), then at most
-    once every LOG_LOST_AFTER_S (each read is a kubectl exec, a runc exec on the node)."""
+    after ``start`` (the wait began, or the container first ran), then at most once every
+    LOG_LOST_AFTER_S (each read is a kubectl exec, a runc exec on the node)."""
 
     def __init__(self) -> None:
         self._next: float | None = None
 
-    def due(self, now: float) -> bool:
-        """Whether to read the file at ``now`` (time.monotonic())."""
+    def start(self, now: float) -> None:
+        """The wait begins at ``now`` (time.monotonic()); later calls change nothing."""
         if self._next is None:
             self._next = now + LOG_LOST_AFTER_S
-        if now < self._next:
+
+    def due(self, now: float) -> bool:
+        """Whether to read the file at ``now``: never before ``start``."""
+        if self._next is None or now < self._next:
             return False
         self._next = now + LOG_LOST_AFTER_S
         return True
@@ -210,7 +213,7 @@ def probe_result(cluster: Any, namespace: str, pod: str, timeout: float = POD_ST
     restart can cut a running container's output from its log (its ``"source"`` says
     ``exec`` then)."""
     pacer = ProbeFilePacer()
-    pacer.due(time.monotonic())  # the wait begins
+    pacer.start(time.monotonic())
 
     def result() -> dict[str, Any] | None:
         logs = cluster.kubectl("-n", namespace, "logs", pod, check=False)

@@ -68,3 +68,18 @@ def test_a_probe_that_wrote_nothing_still_fails_the_wait(monkeypatch: pytest.Mon
     cluster = FakeCluster("", "cat: /tmp/egpu-probe.json: No such file or directory")
     with pytest.raises(AssertionError, match="probe output of ns/p"):
         inst.probe_result(cluster, "ns", "p", timeout=0.3)
+
+
+def test_the_file_is_read_never_before_the_wait_began_then_once_per_interval() -> None:
+    """Bug caught: a pacer that started at its first ``due`` (not at ``start``) let the node
+    restarts bench spend its first read before the container ran, or read at every poll
+    (a runc exec each)."""
+    pacer = inst.ProbeFilePacer()
+    step = inst.LOG_LOST_AFTER_S
+    assert not pacer.due(1000.0)  # not started: never
+    pacer.start(1000.0)
+    pacer.start(1000.0 + step)  # a later start changes nothing
+    assert not pacer.due(1000.0 + step - 0.1)
+    assert pacer.due(1000.0 + step)
+    assert not pacer.due(1000.0 + 1.5 * step)
+    assert pacer.due(1000.0 + 2 * step)
