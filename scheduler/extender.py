@@ -331,7 +331,10 @@ class Extender:
             if not held_once:
                 held_once = True
                 self.gate_waits += 1
-            await self._pulses.setdefault(node, _Pulse()).wait(left)
+            pulse = self._pulses.get(node)
+            if pulse is None:
+                pulse = self._pulses[node] = _Pulse()
+            await pulse.wait(left)
         if isinstance(decision, str):
             log.info("bind %s/%s -> %s refused: %s", namespace, name, node, decision)
             return {"Error": decision}

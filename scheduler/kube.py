@@ -162,6 +162,10 @@ class Watcher:
         """Ask the threads to end (they finish their current request first)."""
         self._stop.set()
 
+    def running(self) -> list[str]:
+        """The names of the threads still running (after ``stop``: those blocked in a read)."""
+        return [t.name for t in self._threads if t.is_alive()]
+
     def _post(self, fn: Callable[..., Any], *args: Any) -> None:
         self.loop.call_soon_threadsafe(fn, *args)
 

@@ -156,8 +156,9 @@ class ClusterState:
         self.pods: dict[str, Mapping[str, Any]] = {}  # uid -> pod object, egpu pods only
         self._warned: dict[str, str] = {}  # uid -> the ignored annotation last logged
         self._on_node: dict[str, set[str]] = {}  # node -> uids of the pods booking there
-        # called with each node a pod change touched (the extender's bind gate waits on its
-        # node's changes alone: one pod's event must not wake the binds of every node)
+        # called with each node a pod change touched, and each node whose record changed (the
+        # extender's bind gate waits on its node's changes alone: one pod's event must not
+        # wake the binds of every node)
         self.listeners: list[Callable[[str], None]] = []
 
     # --- nodes ---------------------------------------------------------------------------
@@ -167,11 +168,13 @@ class ClusterState:
         if self._nodes.get(record.name) != record:
             self._nodes[record.name] = record
             self._views.pop(record.name, None)
+            self._changed({record.name})  # a held bind may no longer fit its cards
 
     def delete_node(self, name: str) -> None:
         """A node is gone."""
-        self._nodes.pop(name, None)
-        self._views.pop(name, None)
+        if self._nodes.pop(name, None) is not None:
+            self._views.pop(name, None)
+            self._changed({name})
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
         """The full node list (start, or a watch that had to list again)."""

@@ -80,6 +80,24 @@ async def test_a_held_bind_decides_again_on_changes_of_its_node_alone(
     assert decided.count("n") == 5
 
 
+async def test_a_held_bind_decides_again_when_its_node_loses_the_card_it_waits_for() -> None:
+    """Bug caught: a held bind woke only on pod changes, so when its node's inventory lost the
+    card the pod waited for, the bind stayed held for the gate's full 8 s (kube-scheduler's
+    binding cycle blocked) before it said the pod no longer fits."""
+    ext, api = make([node("n", cards(2, memory=4000))])
+    api.kubelet_admits = False
+    for i in range(2):
+        assert (await ext.bind(bind_args(api.add(pod(f"a{i}", containers=[limits(
+            memory=2000)])), "n")))["Error"] == ""
+    held = asyncio.ensure_future(ext.bind(bind_args(api.add(pod("b", containers=[limits(
+        memory=2000)])), "n")))
+    await asyncio.sleep(0.05)
+    assert not held.done()
+    ext.state.upsert_node(node("n", cards(1, memory=4000)))  # GPU-1 is gone
+    result = await asyncio.wait_for(held, 1)  # not BIND_GATE_WAIT_S
+    assert "no longer fits" in result["Error"], result
+
+
 async def test_a_held_bind_gives_up_with_the_reason_before_the_schedulers_timeout(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(extender_module, "BIND_GATE_WAIT_S", 0.2)

@@ -29,6 +29,8 @@ class FakeApiServer:
         self.writes: list[tuple[str, str, str, Any]] = []
         self.peers: set[Any] = set()  # the client's (address, port) of each write
         self.pod_status = 200
+        self.open_watches: list[tuple[Any, asyncio.Queue[Any]]] = []  # transport, events
+        self.stopped = False
         self.loop = asyncio.new_event_loop()
         self.port = 0
 
@@ -38,8 +40,13 @@ class FakeApiServer:
             response = web.StreamResponse()
             await response.prepare(request)
             queue = self.watch_events.setdefault(kind, asyncio.Queue())
-            while (event := await queue.get()) is not None:
-                await response.write(json.dumps(event).encode() + b"\n")
+            watch = (request.transport, queue)
+            self.open_watches.append(watch)
+            try:
+                while (event := await queue.get()) is not None:
+                    await response.write(json.dumps(event).encode() + b"\n")
+            finally:
+                self.open_watches.remove(watch)
             return response
         self.lists[kind] += 1
         start = int(request.query.get("continue") or 0)
@@ -67,7 +74,7 @@ class FakeApiServer:
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self.read)
         app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self.write)
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/binding", self.write)
-        runner = web.AppRunner(app)
+        runner = self.runner = web.AppRunner(app)
         ready = threading.Event()
 
         def serve() -> None:
@@ -82,6 +89,23 @@ class FakeApiServer:
         threading.Thread(target=serve, daemon=True).start()
         ready.wait(10)
 
+    def stop(self) -> None:
+        """Close every connection, open watches included, then stop the server's loop: a
+        watch left open would keep its client's thread blocked until its read timeout."""
+        if self.stopped:
+            return
+        self.stopped = True
+
+        async def close() -> None:
+            for transport, queue in list(self.open_watches):
+                if transport is not None:
+                    transport.close()  # the client's read ends now
+                queue.put_nowait(None)  # and so does the handler
+            await self.runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
     def push(self, kind: str, event: dict[str, Any] | None) -> None:
         def put() -> None:
             self.watch_events.setdefault(kind, asyncio.Queue()).put_nowait(event)
@@ -94,8 +118,7 @@ def server() -> Iterator[FakeApiServer]:
     fake = FakeApiServer()
     fake.start()
     yield fake
-    for kind in ("nodes", "pods"):
-        fake.push(kind, None)
+    fake.stop()
 
 
 def raw(server: FakeApiServer) -> RawApi:
@@ -128,6 +151,16 @@ async def test_watcher_lists_watches_and_relists_on_410(server: FakeApiServer) -
     state = ClusterState(Config())
     watcher = Watcher(raw(server), state, asyncio.get_running_loop())
     watcher.start()
+    try:
+        await _watch_and_relist(server, state, watcher, alloc)
+    finally:
+        watcher.stop()
+        server.stop()  # ends the open watches, so the threads see the stop now
+        await _until(lambda: not watcher.running())
+
+
+async def _watch_and_relist(server: FakeApiServer, state: ClusterState, watcher: Watcher,
+                            alloc: str) -> None:
     await asyncio.wait_for(watcher.synced.wait(), 5)
     assert state.usage("n")["GPU-0"].memory_mib == 5000
     second = pod("b", uid="ub", containers=[limits(memory=1000)], node="n",
@@ -145,7 +178,6 @@ async def test_watcher_lists_watches_and_relists_on_410(server: FakeApiServer) -
     # a node annotation change arrives through the node watch
     server.push("nodes", {"type": "MODIFIED", "object": node("n", cards(2))})
     await _until(lambda: len(state.node("n").cards) == 2)
-    watcher.stop()
 
 
 async def test_bind_writes(server: FakeApiServer) -> None:
