@@ -269,7 +269,7 @@ def scheduler_config(
             "  prioritizeVerb: prioritize",
             "  bindVerb: bind",
             "  weight: 1",
-            # above the extender's bind gate wait (scheduler.extender.BIND_GATE_WAIT_S)
+            # above the extender's whole bind (scheduler.extender.BIND_BUDGET_S)
             "  httpTimeout: 10s",
             "  nodeCacheCapable: true",
             "  ignorable: false",

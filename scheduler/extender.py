@@ -22,8 +22,12 @@ through the small ``BindApi`` protocol, ``scheduler.kube`` implements it).
   and the pod's resolved policies, so that no later reader reads the pod spec again for
   them): the API server copies a Binding's annotations onto the pod in the same write that sets
   ``spec.nodeName`` (pods/binding, ``BindingREST.setPodNodeAndMetadata``), so the pod is never
-  annotated without being bound or bound without its annotation. A failed Binding drops the
-  reservation (nothing was written). The per-node lock covers the decision and the
+  annotated without being bound or bound without its annotation. A Binding the API refused
+  drops the reservation (nothing was written); one whose outcome is unclear (a timeout, a
+  5xx) is settled by reading the pod back. A bind of a pod whose earlier bind is still in
+  flight is refused, and the whole bind (gate and POST) ends within ``BIND_BUDGET_S``, below
+  kube-scheduler's extender timeout, so kube-scheduler never gives up on a bind that then
+  lands beside its retry's. The per-node lock covers the decision and the
   reservation, which take no await: the network call runs outside it, and a concurrent bind
   on that node already sees the reservation, so no card is booked past its bound whatever
   the interleaving.
@@ -71,9 +75,16 @@ log = logging.getLogger("egpu.scheduler")
 UNKNOWN_NODE = "no egpu inventory for this node (not a GPU node, or its node agent never reported)"
 CACHE_DEMANDS = 64  # distinct pod demands memoized
 CACHE_TTL_S = 5.0  # how long a memoized answer may be reused
-# The longest a bind waits at the gate (s); below kube-scheduler's extender httpTimeout
-# (manifests: 10 s), after which the pod goes back to the scheduling queue.
+# The longest a bind waits at the gate (s), after which the pod goes back to the scheduling
+# queue.
 BIND_GATE_WAIT_S = 8.0
+# The longest a whole bind takes (s: gate, decision, POST and the client's slack on it),
+# below kube-scheduler's extender httpTimeout (10 s in every config egpu ships): a bind
+# kube-scheduler gave up on could land after its retry was decided.
+BIND_BUDGET_S = 8.5
+BIND_POST_MIN_S = 1.0  # the least time a Binding POST is given: the gate's wait ends before
+BIND_POST_MAX_S = 4.0  # the most a Binding POST (server side) or a pod GET of a bind takes
+BIND_CLIENT_SLACK_S = 0.5  # the client waits this much longer than the server's timeout
 
 
 @dataclass(frozen=True)
@@ -100,20 +111,33 @@ class _Pulse:
 
 
 class BindError(Exception):
-    """An API call of the bind failed; the message says which and why."""
+    """An API call of the bind failed; the message says which and why. ``status``: the API's
+    HTTP status when it answered, None when no answer came (timeout, connection lost)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def unclear(self) -> bool:
+        """The write may have happened: no answer, or a server error (a 504 after the
+        API server's own timeout; a 500). A 4xx answer means nothing was written."""
+        return self.status is None or self.status >= 500
 
 
 class BindApi(Protocol):
     """What bind needs from the Kubernetes API (``scheduler.kube.KubeApi``; fakes in tests)."""
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The pod object, or None when it does not exist."""
+        """The pod object, or None when it does not exist, within BIND_POST_MAX_S seconds.
+        Raises BindError."""
         ...
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
-                   annotations: Mapping[str, str] | None = None) -> None:
-        """POST the pod's Binding to ``node`` (pod UID as precondition); ``annotations`` are
-        set on the pod in the same write. Raises BindError."""
+                   annotations: Mapping[str, str] | None = None,
+                   timeout_s: float = BIND_POST_MAX_S) -> None:
+        """POST the pod's Binding to ``node`` (pod UID as precondition) within ``timeout_s``
+        seconds; ``annotations`` are set on the pod in the same write. Raises BindError."""
         ...
 
 
@@ -303,19 +327,29 @@ class Extender:
         uid, node = str(args["PodUID"]), args["Node"]
         if self.api is None:
             return {"Error": "this extender has no API access (bind disabled)"}
+        start = time.monotonic()
+        budget_end = start + BIND_BUDGET_S
         pod = self.state.pods.get(uid)
         try:
+            earlier = await self._earlier_bind(namespace, name, uid)
+            if earlier:
+                return {"Error": earlier}
             if pod is None:
                 pod = await self.api.get_pod(namespace, name)
             if pod is None or KubePod(pod).uid != uid:
                 return {"Error": f"pod {namespace}/{name} (uid {uid}) not found"}
+            if KubePod(pod).node_name:
+                return {"Error": f"pod {namespace}/{name} is already bound to node "
+                                 f"{KubePod(pod).node_name}"}
             reading = read_pod(pod, self.config)
             if not reading.is_egpu_pod:
-                await self.api.bind(namespace, name, uid, node)
+                await self.api.bind(namespace, name, uid, node,
+                                    timeout_s=_post_timeout(budget_end))
                 return {"Error": ""}
         except BindError as exc:
             return {"Error": str(exc)}
-        deadline = time.monotonic() + BIND_GATE_WAIT_S
+        deadline = min(start + BIND_GATE_WAIT_S,
+                       budget_end - BIND_POST_MIN_S - BIND_CLIENT_SLACK_S)
         held_once = False
         while True:
             async with self._lock(node):
@@ -324,10 +358,11 @@ class Extender:
                 break
             left = deadline - time.monotonic()
             if left <= 0:
+                waited = time.monotonic() - start
                 log.info("bind %s/%s -> %s held for %.0f s: %s", namespace, name, node,
-                         BIND_GATE_WAIT_S, decision.reason)
+                         waited, decision.reason)
                 return {"Error": f"node {node}: {decision.reason}; waited "
-                                 f"{BIND_GATE_WAIT_S:.0f} s for its kubelet to admit it"}
+                                 f"{waited:.0f} s for its kubelet to admit it"}
             if not held_once:
                 held_once = True
                 self.gate_waits += 1
@@ -340,13 +375,66 @@ class Extender:
             return {"Error": decision}
         text = decision.allocation.encode()
         try:
-            await self.api.bind(namespace, name, uid, node, {ANN_ALLOCATION: text})
+            await self.api.bind(namespace, name, uid, node, {ANN_ALLOCATION: text},
+                                timeout_s=_post_timeout(budget_end))
         except BindError as exc:
-            self.state.unreserve(uid)
-            return {"Error": f"binding failed: {exc}"}
+            if not exc.unclear:
+                self.state.unreserve(uid)
+                return {"Error": f"binding failed: {exc}"}
+            return {"Error": await self._settle_unclear_bind(namespace, name, uid, node, exc)}
         self.state.bind_done(uid)
         log.info("bound %s/%s -> %s %s", namespace, name, node, text)
         return {"Error": ""}
+
+    async def _earlier_bind(self, namespace: str, name: str, uid: str) -> str:
+        """Why this bind must not go on because of an earlier bind of the same pod ("": it
+        may). kube-scheduler binds a pod again after it gave up waiting for a bind: a retry
+        that reserved anew would replace the booking of a Binding that may still land."""
+        assert self.api is not None
+        reserved = self.state.reserved(uid)
+        if reserved is None:
+            return ""
+        booking, in_flight = reserved
+        if in_flight:
+            return (f"an earlier bind of pod {namespace}/{name} to node {booking.node} is "
+                    "still in progress")
+        # That bind finished, or ended unclear: the pod itself says whether it was bound.
+        pod = await self.api.get_pod(namespace, name)
+        bound = KubePod(pod).node_name if pod is not None and KubePod(pod).uid == uid else ""
+        if bound:
+            return f"pod {namespace}/{name} is already bound to node {bound}"
+        self.state.unreserve(uid)  # it was not: its reservation books nothing
+        return ""
+
+    async def _settle_unclear_bind(self, namespace: str, name: str, uid: str, node: str,
+                                   exc: BindError) -> str:
+        """After a Binding whose outcome is unclear, read the pod back: bound there, the bind
+        succeeded ("" and the reservation stands until the watch confirms it); not bound,
+        it failed (its reservation is dropped); unreadable, the reservation is kept, finished,
+        so that no other pod takes its cards, until the watch or this pod's next bind
+        settles it. Returns the bind's error text ("" for success)."""
+        assert self.api is not None
+        try:
+            pod = await self.api.get_pod(namespace, name)
+        except BindError as read_exc:
+            self.state.bind_done(uid)
+            return (f"binding failed: {exc}; whether it was written is unknown ({read_exc}): "
+                    "its cards stay booked until the pod's next event")
+        view = KubePod(pod) if pod is not None else None
+        if view is not None and view.uid == uid and view.node_name == node:
+            self.state.bind_done(uid)
+            log.info("bound %s/%s -> %s (the Binding's answer was lost: %s)", namespace, name,
+                     node, exc)
+            return ""
+        self.state.unreserve(uid)
+        return f"binding failed: {exc}"
+
+
+def _post_timeout(budget_end: float) -> float:
+    """The seconds a Binding POST may take: what the bind's budget leaves, within
+    [BIND_POST_MIN_S, BIND_POST_MAX_S]."""
+    left = budget_end - time.monotonic() - BIND_CLIENT_SLACK_S
+    return min(BIND_POST_MAX_S, max(BIND_POST_MIN_S, left))
 
 
 def _event_safe(reasons: dict[str, str]) -> dict[str, str]:

@@ -30,13 +30,12 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from egpu.kube import KubeNode, KubeObject, KubePod
-from scheduler.extender import BindError
+from scheduler.extender import BIND_CLIENT_SLACK_S, BIND_POST_MAX_S, BindError
 from scheduler.state import ClusterState
 
 log = logging.getLogger("egpu.scheduler.kube")
 
 WATCH_TIMEOUT_S = 240  # server-side timeoutSeconds of one watch request
-BIND_TIMEOUT_S = 4  # a Binding POST, server and client side (see KubeApi.bind)
 LIST_PAGE = 500
 
 
@@ -216,7 +215,7 @@ class KubeApi:
         try:
             return await loop.run_in_executor(self.pool, lambda: fn(*args, **kw))
         except ApiStatusError as exc:
-            raise BindError(str(exc)) from exc
+            raise BindError(str(exc), exc.status) from exc
         except Exception as exc:
             raise BindError(f"{type(exc).__name__}: {exc}") from exc
 
@@ -228,7 +227,8 @@ class KubeApi:
         """The pod, or None when it does not exist (404)."""
         path = self._pod_path(namespace, name)
         try:
-            pod = await self._run(self.api.json, "GET", path)
+            pod = await self._run(self.api.json, "GET", path,
+                                  timeout=BIND_POST_MAX_S + BIND_CLIENT_SLACK_S)
         except BindError as exc:
             if isinstance(exc.__cause__, ApiStatusError) and exc.__cause__.status == 404:
                 return None
@@ -238,14 +238,16 @@ class KubeApi:
         return pod
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
-                   annotations: Mapping[str, str] | None = None) -> None:
+                   annotations: Mapping[str, str] | None = None,
+                   timeout_s: float = BIND_POST_MAX_S) -> None:
         """POST pods/<name>/binding with the pod's UID as a precondition.
 
         The API server sets ``spec.nodeName`` and merges the Binding's ``annotations`` into
         the pod's in one write (``BindingREST.setPodNodeAndMetadata``): one request, atomic.
-        Bounded to BIND_TIMEOUT_S on both sides (the server's ``timeout`` query parameter):
-        after a leader change the new leader's extender must never meet a bind of the old
-        one landing late (kube-scheduler's lease: 15 s, renew deadline 10 s).
+        Bounded to ``timeout_s`` seconds on the server (its ``timeout`` query parameter) and
+        BIND_CLIENT_SLACK_S more on the client: after a leader change the new leader's
+        extender must never meet a bind of the old one landing late (kube-scheduler's lease:
+        15 s, renew deadline 10 s), and the extender's whole bind ends within its budget.
         """
         meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
         if annotations:
@@ -253,8 +255,9 @@ class KubeApi:
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         await self._run(self.api.json, "POST", self._pod_path(namespace, name) + "/binding",
-                        query={"timeout": f"{BIND_TIMEOUT_S}s"}, body=body,
-                        content_type="application/json", timeout=BIND_TIMEOUT_S + 1.0)
+                        query={"timeout": f"{timeout_s:.3f}s"}, body=body,
+                        content_type="application/json",
+                        timeout=timeout_s + BIND_CLIENT_SLACK_S)
 
     def close(self) -> None:
         """Stop the worker threads."""

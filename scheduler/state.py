@@ -306,6 +306,12 @@ class ClusterState:
         """Book for a bind in flight (replaces whatever the pod held before)."""
         self._change(booking.uid, reservation=_Reservation(booking))
 
+    def reserved(self, uid: str) -> tuple[Booking, bool] | None:
+        """What a bind reserved for pod ``uid`` and whether that bind is still in flight;
+        None when no reservation stands (none made, confirmed by the watch, or dropped)."""
+        reservation = self._reserved.get(uid)
+        return None if reservation is None else (reservation.booking, reservation.in_flight)
+
     def bind_done(self, uid: str) -> None:
         """The bind finished: keep the reservation until the watch confirms it."""
         reservation = self._reserved.get(uid)

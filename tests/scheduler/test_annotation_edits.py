@@ -27,7 +27,7 @@ class Api:
         return None
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
-                   annotations: dict[str, str] | None = None) -> None:
+                   annotations: dict[str, str] | None = None, timeout_s: float = 4.0) -> None:
         self.bound[uid] = (node, annotations)
 
 

@@ -31,6 +31,11 @@ class FakeApi:
         self.calls: list[tuple[str, str]] = []
         self.fail_bind = False
         self.delay = 0.0
+        # the next N Bindings are written, then their answer is lost (a client timeout)
+        self.lose_answers = 0
+        # the next N Bindings time out on the server before anything is written (504)
+        self.server_timeouts = 0
+        self.fail_get = False  # GETs get no answer
         # the node's kubelet admits a bound pod at once (status.startTime in the same event);
         # False: pods stay awaiting admission until ``admit`` (the bind gate's tests)
         self.kubelet_admits = True
@@ -45,23 +50,36 @@ class FakeApi:
             self.state.observe_pod(copy.deepcopy(p))
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get", name))
+        if self.fail_get:
+            raise BindError("ReadTimeoutError: read timed out")
         return copy.deepcopy(self.pods.get((namespace, name)))
 
     async def bind(self, namespace: str, name: str, uid: str, node_name: str,
-                   annotations: dict[str, str] | None = None) -> None:
-        """One write, as pods/binding does: nodeName and the annotations together."""
+                   annotations: dict[str, str] | None = None, timeout_s: float = 4.0) -> None:
+        """One write, as pods/binding does: nodeName and the annotations together; 409 for a
+        UID that does not match or a pod already bound, as the API server answers."""
         self.calls.append(("bind", name))
         await asyncio.sleep(self.delay)
         if self.fail_bind:
-            raise BindError("HTTP 409: pod already bound")
+            raise BindError("HTTP 409: pod already bound", 409)
+        if self.server_timeouts:
+            self.server_timeouts -= 1
+            raise BindError("HTTP 504: the server was unable to return a response in time", 504)
         p = self.pods[(namespace, name)]
         if p["metadata"]["uid"] != uid:
-            raise BindError("HTTP 409: precondition failed: UID")
+            raise BindError("HTTP 409: precondition failed: UID", 409)
+        if p["spec"].get("nodeName"):
+            raise BindError(f"HTTP 409: pod {name} is already assigned to node "
+                            f"{p['spec']['nodeName']}", 409)
         p["spec"]["nodeName"] = node_name
         p["metadata"].setdefault("annotations", {}).update(annotations or {})
         if self.kubelet_admits:
             p.setdefault("status", {})["startTime"] = "2026-01-01T00:00:00Z"
         self._emit(p)
+        if self.lose_answers:
+            self.lose_answers -= 1
+            raise BindError("ReadTimeoutError: read timed out (4.5 s)")
 
     def admit(self, name: str, namespace: str = "default") -> None:
         """The node's kubelet admitted the pod: it writes the pod's status."""
