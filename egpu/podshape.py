@@ -77,6 +77,13 @@ class EnvVarView(TypedDict, total=False):
     value: str
 
 
+class VolumeMountView(TypedDict, total=False):
+    """One ``container.volumeMounts`` entry."""
+
+    name: str
+    mountPath: str
+
+
 class ContainerView(TypedDict, total=False):
     """A container or init container."""
 
@@ -85,6 +92,7 @@ class ContainerView(TypedDict, total=False):
     resources: ResourcesView
     env: list[EnvVarView]
     securityContext: SecurityContextView
+    volumeMounts: list[VolumeMountView]
 
 
 class HostPathView(TypedDict, total=False):
@@ -340,6 +348,9 @@ _CONTAINER: Final = _Object({
         "capabilities": _Object({"add": _List(_STRING, "a list of strings")},
                                 "an object with add and drop lists"),
     }, "an object (a security context)"),
+    "volumeMounts": _List(_Object({"name": _STRING, "mountPath": _STRING},
+                                  "an object with name and mountPath"),
+                          "a list of objects (volume mounts)"),
 }, "an object (a container)", carries_resources=True)
 _CONTAINERS: Final = _List(_CONTAINER, "a list of objects (containers)", carries_resources=True)
 POD: Final = _Object({

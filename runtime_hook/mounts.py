@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import sys
 import time
 
 from runtime_hook.rootfs import open_in_root
@@ -110,6 +111,16 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
+def _file_id(file: str | int) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of a path or an open descriptor (O_PATH ones too); None when it
+    cannot be read (a source still missing: its bind tries again and says why)."""
+    try:
+        st = os.fstat(file) if isinstance(file, int) else os.stat(file)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def mount_points() -> set[str]:
     """The mount points of this process's mount namespace (/proc/self/mountinfo field 5)."""
     with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
@@ -131,18 +142,29 @@ def bind(source: str | int, root: str, target: str, *, read_only: bool,
     mount namespaces were involved and what the source's folder held), or an open file
     descriptor (the very file or folder it names is mounted, through /proc/self/fd: no path
     is resolved again); ``label``: its name in messages. Returns False when ``target``
-    already is a mount point (a rerun: idempotent), True when mounted."""
+    already is a mount point of ``source`` itself (a rerun: idempotent), True when mounted.
+
+    A mount point of anything else at ``target`` is covered, not kept: runc has mounted the
+    pod's volumes before createRuntime hooks run, so a volumeMount (a configMap subPath at
+    /etc/ld.so.preload, /run/egpu/config.json or the interposer's path) would otherwise
+    leave the container without its interposer, or with limits it wrote itself."""
     tries = PATH_SOURCE_TRIES
     if isinstance(source, int):
         label = label or f"fd {source}"
+        source_id = _file_id(source)
         source = f"/proc/self/fd/{source}"
         tries = 1
+    else:
+        source_id = _file_id(source)
     label = label or source
     fd = open_in_root(root, target)
     try:
         real = os.readlink(f"/proc/self/fd/{fd}").removesuffix(" (deleted)")
         if real in mount_points():
-            return False
+            if source_id is not None and _file_id(fd) == source_id:
+                return False
+            print(f"egpu-hook: {target} is a mount point of something else (a volume of the "
+                  f"pod?): covering it with {label}", file=sys.stderr)
         for attempt in range(tries):
             if _libc.mount(source.encode(), f"/proc/self/fd/{fd}".encode(), None, MS_BIND,
                            None) == 0:

@@ -4,8 +4,8 @@
   change), ``patched``, ``denied``, ``invalid`` (not an AdmissionReview: HTTP 400),
   ``too_large`` (HTTP 413), ``error`` (a bug: answered as a denial, see server.py).
 - ``egpu_webhook_denials_total{reason}``: denials by kind (``invalid-request``, ``node-name``,
-  ``privileged``, ``host-path``, ``allocation``, ``claim``: DRA mode); one denial may count
-  under several kinds.
+  ``privileged``, ``host-path``, ``reserved-path``, ``allocation``, ``claim``: DRA mode); one
+  denial may count under several kinds.
 - ``egpu_webhook_review_seconds``: time from the body being read to the answer being ready,
   seconds (histogram).
 - ``egpu_webhook_claims_swept_total``: DRA mode: claims the webhook made that its sweeper

@@ -64,13 +64,16 @@ from egpu.contract import (
     ANN_ALLOCATION,
     ANN_GPU_POLICY,
     ANN_NODE_POLICY,
+    CONTAINER_CONFIG_PATH,
     DRA_POD_CLAIM,
     EGPU_RESOURCES,
     ENV_COMPUTE_POLICY,
     ENV_MEMORY_OVERSUBSCRIPTION,
     ENV_PRIORITY,
+    INTERPOSER_PATH_IN_CONTAINER,
     KUBE_DEFAULT_SCHEDULER,
     LABEL_PRIORITY,
+    LD_SO_PRELOAD,
     NODE_PRIVATE_DIR,
     RES_CORES,
     RES_GPU,
@@ -104,6 +107,14 @@ from webhook.reviews import (
 EGPU_HOST_DIRS: Final = tuple(sorted({d for base in (RUNTIME_DIR, NODE_PRIVATE_DIR)
                                       for d in (base, base.replace("/var/run/", "/run/", 1))}))
 
+# Paths in a container with a share that the runtime hook mounts (the interposer, the
+# preload list, the share's config, its region and card folders): a volume of the pod at or
+# under one would be covered by the hook's mount, so it is refused at admission, by name.
+EGPU_CONTAINER_PATHS: Final = tuple(sorted({
+    LD_SO_PRELOAD, posixpath.dirname(INTERPOSER_PATH_IN_CONTAINER),
+    posixpath.dirname(CONTAINER_CONFIG_PATH), RUNTIME_DIR,
+    RUNTIME_DIR.replace("/var/run/", "/run/", 1)}))
+
 # Result labels (also the values of the metrics' ``result`` label).
 RESULT_ALLOWED: Final = "allowed"  # allowed, nothing to change
 RESULT_PATCHED: Final = "patched"  # allowed with a patch
@@ -114,6 +125,7 @@ DENY_INVALID_REQUEST: Final = "invalid-request"
 DENY_NODE_NAME: Final = "node-name"
 DENY_PRIVILEGED: Final = "privileged"
 DENY_HOST_PATH: Final = "host-path"
+DENY_RESERVED_PATH: Final = "reserved-path"  # a volumeMount where the runtime hook mounts
 DENY_ALLOCATION: Final = "allocation"
 DENY_CLAIM: Final = "claim"  # DRA mode: the share cannot become a claim
 
@@ -232,7 +244,9 @@ def policy_problems(pod: PodView, config: Config) -> list[tuple[str, str]]:
       adds SYS_ADMIN, SYS_PTRACE, SYS_MODULE or ALL, and a pod with a share and hostPID or
       hostIPC (they can unmount the preload or reach other processes' regions);
     - a hostPath volume at, under or above egpu's node folders (unless
-      ``config.allow_privileged``): the pod could rewrite other shares' regions.
+      ``config.allow_privileged``): the pod could rewrite other shares' regions;
+    - a volumeMount of a container with a share at or under a path the runtime hook mounts
+      (``EGPU_CONTAINER_PATHS``), whatever the config: the hook's mount would cover it.
     """
     spec = pod.get("spec", {})
     problems: list[tuple[str, str]] = []
@@ -242,6 +256,9 @@ def policy_problems(pod: PodView, config: Config) -> list[tuple[str, str]]:
             f"spec.nodeName={clip(node_name)!r} is not allowed for a pod with an egpu share "
             "(it bypasses card placement); allowed: no nodeName (use a nodeSelector or node "
             "affinity)")))
+    for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+        if has_share(container, config):
+            problems += _mount_problems(container)
     if config.allow_privileged:
         return problems
     problems += _host_path_problems(spec)
@@ -255,6 +272,23 @@ def policy_problems(pod: PodView, config: Config) -> list[tuple[str, str]]:
     for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
         if has_share(container, config):
             problems += _container_problems(container)
+    return problems
+
+
+def _mount_problems(container: ContainerView) -> list[tuple[str, str]]:
+    """volumeMounts of a container with a share at or under a path the runtime hook mounts."""
+    problems: list[tuple[str, str]] = []
+    for mount in container.get("volumeMounts", []):
+        raw = mount.get("mountPath", "")
+        path = posixpath.normpath(raw) if raw.startswith("/") else raw
+        reserved = [p for p in EGPU_CONTAINER_PATHS if path == p or path.startswith(p + "/")]
+        if reserved:
+            problems.append((DENY_RESERVED_PATH, (
+                f"container {clip(container.get('name', ''))!r}: volumeMounts "
+                f"{clip(mount.get('name', ''))!r} mountPath={clip(raw)!r} is not allowed with "
+                f"an egpu share (egpu's runtime hook mounts {reserved[0]} there: the "
+                "interposer, its preload list, the share's config and accounting); allowed: "
+                f"a mountPath outside {', '.join(EGPU_CONTAINER_PATHS)}")))
     return problems
 
 

@@ -96,3 +96,33 @@ def test_other_errors_are_not_tried_again(tmp_path: Path, namespace: int,
     took = time.monotonic() - started
     assert "mount namespaces" not in str(refused.value), refused.value
     assert took < RETRY_PAUSE_S / 2, took
+
+
+@pytest.mark.parametrize("source_kind", ["path", "fd"])
+def test_a_volume_the_pod_mounted_at_a_target_is_covered_not_kept(
+        tmp_path: Path, namespace: int, source_kind: str) -> None:
+    """runc mounts the pod's volumes before createRuntime hooks run. Bug caught: bind took
+    any mount point at its target for its own earlier mount and skipped it, so a configMap
+    subPath volumeMount at the interposer's path (or /etc/ld.so.preload, or the config)
+    started the container without its interposer, exit status 0."""
+    root, library = container_root(tmp_path), tmp_path / "libegpu_interpose.so"
+    library.write_bytes(b"the interposer")
+    tenant = tmp_path / "tenant.so"
+    tenant.write_bytes(b"the tenant's own library")
+    target = Path(root) / INTERPOSER_PATH_IN_CONTAINER.lstrip("/")
+    seen, results = tmp_path / "seen", tmp_path / "results"
+
+    def inside() -> None:
+        subprocess.run(["mount", "--bind", str(tenant), str(target)], check=True)
+        fd = os.open(library, os.O_RDONLY | os.O_CLOEXEC)
+        source: str | int = str(library) if source_kind == "path" else fd
+        first = mounts.bind(source, root, INTERPOSER_PATH_IN_CONTAINER, read_only=True)
+        again = mounts.bind(source, root, INTERPOSER_PATH_IN_CONTAINER, read_only=True)
+        os.close(fd)
+        results.write_text(f"{first} {again}")
+        seen.write_bytes(target.read_bytes())
+
+    mounts.in_mount_namespace(namespace, inside)
+    assert seen.read_bytes() == b"the interposer"
+    # the first covers the pod's volume; a rerun finds its own mount and leaves it
+    assert results.read_text() == "True False"

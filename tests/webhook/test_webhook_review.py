@@ -260,7 +260,7 @@ def test_env_updated_when_wrong_added_when_missing_others_kept() -> None:
 def test_correct_env_and_authors_mounts_left_as_written() -> None:
     pod = make_pod(container(limits=GPU, env=list(reversed(ENV_HIGH)),
                              volumeMounts=[{"name": "data", "mountPath": "/data"},
-                                           {"name": "mine", "mountPath": "/var/run/egpu"}]),
+                                           {"name": "mine", "mountPath": "/var/run/mine"}]),
                    labels={"egpu.io/priority": "high"}, schedulerName="egpu-scheduler",
                    volumes=[{"name": "mine", "emptyDir": {}}, {"name": "data", "emptyDir": {}}])
     assert answer(pod) == {"uid": "uid-1", "allowed": True}
@@ -287,6 +287,40 @@ def test_host_path_reaching_egpu_folders_denied(path: str) -> None:
     assert answer(pod, load_config("allowPrivileged: true"))["allowed"] is True
     # a pod without a share is not egpu's to judge
     assert answer(make_pod(container(limits={"cpu": "1"}), volumes=[OLD_VOLUME]))["allowed"]
+
+
+@pytest.mark.parametrize(("path", "reserved"), [
+    ("/etc/ld.so.preload", "/etc/ld.so.preload"), ("/usr/lib/egpu", "/usr/lib/egpu"),
+    ("/usr/lib/egpu/libegpu_interpose.so", "/usr/lib/egpu"),
+    ("/run/egpu/config.json", "/run/egpu"), ("/run/egpu/", "/run/egpu"),
+    ("/var/run/egpu", "/var/run/egpu"), ("/var/run/egpu/containers/x", "/var/run/egpu"),
+    ("/usr/lib/../lib/egpu/libegpu_interpose.so", "/usr/lib/egpu")])
+def test_a_volume_mounted_where_the_runtime_hook_mounts_is_denied(path: str,
+                                                                   reserved: str) -> None:
+    """Bug caught: a configMap subPath at /etc/ld.so.preload or the interposer's path, or a
+    volume at the share's config, was admitted, and the runtime hook took the pod's mount
+    for its own and skipped it: the container ran without its interposer, or with limits it
+    wrote itself. The hook now covers such a mount; admission says why first, whatever
+    allowPrivileged says."""
+    pod = make_pod(container(limits=GPU, volumeMounts=[{"name": "cfg", "mountPath": path,
+                                                        "subPath": "x"}]),
+                   volumes=[{"name": "cfg", "configMap": {"name": "mine"}}])
+    out = answer(pod)
+    assert out["allowed"] is False and out["status"]["code"] == 403
+    assert out["status"]["message"] == (
+        f"container 'c': volumeMounts 'cfg' mountPath={path!r} is not allowed with an egpu "
+        f"share (egpu's runtime hook mounts {reserved} there: the interposer, its preload "
+        "list, the share's config and accounting); allowed: a mountPath outside "
+        "/etc/ld.so.preload, /run/egpu, /usr/lib/egpu, /var/run/egpu"), out
+    assert answer(pod, load_config("allowPrivileged: true"))["allowed"] is False
+    # a container without a share, and mounts beside the reserved paths, are not refused
+    assert answer(make_pod(container(limits={"cpu": "1"}, volumeMounts=[
+        {"name": "cfg", "mountPath": path}]), volumes=[{"name": "cfg", "emptyDir": {}}]))[
+            "allowed"]
+    for beside in ("/etc", "/run", "/usr/lib", "/usr/lib/egpux", "/etc/ld.so.preload.d"):
+        assert answer(make_pod(container(limits=GPU, volumeMounts=[
+            {"name": "cfg", "mountPath": beside}]), volumes=[{"name": "cfg", "emptyDir": {}}]))[
+                "allowed"], beside
 
 
 @pytest.mark.parametrize("path", ["/var/run/egpux", "/data", "/var/lib/kubelet", "/run/egp",
