@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from egpu.card_roster import NSLOTS
 from egpu.contract import (
     DEFAULT_SCHEDULER_NAME,
     EGPU_RESOURCES,
@@ -201,7 +202,9 @@ def parse_config(data: Any) -> Config:
         "resourceAliases": ("resource_aliases", lambda v, k: _aliases(v)),
         "defaults": ("defaults", lambda v, k: _defaults(v)),
         "priorityClasses": ("priority_classes", lambda v, k: _priority_classes(v)),
-        "sharesPerCard": ("shares_per_card", lambda v, k: _int(v, k, 1, 100)),
+        # at most one share per entry of a card's roster (the runtime hook registers each
+        # container's share there; egpu.card_roster.NSLOTS)
+        "sharesPerCard": ("shares_per_card", lambda v, k: _int(v, k, 1, NSLOTS)),
         "memoryOversubscriptionRatio": ("memory_oversubscription_ratio", _ratio),
         "coresOversubscriptionRatio": ("cores_oversubscription_ratio", _ratio),
         "ignoredNamespaces": ("ignored_namespaces", lambda v, k: _names(v, k)),

@@ -129,6 +129,13 @@ def remove_pod_files(private_dir: str, runtime_dir: str, uid: str) -> None:
     inside the folders are ignored, a card whose roster cannot be changed is logged)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(private_dir, ALLOCATIONS_SUBDIR, allocation_file_name(uid)))
+    release_pod_shares(private_dir, runtime_dir, uid)
+
+
+def release_pod_shares(private_dir: str, runtime_dir: str, uid: str) -> None:
+    """Free what a pod's containers hold on the node: their roster entries (a card's roster
+    has NSLOTS of them), share files, hook folders and accounting region folders. Its
+    allocation file stays (the pod may still exist: a finished one)."""
     paths = [path for folder in (os.path.join(private_dir, HOOK_SUBDIR),
                                  os.path.join(runtime_dir, CONTAINERS_SUBDIR))
              for path in glob.glob(os.path.join(glob.escape(folder), f"{glob.escape(uid)}_*"))]
@@ -206,6 +213,7 @@ class PodRegistry:
         self._counter = 0
         self._warned: dict[str, str] = {}  # uid -> the ignored shares last logged
         self._deleted: dict[str, None] = {}  # uids of deleted pods, oldest first (bounded)
+        self._released: set[str] = set()  # finished pods whose shares were freed
 
     # --- feeding ------------------------------------------------------------------------
     def update(self, pod: Mapping[str, Any], *, only_new: bool = False) -> PodShares | None:
@@ -237,6 +245,14 @@ class PodRegistry:
             self._pods[uid] = (pod, shares)
             self._generation += 1
             self._changed.notify_all()
+            release = view.finished and uid not in self._released
+            if release:
+                self._released.add(uid)
+        if release:
+            # Succeeded or Failed is final: no container of it runs again. A Job's finished
+            # pods stay until they are deleted, and their roster entries with them would
+            # fill the card's roster (CardFullError for every new container on it).
+            release_pod_shares(self.private_dir, self.runtime_dir, uid)
         return shares
 
     def add_listed(self, pods: list[Mapping[str, Any]]) -> int:
@@ -293,6 +309,7 @@ class PodRegistry:
             self._pods.pop(uid, None)
             self._seen.pop(uid, None)
             self._warned.pop(uid, None)
+            self._released.discard(uid)
             self._deleted[uid] = None
             while len(self._deleted) > DELETED_UIDS_KEPT:
                 del self._deleted[next(iter(self._deleted))]

@@ -67,6 +67,44 @@ def test_a_deleted_pod_file_is_removed_and_a_new_uid_gets_its_own(tmp_path: Path
     assert _file(tmp_path).allocation.containers[0].cards[0].memory_mib == 8000
 
 
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_finished_pod_gives_its_roster_entries_back_before_it_is_deleted(
+        tmp_path: Path, phase: str) -> None:
+    """Bug caught: roster entries were freed only when a pod was deleted. A Job's finished
+    pods stay until deleted, so 32 of them filled the card's roster (it holds 32 entries)
+    and every new container on the card failed to start with CardFullError."""
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    card = tmp_path / "run" / "cards" / "GPU-0"
+    card.mkdir(parents=True)
+    for i in range(card_roster.NSLOTS + 4):  # more Job pods than the roster has entries
+        pod = _pod()
+        pod["metadata"].update(name=f"job-{i}", uid=f"uid-{i}")
+        registry.update(pod)
+        card_roster.register(str(card), "GPU-0", RosterEntry(
+            card_roster.share_owner(f"uid-{i}_c0"), name=f"uid-{i}_c0"))  # the hook's
+        pod["status"] = {"phase": phase, "startTime": "2026-01-01T00:00:00Z"}
+        registry.update(pod)
+        assert card_roster.read_roster(str(card)).shares() == {}
+    # the finished pods' allocation files stay until the pods are deleted
+    assert (tmp_path / "private" / "allocations" / "uid-0.json").exists()
+    registry.delete("uid-0")
+    assert not (tmp_path / "private" / "allocations" / "uid-0.json").exists()
+
+
+def test_a_running_pod_keeps_its_roster_entry(tmp_path: Path) -> None:
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    card = tmp_path / "run" / "cards" / "GPU-0"
+    card.mkdir(parents=True)
+    pod = _pod()
+    registry.update(pod)
+    entry = RosterEntry(card_roster.share_owner("uid-A_c0"), name="uid-A_c0")
+    card_roster.register(str(card), "GPU-0", entry)
+    for phase in ("Pending", "Running"):
+        pod["status"] = {"phase": phase, "startTime": "2026-01-01T00:00:00Z"}
+        registry.update(pod)
+    assert [e.name for e in card_roster.read_roster(str(card)).shares().values()] == ["uid-A_c0"]
+
+
 def test_the_floor_of_the_node_config_reaches_the_allocation_file(tmp_path: Path) -> None:
     """lowPriorityFloorPercent travels to the hook in the pod's allocation file (a pod has no
     say in it)."""

@@ -48,6 +48,8 @@ def test_numbers_written_as_text_are_read_as_numbers() -> None:
     ("defaults: {priority: urgent}", "defaults.priority: 'urgent'"),
     ("defaults: {colour: red}", "defaults.colour: unknown key"),
     ("sharesPerCard: 0", "sharesPerCard: 0 is out of range"),
+    # a card's roster holds 32 shares: a 33rd container would fail to start (CardFullError)
+    ("sharesPerCard: 33", "sharesPerCard: 33 is out of range; allowed: 1..32"),
     ("sharesPerCard: true", "sharesPerCard: True is not an integer"),
     ("memoryOversubscriptionRatio: 0.5", "memoryOversubscriptionRatio: 0.5 is out of range"),
     ("priorityClasses: {batch: medium}", "priorityClasses.batch: 'medium'"),
