@@ -597,7 +597,8 @@ FG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
     if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
     CUresult r = CUDA_SUCCESS;
-    if (g_primary_refs[d]++ == 0) {
+    /* the first retain, or the first after a reset (which kept the count), makes it live */
+    if (g_primary_refs[d]++ == 0 || !g_primary[d].alive) {
         if (g_ctx_bytes && fg_charge(card_of(d), g_ctx_bytes) != 0) { g_primary_refs[d]--; r = CUDA_ERROR_OUT_OF_MEMORY; }
         else g_primary[d].alive = 1;
     }
@@ -622,19 +623,23 @@ FG_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
     pthread_mutex_lock(&g_mu);
     CUresult r = CUDA_SUCCESS;
     if (g_primary_refs[d] <= 0) r = CUDA_ERROR_INVALID_CONTEXT;
-    else if (--g_primary_refs[d] == 0) primary_down(d);
+    else if (--g_primary_refs[d] == 0 && g_primary[d].alive) primary_down(d);
     pthread_mutex_unlock(&g_mu);
     return r;
 }
 FG_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d) { return cuDevicePrimaryCtxRelease_v2(d); }
+
+/* CUDA driver API, cuDevicePrimaryCtxReset: "Destroy all allocations and reset all state on
+ * the primary context ... Resetting the primary context does not release it, an application
+ * that has retained the primary context should explicitly release its usage." The count of
+ * retains stays; the next retain makes the context live again. */
 
 FG_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d)
 {
     NEED_INIT();
     if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
-    if (g_primary_refs[d] > 0) primary_down(d);
-    g_primary_refs[d] = 0;
+    if (g_primary_refs[d] > 0 && g_primary[d].alive) primary_down(d);
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }

@@ -93,6 +93,7 @@
     X(cuDeviceGetUuid, R, (CUuuid *uuid, CUdevice dev)) \
     X(cuCtxGetDevice, R, (CUdevice *device)) \
     X(cuDeviceGetMemPool, O, (CUmemoryPool *pool, CUdevice dev)) \
+    X(cuDeviceGetDefaultMemPool, O, (CUmemoryPool *pool, CUdevice dev)) \
     X(cuMemPoolGetAttribute, O, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
     /* FC-15: a stream-ordered free of a managed fallback waits for its stream (hooks_pool.c) */ \
     X(cuStreamSynchronize, O, (CUstream hStream)) \

@@ -99,14 +99,21 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return r;
 }
 
+/* Release: one retain less; the last one destroys the context, its allocations with it.
+ * Reset (CUDA driver API, cuDevicePrimaryCtxReset): the driver destroys every allocation of
+ * the primary context but keeps the count of retains ("Resetting the primary context does
+ * not release it"): the allocations' charges go, the count and the context's own charge
+ * stay until the last release. Counting a reset as the last release let a tenant
+ * (retain, reset, retain, allocate, release) see its charges dropped while its memory lived. */
 static CUresult primary_down(CUdevice dev, CUresult (*fn)(CUdevice), int reset)
 {
     if (!devs_ready() || dev < 0 || dev >= S->ndev) return fn(dev);
     pthread_mutex_lock(&S->dev_mu);
     CUresult r = fn(dev);
     if (r == CUDA_SUCCESS && S->primary_refs[dev] > 0) {
-        S->primary_refs[dev] = reset ? 0 : S->primary_refs[dev] - 1;
-        if (S->primary_refs[dev] == 0) {
+        if (reset) {
+            ctx_gone((uint64_t)(uintptr_t)S->primary_ctx[dev]); /* its allocations are gone */
+        } else if (--S->primary_refs[dev] == 0) {
             uncharge(dev, S->cfg.context_overhead);
             ctx_gone((uint64_t)(uintptr_t)S->primary_ctx[dev]); /* the driver destroyed it */
         }

@@ -19,6 +19,20 @@ static egpu_pool_rec *pool_rec(CUmemoryPool pool, int dev, int create)
     return p;
 }
 
+/* The device whose memory a pool egpu did not see created holds (a device's default or
+ * current pool, got with cuDeviceGetDefaultMemPool / cuDeviceGetMemPool): the device whose
+ * default or current pool it is; -1 when none is. cuMemAllocFromPoolAsync may take a pool of
+ * another device than the current one, and its memory is that device's. */
+static int pool_device(CUmemoryPool pool)
+{
+    for (int d = 0; d < S->ndev; d++) {
+        CUmemoryPool q = NULL;
+        if (R.cuDeviceGetDefaultMemPool && R.cuDeviceGetDefaultMemPool(&q, d) == CUDA_SUCCESS && q == pool) return d;
+        if (R.cuDeviceGetMemPool && R.cuDeviceGetMemPool(&q, d) == CUDA_SUCCESS && q == pool) return d;
+    }
+    return -1;
+}
+
 static uint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a)
 {
     cuuint64_t v = 0;
@@ -93,7 +107,11 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
      * returned and the charge is settled on the pool's reserve. So two threads can never
      * both count on the same cached bytes, nor both grow the pool past the cap. */
     pthread_mutex_lock(&S->pool_mu);
-    egpu_pool_rec *p = pool_rec(pool, dev, 1);
+    egpu_pool_rec *p = pool_rec(pool, dev, 0);
+    if (!p) { /* first seen here: charged to the device that holds it, not the current one */
+        int owner = from_pool ? pool_device(pool) : dev;
+        p = pool_rec(pool, owner >= 0 ? owner : dev, 1);
+    }
     CUresult r;
     if (!p) {
         pthread_mutex_unlock(&S->pool_mu);

@@ -1,9 +1,11 @@
 /* cuprobe: runs a script of driver calls given as arguments and prints one line per step,
  * "<step> rc=<CUresult> [key=value ...]", so that pytest can drive every allocation path.
  *
- *   init | ctx [dev] | primary [dev] | alloc MiB | alloc_v1 MiB | free | freeall | managed MiB
+ *   init | ctx [dev] | primary [dev] | primary_release [dev] | primary_reset [dev]
+ *   alloc MiB | alloc_v1 MiB | free | freeall | managed MiB
  *   pitch W H | meminfo | meminfo_v1 | totalmem [dev] | totalmem_v1 [dev]
  *   nvml [idx] | nvml2 [idx] | async MiB | freeasync | sync | pool_create [dev] | pool_alloc MiB
+ *   pool_default DEV (the device's default pool becomes the one pool_alloc takes from)
  *   pool_trim MiB | pool_threshold MiB | pool_destroy
  *   vmm MiB host|dev ID | vmm_map | vmm_unmap | vmm_release | thread_vmm MiB DEV
  *   vmm_retain (retain the handle of the last mapping: a new handle entry)
@@ -98,6 +100,10 @@ static int step(int argc, char **argv, int i)
         CUresult r = p_cuDevicePrimaryCtxRetain(&c, d);
         if (r == CUDA_SUCCESS) r = p_cuCtxSetCurrent(c);
         out(s, r, NULL);
+    } else if (!strcmp(s, "primary_release")) {
+        out(s, p_cuDevicePrimaryCtxRelease_v2((int)ARG(0)), NULL);
+    } else if (!strcmp(s, "primary_reset")) {
+        out(s, p_cuDevicePrimaryCtxReset_v2((int)ARG(0)), NULL);
     } else if (!strcmp(s, "alloc")) {
         CUdeviceptr p = 0;
         CUresult r = p_cuMemAlloc_v2(&p, ARG(1) * MIB);
@@ -177,6 +183,8 @@ static int step(int argc, char **argv, int i)
         pr.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         pr.location.id = (int)ARG(0);
         out(s, p_cuMemPoolCreate(&pool, &pr), NULL);
+    } else if (!strcmp(s, "pool_default")) { /* the default pool of a device, to allocate from */
+        out(s, p_cuDeviceGetDefaultMemPool(&pool, (int)ARG(0)), NULL);
     } else if (!strcmp(s, "pool_alloc")) {
         CUdeviceptr p = 0;
         CUresult r = p_cuMemAllocFromPoolAsync(&p, ARG(1) * MIB, pool, NULL);

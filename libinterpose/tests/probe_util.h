@@ -12,6 +12,8 @@
     X(cuCtxCreate_v2, (CUcontext *, unsigned, CUdevice)) X(cuCtxDestroy_v2, (CUcontext)) \
     X(cuCtxSetCurrent, (CUcontext)) X(cuCtxGetDevice, (CUdevice *)) \
     X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice)) X(cuDevicePrimaryCtxRelease_v2, (CUdevice)) \
+    X(cuDevicePrimaryCtxReset_v2, (CUdevice)) \
+    X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice)) \
     X(cuMemAlloc_v2, (CUdeviceptr *, size_t)) X(cuMemFree_v2, (CUdeviceptr)) \
     X(cuMemAlloc, (CUdeviceptr_v1 *, unsigned)) X(cuMemFree, (CUdeviceptr_v1)) \
     X(cuMemAllocPitch_v2, (CUdeviceptr *, size_t *, size_t, size_t, unsigned)) \

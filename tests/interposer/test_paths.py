@@ -110,3 +110,40 @@ def test_context_overhead_is_tunable(rig):
         "init", "primary", "meminfo", EGPU_MEMORY_LIMIT_MIB=4096, EGPU_CONTEXT_OVERHEAD_MIB=0
     )
     assert one(rows, "meminfo")["used"] == 0
+
+
+def test_a_primary_context_reset_frees_its_allocations_but_keeps_the_retains(rig):
+    """CUDA driver API: cuDevicePrimaryCtxReset destroys the primary context's allocations and
+    "does not release it". Bug caught: the interposer counted a reset as the last release, so
+    retain, reset, retain, allocate 1700 MiB, release dropped the 1700 MiB charge while the
+    driver kept the context (one retain left) and its memory, and a second 1700 MiB on a
+    2048 MiB share was let through."""
+    rows = rig.probe("init", "primary", "alloc", 500, "nvml", "primary_reset", "nvml",
+                     "primary", "alloc", 1700, "primary_release", "alloc", 1700, "meminfo",
+                     EGPU_MEMORY_LIMIT_MIB=2048, EGPU_CONTEXT_OVERHEAD_MIB=0)
+    assert one(rows, "primary_reset")["rc"] == 0 and one(rows, "primary_release")["rc"] == 0
+    assert one(rows, "nvml", 0)["rc"] == 0 and one(rows, "nvml", 0)["used"] == 500 * MIB
+    assert one(rows, "nvml", 1)["rc"] == 0 and one(rows, "nvml", 1)["used"] == 0, rows
+    assert one(rows, "alloc", 1)["rc"] == 0
+    assert one(rows, "alloc", 2)["rc"] == 2, rows  # CUDA_ERROR_OUT_OF_MEMORY: 1700 still live
+    assert one(rows, "meminfo")["rc"] == 0 and one(rows, "meminfo")["used"] == 1700 * MIB
+
+
+def test_a_pool_of_another_device_is_charged_to_that_device(rig):
+    """cuMemAllocFromPoolAsync may take a pool of another device than the current one
+    (CUDA driver API), and the memory is that pool's device's. Bug caught: a device's
+    default pool, got with cuDeviceGetDefaultMemPool(1) while device 0 was current, was
+    recorded as device 0's, so a two-card share could put up to card 0's cap on card 1
+    beyond card 1's own cap (co-tenants of card 1 then ran out of memory)."""
+    a, b = "GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+    rig.fake_config([(a, 24576), (b, 24576)])
+    rig.egpu_config([(a, 2048), (b, 2048)])
+    rows = rig.probe("init", "primary", 0, "pool_default", 1, "pool_alloc", 1700, "sync",
+                     "nvml", 0, "nvml", 1, "primary", 1, "alloc", 1700, "meminfo")
+    assert one(rows, "pool_default")["rc"] == 0 and one(rows, "pool_alloc")["rc"] == 0, rows
+    # card 0 holds the primary context alone (256 MiB), card 1 the pool's 1700 MiB and its
+    # own context's once device 1's primary context is retained
+    assert one(rows, "nvml", 0)["used"] == CTX, rows
+    assert one(rows, "nvml", 1)["used"] == 1700 * MIB, rows
+    assert one(rows, "alloc")["rc"] == 2, rows  # card 1's 2048 MiB already hold 1956
+    assert one(rows, "meminfo")["used"] == 1700 * MIB + CTX
