@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
 from egpu.contract import (
     ENV_COMPUTE_POLICY,
+    ENV_CONFIG_PATH,
     ENV_CONTAINER_REGION,
     ENV_CORES,
     ENV_MEMORY_LIMIT_MIB,
@@ -33,20 +35,41 @@ COMMAND = "run"
 HELP = "run a command under the interposer with a GPU share (raw nodes)"
 REPO = Path(__file__).resolve().parent.parent
 REPO_LIBRARY = REPO / "libinterpose" / "build" / INTERPOSER_LIBRARY
+PRELOAD_SEPARATORS = (" ", ":", "\t", "\n")  # where ld.so splits LD_PRELOAD
+
+
+MAX_MIB = 1 << 40  # the interposer's bound on a share's MiB (libinterpose config)
+# An accounting group's name becomes one folder name under <runtime>/containers/
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 def _percent(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; allowed: 1..100") from None
     if not 1 <= value <= 100:
         raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: 1..100")
     return value
 
 
 def _mib(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: >= 1 (MiB)")
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an integer; allowed: 1..{MAX_MIB} (MiB)") from None
+    if not 1 <= value <= MAX_MIB:
+        raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: 1..{MAX_MIB} (MiB)")
     return value
+
+
+def _name(text: str) -> str:
+    if not NAME_PATTERN.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not allowed; allowed: 1 to 63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (it names a folder of the accounting)")
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--priority", choices=("high", "low"), default="high")
     parser.add_argument("--compute-policy", choices=("strict", "elastic"), default="strict")
     parser.add_argument("--memory-oversubscription", action="store_true")
-    parser.add_argument("--name", default=None,
+    parser.add_argument("--name", type=_name, default=None,
                         help="accounting group: runs with one name share one cap (default: pid)")
     parser.add_argument("--library", type=Path, default=None,
                         help="the interposer (default: $EGPU_INTERPOSER, the build, /usr/lib/egpu)")
@@ -79,6 +102,9 @@ def find_library(explicit: Path | None) -> Path | None:
 def share_environment(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     """The environment for the command: ``base`` plus LD_PRELOAD and the EGPU_* share."""
     env = dict(base)
+    # the interposer reads a config file before the environment: an inherited path would
+    # replace the share given here
+    env.pop(ENV_CONFIG_PATH, None)
     runtime = env.get(ENV_RUNTIME_DIR, RUNTIME_DIR)
     name = args.name or f"run-{os.getpid()}"
     env[ENV_CONTAINER_REGION] = str(Path(runtime) / "containers" / f"raw_{name}" / "region")
@@ -107,6 +133,13 @@ def run(args: argparse.Namespace) -> int:
     if library is None:
         print(f"egpu run: the interposer {INTERPOSER_LIBRARY} was not found; build it with "
               f"`make native` or pass --library", file=sys.stderr)
+        return 2
+    if any(c in str(library) for c in PRELOAD_SEPARATORS):
+        # ld.so splits LD_PRELOAD at these, with no escape: the command would run without
+        # the interposer, unlimited
+        print(f"egpu run: the interposer's path {str(library)!r} holds a space or a colon, "
+              "which LD_PRELOAD cannot carry; allowed: a path without them (copy or link "
+              "the library there and pass --library)", file=sys.stderr)
         return 2
     env = share_environment(args, dict(os.environ))
     region_dir = Path(env[ENV_CONTAINER_REGION]).parent
