@@ -91,17 +91,26 @@ def _can_run(pod: KubePod) -> bool:
 
 
 def named_claims(pods: Iterable[Mapping[str, Any]]) -> set[str]:
-    """The claims (by name) that the pods that can still run name in spec.resourceClaims."""
+    """The claims (by name) that the pods that can still run use: named in
+    spec.resourceClaims, or made for them from a template (status.resourceClaimStatuses:
+    the claims of pods created before egpu wrote each pod's claim itself)."""
     names: set[str] = set()
     for body in pods:
         pod = KubePod(body)
         if not _can_run(pod):
             continue
-        for entry in pod.resource_claims:
+        entries = [*pod.resource_claims, *_objects_of(pod.status, "resourceClaimStatuses")]
+        for entry in entries:
             name = entry.get("resourceClaimName")
             if isinstance(name, str) and name:
                 names.add(name)
     return names
+
+
+def _objects_of(parent: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    """The object items of list ``parent[key]`` (anything else: none)."""
+    value = parent.get(key)
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
 
 
 def orphans(claims: Sequence[Mapping[str, Any]], pods_by_namespace: Mapping[str, Sequence[

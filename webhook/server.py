@@ -122,8 +122,8 @@ class Settings:
 
     def start_sweeping(self) -> None:
         """Run the claim sweeper from now on (once; nothing without a sweeper). Called in
-        the event loop: when the app starts with a config that makes DRA pods, and when the
-        webhook creates a claim."""
+        the event loop: when the app starts, whatever its config (claims of earlier pods,
+        replicas or modes are still to be removed), and when the webhook creates a claim."""
         if self.sweeper is None or self._sweeping is not None:
             return
         metrics = self.metrics
@@ -271,8 +271,6 @@ async def _watch(settings: Settings, sleep: Callable[[float], Any] = asyncio.sle
             check_files(settings)
         except Exception:  # keep watching whatever happens
             log.exception("file watch step failed")
-        if settings.config.config.makes_dra_pods:  # a reload may have turned DRA on
-            settings.start_sweeping()
 
 
 async def _watcher_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -280,8 +278,9 @@ async def _watcher_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     _record_cert(settings)
     task = asyncio.create_task(_watch(settings), name="egpu-webhook-watch")
-    if settings.config.config.makes_dra_pods:
-        settings.start_sweeping()
+    # whatever the config says now: claims made before (a pod's own allocation-mode, a
+    # cluster moved back to extender mode, another replica) are this webhook's to remove
+    settings.start_sweeping()
     yield
     settings.ready = False
     await settings.stop_sweeping()

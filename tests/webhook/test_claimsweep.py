@@ -60,6 +60,20 @@ def test_a_claim_a_pod_reserves_or_names_stays() -> None:
                   [_pod("stopping", phase="Running", node="n1", deleting=True)]) == set()
 
 
+def test_a_claim_made_for_a_pending_pod_from_a_template_stays() -> None:
+    """Bug caught: only spec.resourceClaims[].resourceClaimName counted, so a claim the
+    resourceclaim controller made from an (older egpu's) template for a pod still Pending,
+    named only in the pod's status.resourceClaimStatuses, was deleted after the grace, and
+    the pod waited forever for it."""
+    pod = _pod("unused")
+    pod["spec"]["resourceClaims"] = [{"name": "egpu", "resourceClaimTemplateName": "egpu-1a"}]
+    pod["status"]["resourceClaimStatuses"] = [{"name": "egpu",
+                                               "resourceClaimName": "pod-egpu-x7k2"}]
+    assert _names([_claim("pod-egpu-x7k2", 600)], [pod]) == set()
+    pod["status"]["phase"] = "Succeeded"  # once its pod can never run again it goes
+    assert _names([_claim("pod-egpu-x7k2", 600)], [pod]) == {"pod-egpu-x7k2"}
+
+
 def test_a_claim_whose_pod_can_never_run_goes() -> None:
     # bug: a finished Job's claim is kept as long as its pod object lingers
     done = [_pod("done", phase="Succeeded", node="n1"), _pod("failed", phase="Failed")]
@@ -123,3 +137,26 @@ def test_claim_names_are_dns_names_unique_per_admission_request() -> None:
     odd = claim_name("Web..X" + "a" * 300, "", "r")
     assert len(odd) <= 253 and odd == odd.lower() and ".." not in odd
     assert claim_name("", "", "r").startswith("pod-egpu-")
+
+
+async def test_the_sweeper_runs_from_the_start_whatever_the_config_says() -> None:
+    """Bug caught: the sweeper started only when the config made DRA pods or once this
+    process made a claim, so after a restart of a webhook whose default is the extender
+    (pods that chose DRA by their annotation, or a cluster moved back to extender mode) the
+    claims of ended pods stayed forever, their cards' capacity booked."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from webhook.claimsweep import ClaimSweeper
+    from webhook.server import Settings, create_app
+
+    api = FakeApi([_claim("left", 3600)], [])
+    settings = Settings(sweeper=ClaimSweeper(api), sweep_interval_s=0.05)  # type: ignore[arg-type]
+    assert not settings.config.config.makes_dra_pods
+    async with TestClient(TestServer(create_app(settings))):
+        for _ in range(100):
+            if api.deleted:
+                break
+            await asyncio.sleep(0.02)
+    assert [d[1] for d in api.deleted] == ["left"]
