@@ -160,13 +160,20 @@ class ClaimSweeper:
 async def run_sweeper(sweeper: ClaimSweeper, interval_s: float = DEFAULT_INTERVAL_S,
                       on_deleted: Callable[[int], None] = lambda n: None) -> None:
     """Sweep every ``interval_s`` seconds until cancelled, telling ``on_deleted`` how many
-    claims each sweep removed; a failed sweep is logged and the next one runs as planned."""
+    claims each sweep removed; a failed sweep is logged (a failure like the last one only at
+    debug level: an install without DRA's RBAC fails every sweep the same way) and the next
+    one runs as planned."""
     loop = asyncio.get_running_loop()
+    last_failure = ""
     while True:
         try:
             done = await loop.run_in_executor(None, sweeper.sweep_once)
             if done:
                 on_deleted(len(done))
+            last_failure = ""
         except Exception as exc:  # the API unreachable, RBAC missing: say so, keep going
-            log.warning("claim sweep failed: %s", exc)
+            text = str(exc)
+            log.log(logging.DEBUG if text == last_failure else logging.WARNING,
+                    "claim sweep failed: %s", text)
+            last_failure = text
         await asyncio.sleep(interval_s)

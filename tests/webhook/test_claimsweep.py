@@ -10,6 +10,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from egpu.dra.claims import claim_name
 from webhook.claimsweep import ClaimSweeper, orphans
 
@@ -160,3 +162,25 @@ async def test_the_sweeper_runs_from_the_start_whatever_the_config_says() -> Non
                 break
             await asyncio.sleep(0.02)
     assert [d[1] for d in api.deleted] == ["left"]
+
+
+async def test_a_sweep_failing_the_same_way_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    """An install without DRA's RBAC fails every sweep alike: one warning, not one per 30 s."""
+    import asyncio
+    import contextlib
+    import logging
+
+    from webhook.claimsweep import ClaimSweeper, run_sweeper
+
+    class Refused(FakeApi):
+        def webhook_claims(self) -> list[dict[str, Any]]:
+            raise RuntimeError("listing the webhook's ResourceClaims failed: 403 Forbidden")
+
+    caplog.set_level(logging.WARNING, logger="webhook.claimsweep")
+    task = asyncio.create_task(run_sweeper(ClaimSweeper(Refused([], [])), 0.01))  # type: ignore[arg-type]
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    warnings = [r for r in caplog.records if "claim sweep failed" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
