@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from egpu.booking import record_bookings
 from egpu.card_roster import share_owner
 from egpu.contract import (
     LABELS_CARD,
@@ -187,9 +188,17 @@ class EgpuCollector(Collector):
         for name, usage in sorted(src.regions().items()):
             namespace, pod_name, container, entry = region_labels(name, shares, users)
             cores = {s.uuid: s.cores for s in entry.cards} if entry else {}
+            # The region file is the tenant's own: its card UUIDs and limit are believed only
+            # where the node gave them (the allocation's cards and MiB; else the node's cards),
+            # so that no share can report under another card or hide over-cap use behind a
+            # limit of its own, nor grow the series without bound.
+            limits = {s.uuid: s.memory_mib * MIB for s in entry.cards} if entry else None
             for card in usage.cards:
+                if (card.uuid not in limits) if limits is not None else (card.uuid not in cards):
+                    continue
                 labels = [*card_labels(card.uuid), namespace, pod_name, container]
-                c_limit.add_metric(labels, card.limit_bytes)
+                c_limit.add_metric(labels, limits[card.uuid] if limits is not None
+                                   else card.limit_bytes)
                 c_used.add_metric(labels, card.used_bytes)
                 c_peak.add_metric(labels, card.peak_bytes)
                 c_refused.add_metric(labels, card.refused)
@@ -206,6 +215,13 @@ class EgpuCollector(Collector):
         booked_cores: dict[str, int] = {}
         counted: set[str] = set()
         for pod in shares.values():
+            if all(entry.share is None for entry in pod.allocation.containers):
+                # the extender's record: what the pod books per card by the booking rule (an
+                # init container's share reused by the app containers after it)
+                for uuid, booking in record_bookings(pod.allocation).items():
+                    booked_mib[uuid] = booked_mib.get(uuid, 0) + booking.memory_mib
+                    booked_cores[uuid] = booked_cores.get(uuid, 0) + booking.cores
+                continue
             for entry in pod.allocation.containers:
                 if entry.share is not None:  # a claim's requests: booked once, however shared
                     if entry.share in counted:

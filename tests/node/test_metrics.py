@@ -111,6 +111,62 @@ def test_a_claims_shared_folder_is_one_share_booked_once(tmp_path: Path) -> None
     assert cores[UUIDS[0]] == 25
 
 
+def _scrape(tmp_path: Path, shares: dict) -> dict:
+    registry = CollectorRegistry()
+    registry.register(EgpuCollector(Sources("node-1", lambda: CARDS, lambda: shares,
+                                            regions_under(str(tmp_path)),
+                                            lambda u: None, lambda u: None)))
+    return {f.name: f for f in text_string_to_metric_families(
+        generate_latest(registry).decode())}
+
+
+def test_a_share_reporting_another_card_or_a_limit_of_its_own_is_not_believed(
+        tmp_path: Path) -> None:
+    """The region file is the tenant's own. Bugs caught (found by review): its card UUIDs and
+    limit were exported as written, so a share could report its use under a co-tenant's card
+    (that card's sums wrong), hide over-cap use behind a 1 PiB limit, or invent a new UUID at
+    every scrape (series without bound)."""
+    from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
+
+    folder = tmp_path / "containers" / "uid-a_main"
+    folder.mkdir(parents=True)
+    folder.joinpath("region").write_bytes(region_bytes([
+        (UUIDS[0], 1 << 50, 5000 * MIB), (UUIDS[1], 1 << 50, 100 * MIB),
+        ("GPU-rotating-0001", 1 << 50, 1 * MIB)]))
+    shares = {"uid-a": PodShares("team", "a", "uid-a", "high", "strict", False, Allocation(
+        (ContainerAllocation("main", False, (CardShare(UUIDS[0], 0, 3000, 25),)),)))}
+    families = _scrape(tmp_path, shares)
+    (limit,) = families[METRIC_CONTAINER_MEMORY_LIMIT].samples
+    (used,) = families[METRIC_CONTAINER_MEMORY_USED].samples
+    assert (limit.labels["UUID"], limit.value) == (UUIDS[0], 3000 * MIB)
+    assert (used.labels["UUID"], used.value) == (UUIDS[0], 5000 * MIB)  # over its cap: seen
+
+
+def test_an_unknown_folder_reports_only_the_nodes_cards(tmp_path: Path) -> None:
+    folder = tmp_path / "containers" / "raw_batch"  # egpu run: no allocation to compare with
+    folder.mkdir(parents=True)
+    folder.joinpath("region").write_bytes(region_bytes([
+        (UUIDS[1], 2048 * MIB, 100 * MIB), ("GPU-rotating-0002", 1 << 50, 1 * MIB)]))
+    (limit,) = _scrape(tmp_path, {})[METRIC_CONTAINER_MEMORY_LIMIT].samples
+    assert (limit.labels["UUID"], limit.value) == (UUIDS[1], 2048 * MIB)
+
+
+def test_an_init_containers_share_is_booked_by_the_booking_rule(tmp_path: Path) -> None:
+    """Bug caught (found by review): the card's booked figures summed every container, so a
+    pod with an init container of 12000 MiB and an app container of 8000 MiB on one card
+    read 20000 MiB booked where the extender books (and `egpu top` shows) 12000."""
+    from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
+
+    shares = {"uid-a": PodShares("team", "a", "uid-a", "high", "strict", False, Allocation((
+        ContainerAllocation("warm", True, (CardShare(UUIDS[0], 0, 12000, 50),), kind="init"),
+        ContainerAllocation("main", False, (CardShare(UUIDS[0], 0, 8000, 30),),
+                            kind="container"))))}
+    families = _scrape(tmp_path, shares)
+    booked = {s.labels["UUID"]: s.value for s in families[METRIC_CARD_MEMORY_BOOKED].samples}
+    cores = {s.labels["UUID"]: s.value for s in families[METRIC_CARD_CORES_BOOKED].samples}
+    assert (booked[UUIDS[0]], cores[UUIDS[0]]) == (12000 * MIB, 50)
+
+
 def test_a_shares_peak_and_refused_allocations_are_exported_as_the_region_holds_them(
         tmp_path: Path) -> None:
     """Issue 26: right-sizing reads the share's peak (a gauge) and its refused allocations (a
