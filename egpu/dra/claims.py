@@ -245,10 +245,12 @@ def _pairs_with(container: ContainerRequest) -> bool:
 
 
 def _partner(request: PodRequest) -> ContainerRequest | None:
-    """The app or sidecar container whose card the paired init containers use: the biggest
-    single-card share in MiB (memory, then cores), the first of equals."""
+    """The app container whose card the paired init containers use: the biggest single-card
+    share in MiB (memory, then cores), the first of equals. Never a sidecar: one declared
+    before an init container runs beside it, so the init container cannot reuse its booking
+    (the claim booked the sidecar's memory once for both, short of what ran)."""
     steady = [c for c in request.containers
-              if c.kind is not ContainerKind.INIT and _pairs_with(c)]
+              if c.kind is ContainerKind.APP and _pairs_with(c)]
     if not steady:
         return None
     return max(steady, key=lambda c: (c.share.memory_mib or 0, c.share.cores))

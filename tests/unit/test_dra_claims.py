@@ -184,6 +184,29 @@ def test_fc07_sidecars_are_summed_with_the_app_containers() -> None:
     assert "constraints" not in plan.template["spec"]["spec"]["devices"]
 
 
+def test_fc07_an_init_container_never_pairs_with_a_sidecar_that_runs_beside_it() -> None:
+    """Bug caught (found by review): a sidecar declared before an init container could be the
+    partner whose booking the init container reuses; both run at once, so the claim booked
+    8000 + 4000 MiB (or, for a 6000 MiB init container, 8000 alone) where 8000 + 12000 ran,
+    and the card could be booked past its memory."""
+    pod = _pod([{"name": "app"}],
+               init=[_c("proxy", gpu=1, memory=8000, restart="Always"),
+                     _c("warm", gpu=1, memory=12000)])
+    plan = plan_claims(_request(pod))
+    requests = _by_name(plan.template["spec"]["spec"]["devices"])
+    assert plan.requests_of("warm") == ("warm",) and plan.requests_of("proxy") == ("proxy",)
+    assert (requests["proxy"]["exactly"]["capacity"]["requests"]["memory"],
+            requests["warm"]["exactly"]["capacity"]["requests"]["memory"]) == (
+                "8000Mi", "12000Mi")
+    # with an app container it pairs with the app, and the sidecar keeps its own request
+    pod = _pod([_c("app", gpu=1, memory=4000)],
+               init=[_c("proxy", gpu=1, memory=8000, restart="Always"),
+                     _c("warm", gpu=1, memory=6000)])
+    plan = plan_claims(_request(pod))
+    assert plan.requests_of("warm") == ("app", "warm")
+    assert plan.requests_of("proxy") == ("proxy",)
+
+
 def test_fc07_an_init_only_gpu_pod_or_a_multi_card_init_gets_its_own_request() -> None:
     alone = plan_claims(_request(_pod([{"name": "app"}],
                                       init=[_c("warm", gpu=1, memory=6000)])))
