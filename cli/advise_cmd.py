@@ -68,14 +68,18 @@ DURATION = re.compile(r"^([0-9]+)([smhdw])$")
 SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+MAX_DURATION_S = 3650 * 86400  # ten years: longer asks no Prometheus anything sensible
+
+
 def duration_s(text: str, flag: str) -> float:
     """``7d``, ``12h``, ``30m`` -> seconds. Raises ValueError naming the flag and what is
     allowed."""
     found = DURATION.match(text)
-    if not found or int(found.group(1)) <= 0:
-        raise ValueError(f"{flag}: {text!r} is not a duration; allowed: a positive number and "
-                         "one of s, m, h, d, w (e.g. 7d, 12h, 30m)")
-    return int(found.group(1)) * SECONDS[found.group(2)]
+    seconds = int(found.group(1)) * SECONDS[found.group(2)] if found else 0
+    if not 0 < seconds <= MAX_DURATION_S:
+        raise ValueError(f"{flag}: {text[:40]!r} is not a duration; allowed: a positive number "
+                         "and one of s, m, h, d, w (e.g. 7d, 12h, 30m), at most 3650d")
+    return seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

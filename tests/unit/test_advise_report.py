@@ -101,6 +101,11 @@ def test_bad_flags_are_refused_naming_the_flag_and_what_is_allowed(capsys) -> No
     assert main(["advise", "--since", "7x", "--prometheus", "http://127.0.0.1:9"]) == 1
     assert "--since: '7x' is not a duration; allowed: a positive number and one of s, m, h, " \
         "d, w" in capsys.readouterr().err
+    # a number too big for a float ended in a traceback (OverflowError; found by review)
+    assert main(["advise", "--since", "1" + "0" * 400 + "s", "--prometheus",
+                 "http://127.0.0.1:9"]) == 1
+    assert "is not a duration; allowed: a positive number and one of s, m, h, d, w (e.g. 7d, " \
+        "12h, 30m), at most 3650d" in capsys.readouterr().err
     assert main(["advise", "--min-samples", "0", "--prometheus", "http://127.0.0.1:9"]) == 1
     assert "--min-samples: 0 is not allowed; allowed: 1 or more" in capsys.readouterr().err
 
