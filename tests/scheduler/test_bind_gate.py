@@ -10,6 +10,7 @@ kube-scheduler's extender timeout (the scheduler gives up on a bind the extender
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -43,6 +44,19 @@ async def test_a_pod_on_other_cards_waits_until_the_kubelet_admitted_the_waiting
     assert record(later).containers[0].uuids == ("GPU-1",)
 
 
+async def _bind_two_then_hold_a_third(ext: Any, api: Any) -> asyncio.Future[Any]:
+    """Node n's two 4000 MiB cards: a0 and a1 (2000 MiB each, awaiting admission) go on
+    GPU-0; b, which needs GPU-1, is held at the gate. Returns b's bind, still running."""
+    for i in range(2):
+        assert (await ext.bind(bind_args(api.add(pod(f"a{i}", containers=[limits(
+            memory=2000)])), "n")))["Error"] == ""
+    held = asyncio.ensure_future(ext.bind(bind_args(api.add(pod("b", containers=[limits(
+        memory=2000)])), "n")))
+    await asyncio.sleep(0.05)
+    assert not held.done()
+    return held
+
+
 async def test_a_held_bind_decides_again_on_changes_of_its_node_alone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Bug caught: every pod event of the cluster woke every held bind, each of which fitted
@@ -55,13 +69,8 @@ async def test_a_held_bind_decides_again_on_changes_of_its_node_alone(
     decide = ext._decide
     monkeypatch.setattr(ext, "_decide", lambda p, r, uid, n: decided.append(n) or decide(
         p, r, uid, n))
-    for i in range(2):
-        assert (await ext.bind(bind_args(api.add(pod(f"a{i}", containers=[limits(
-            memory=2000)])), "n")))["Error"] == ""
-    held = asyncio.ensure_future(ext.bind(bind_args(api.add(pod("b", containers=[limits(
-        memory=2000)])), "n")))
-    await asyncio.sleep(0.05)
-    assert not held.done() and decided.count("n") == 3  # a0, a1, and b's first decision
+    held = await _bind_two_then_hold_a_third(ext, api)
+    assert decided.count("n") == 3  # a0, a1, and b's first decision
     for i in range(3):  # pods of the other node come and get bound (one card: no gate)
         other = api.add(pod(f"m{i}", containers=[limits(memory=100)]))
         assert (await ext.bind(bind_args(other, "m")))["Error"] == ""
@@ -81,13 +90,7 @@ async def test_a_held_bind_decides_again_when_its_node_loses_the_card_it_waits_f
     binding cycle blocked) before it said the pod no longer fits."""
     ext, api = make([node("n", cards(2, memory=4000))])
     api.kubelet_admits = False
-    for i in range(2):
-        assert (await ext.bind(bind_args(api.add(pod(f"a{i}", containers=[limits(
-            memory=2000)])), "n")))["Error"] == ""
-    held = asyncio.ensure_future(ext.bind(bind_args(api.add(pod("b", containers=[limits(
-        memory=2000)])), "n")))
-    await asyncio.sleep(0.05)
-    assert not held.done()
+    held = await _bind_two_then_hold_a_third(ext, api)
     ext.state.upsert_node(node("n", cards(1, memory=4000)))  # GPU-1 is gone
     result = await asyncio.wait_for(held, 1)  # not BIND_GATE_WAIT_S
     assert "no longer fits" in result["Error"], result
