@@ -72,12 +72,12 @@ unit: venv native system-deps k8s clients
 e2e: venv native system-deps k8s image
 	$(BIN)/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope) -m e2e tests
 
-# `make test`: every test, one after another (29 min on 2 cores). `make test TEST_WORKERS=6`:
+# `make test`: every test, one after another (31 to 34 min on 2 cores). `make test TEST_WORKERS=6`:
 # the real-time suites (compute caps and hostile tenants against the fake GPU's timeline)
 # first, on a machine nothing else loads; then the rest on TEST_WORKERS parallel workers, each
 # e2e lane (tests/lanes.py) on one worker, so that one lane's waits overlap the others' work
-# (17.5 min; not the default yet: on 2 cores some real-node checks still fail under that load,
-# docs/devcluster.md "pytest").
+# (18 to 20 min; not the default yet: on 2 cores real-node checks failed under that load until
+# 2026-12-05, four green runs since the last fix; docs/devcluster.md "pytest").
 REALTIME_TESTS := tests/compute tests/security
 test: venv native system-deps lint k8s image clients
 ifeq ($(TEST_WORKERS),0)
