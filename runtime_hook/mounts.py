@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 CLONE_NEWNS = 0x00020000
+CLONE_FS = 0x00000200  # unshare(2): a copy of the filesystem attributes of its own
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
@@ -64,6 +65,10 @@ def in_mount_namespace(pid: int, action: Callable[[], None]) -> None:
         code = 0
         try:
             os.close(read_end)
+            # setns(CLONE_NEWNS) refuses (EINVAL) a process that shares its filesystem
+            # attributes with another: threads a library's fork handler started in this
+            # child (gRPC's does) share them. Unsharing them first makes the join hold.
+            _check(_libc.unshare(CLONE_FS), "unshare(CLONE_FS)")
             fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
             _check(_libc.setns(fd, CLONE_NEWNS), f"setns(/proc/{pid}/ns/mnt)")
             os.close(fd)

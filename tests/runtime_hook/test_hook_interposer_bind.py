@@ -126,3 +126,29 @@ def test_a_volume_the_pod_mounted_at_a_target_is_covered_not_kept(
     assert seen.read_bytes() == b"the interposer"
     # the first covers the pod's volume; a rerun finds its own mount and leaves it
     assert results.read_text() == "True False"
+
+
+def test_the_namespace_is_joined_from_a_process_that_serves_grpc(
+        tmp_path: Path, namespace: int) -> None:
+    """setns(CLONE_NEWNS) refuses (EINVAL) a process that shares its filesystem attributes
+    with another, and gRPC's fork handlers start threads in a forked child that do. Bug
+    caught: every bind of this module failed with "setns(...): Invalid argument" on a pytest
+    worker that had served the device plugin's gRPC before (a lanes run of 2026-12-05); the
+    hook itself can load such a library too."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_insecure_port(f"unix://{tmp_path}/grpc.sock")
+    server.start()
+    channel = grpc.insecure_channel(f"unix://{tmp_path}/grpc.sock")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=10)
+        for i in range(5):
+            mark = tmp_path / f"joined-{i}"
+            mounts.in_mount_namespace(namespace, mark.touch)
+            assert mark.exists()
+    finally:
+        channel.close()
+        server.stop(0)
