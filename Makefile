@@ -76,8 +76,8 @@ e2e: venv native system-deps k8s image
 # the real-time suites (compute caps and hostile tenants against the fake GPU's timeline)
 # first, on a machine nothing else loads; then the rest on TEST_WORKERS parallel workers, each
 # e2e lane (tests/lanes.py) on one worker, so that one lane's waits overlap the others' work
-# (18 to 20 min; not the default yet: on 2 cores real-node checks failed under that load until
-# 2026-12-05, four green runs since the last fix; docs/devcluster.md "pytest").
+# (18 to 20 min; not the default yet: failures on 2 cores were each fixed at their cause, the
+# last on 2026-12-05 at 18:10; docs/devcluster.md "pytest").
 REALTIME_TESTS := tests/compute tests/security
 test: venv native system-deps lint k8s image clients
 ifeq ($(TEST_WORKERS),0)
