@@ -184,6 +184,11 @@ class KubePod(KubeObject):
         return _objects(self.spec, "resourceClaims")
 
     @property
+    def resource_claim_statuses(self) -> tuple[Mapping[str, Any], ...]:
+        """``status.resourceClaimStatuses`` (DRA: the claims made for the pod from templates)."""
+        return _objects(self.status, "resourceClaimStatuses")
+
+    @property
     def phase(self) -> str:
         """``status.phase`` ("" when not reported yet)."""
         return _text(self.status, "phase")

@@ -156,17 +156,15 @@ def bind(source: str | int, root: str, target: str, *, read_only: bool,
     tries = PATH_SOURCE_TRIES
     if isinstance(source, int):
         label = label or f"fd {source}"
-        source_id = _file_id(source)
         source = f"/proc/self/fd/{source}"
         tries = 1
-    else:
-        source_id = _file_id(source)
     label = label or source
     fd = open_in_root(root, target)
     try:
         real = os.readlink(f"/proc/self/fd/{fd}").removesuffix(" (deleted)")
         if real in mount_points():
-            if source_id is not None and _file_id(fd) == source_id:
+            ours = _file_id(source)  # stat follows /proc/self/fd/N to the file itself
+            if ours is not None and _file_id(fd) == ours:
                 return False
             print(f"egpu-hook: {target} is a mount point of something else (a volume of the "
                   f"pod?): covering it with {label}", file=sys.stderr)

@@ -99,18 +99,13 @@ def named_claims(pods: Iterable[Mapping[str, Any]]) -> set[str]:
         pod = KubePod(body)
         if not _can_run(pod):
             continue
-        entries = [*pod.resource_claims, *_objects_of(pod.status, "resourceClaimStatuses")]
+        entries = [*pod.resource_claims, *pod.resource_claim_statuses]
         for entry in entries:
             name = entry.get("resourceClaimName")
             if isinstance(name, str) and name:
                 names.add(name)
     return names
 
-
-def _objects_of(parent: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    """The object items of list ``parent[key]`` (anything else: none)."""
-    value = parent.get(key)
-    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
 
 
 def orphans(claims: Sequence[Mapping[str, Any]], pods_by_namespace: Mapping[str, Sequence[

@@ -192,13 +192,13 @@ class EgpuCollector(Collector):
             # where the node gave them (the allocation's cards and MiB; else the node's cards),
             # so that no share can report under another card or hide over-cap use behind a
             # limit of its own, nor grow the series without bound.
-            limits = {s.uuid: s.memory_mib * MIB for s in entry.cards} if entry else None
+            limits = ({s.uuid: s.memory_mib * MIB for s in entry.cards} if entry else
+                      {uuid: None for uuid in cards})
             for card in usage.cards:
-                if (card.uuid not in limits) if limits is not None else (card.uuid not in cards):
+                if card.uuid not in limits:
                     continue
                 labels = [*card_labels(card.uuid), namespace, pod_name, container]
-                c_limit.add_metric(labels, limits[card.uuid] if limits is not None
-                                   else card.limit_bytes)
+                c_limit.add_metric(labels, limits[card.uuid] or card.limit_bytes)
                 c_used.add_metric(labels, card.used_bytes)
                 c_peak.add_metric(labels, card.peak_bytes)
                 c_refused.add_metric(labels, card.refused)
