@@ -50,6 +50,7 @@ from egpu.contract import (
     DEFAULT_SCHEDULER_NAME,
     EGPU_RESOURCES,
     NAMESPACE,
+    NATIVE_NVIDIA_GPU,
     VOLCANO_ALIASES,
 )
 from egpu.policies import AllocationMode, ComputePolicy, PlacementPolicy, Priority
@@ -185,6 +186,10 @@ def _aliases(data: Any) -> dict[str, str]:
                 f"resourceAliases: key {alias!r} is not a resource name (domain/name)")
         if alias in EGPU_RESOURCES:
             raise ConfigError(f"resourceAliases.{alias}: an egpu.io name cannot be an alias")
+        if alias == NATIVE_NVIDIA_GPU:  # whole cards, the NVIDIA device plugin's (CONTRACT.md)
+            raise ConfigError(
+                f"resourceAliases.{alias}: {alias} cannot be an alias (whole cards are left to "
+                "NVIDIA's device plugin); allowed: another resource name (domain/name)")
         _choice(target, f"resourceAliases.{alias}", EGPU_RESOURCES)
     return {str(k): str(v) for k, v in data.items()}
 
@@ -240,7 +245,11 @@ def _bool(value: Any, key: str) -> bool:
 
 def _priority_classes(value: Any) -> dict[str, Priority]:
     data = _mapping(value, "priorityClasses")
-    return {str(k): _policy(v, f"priorityClasses.{k}", Priority) for k, v in data.items()}
+    for name in data:
+        if not isinstance(name, str) or not name:  # YAML reads `1:` and `null:` as non-text
+            raise ConfigError(f"priorityClasses: key {name!r} is not allowed; allowed: a "
+                              "PriorityClass name (text)")
+    return {k: _policy(v, f"priorityClasses.{k}", Priority) for k, v in data.items()}
 
 
 def _namespace_modes(value: Any) -> dict[str, AllocationMode]:
@@ -260,10 +269,32 @@ def load_config(text: str | None) -> Config:
     if not text:
         return Config()
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config: not valid YAML ({exc})") from None
     return parse_config(data)
+
+
+_YAML_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last
+    one without a word, so ``allowPrivileged: false`` above ``allowPrivileged: true`` would
+    read true."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == _YAML_MERGE_TAG:  # `<<: *base`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) or key is None:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_config_file(path: str | None) -> Config:

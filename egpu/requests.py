@@ -299,7 +299,12 @@ def _container_resources(
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Whether two quantities are written alike (``3000`` and ``"3000"`` are)."""
+    """Whether two quantities are equal: by value where both parse (the API server keeps each
+    quantity's notation, so ``2e3`` and ``2k`` reach the webhook as written, and Kubernetes
+    holds them equal), else by text (``3000`` and ``"3000"`` are)."""
+    left, right = _parse_quantity(a), _parse_quantity(b)
+    if left is not None and right is not None:
+        return left == right
     return _text(a) == _text(b)
 
 

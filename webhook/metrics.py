@@ -13,6 +13,10 @@
 - ``egpu_webhook_certificate_reloads_total{result}``: ``ok`` / ``error``.
 - ``egpu_webhook_certificate_expiry_timestamp_seconds``: the served certificate's notAfter
   (Unix seconds).
+- ``egpu_config_info{part="webhook", generation, source}``: the config the webhook runs
+  (``egpu.config_metric``), set again on each reload: ``source="last-good"`` while the file
+  is bad (alert EgpuConfigNotApplied). The webhook is the one part that reloads its config
+  live, so it is often the first to see a ConfigMap edit.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from egpu.config import Config, LoadedConfig
+from egpu.config_metric import config_info
+
+WEBHOOK_PART = "webhook"  # the part label of egpu_config_info
 
 LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
@@ -35,6 +44,7 @@ class Metrics:
     cert_reloads: Counter
     cert_expiry: Gauge
     claims_swept: Counter
+    config_info: Gauge
 
 
 def new_metrics(registry: CollectorRegistry | None = None) -> Metrics:
@@ -55,4 +65,7 @@ def new_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         claims_swept=Counter("egpu_webhook_claims_swept",
                              "Claims made by the webhook and deleted once no pod could use them",
                              registry=registry),
+        # the built-in defaults until the app starts and sets what its ConfigSource loaded
+        config_info=config_info(registry, WEBHOOK_PART, LoadedConfig(
+            Config(), "file", "defaults")),
     )

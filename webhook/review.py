@@ -70,6 +70,7 @@ from egpu.contract import (
     ENV_COMPUTE_POLICY,
     ENV_MEMORY_OVERSUBSCRIPTION,
     ENV_PRIORITY,
+    HOST_INSTALL_DIR,
     INTERPOSER_PATH_IN_CONTAINER,
     KUBE_DEFAULT_SCHEDULER,
     LABEL_PRIORITY,
@@ -101,11 +102,14 @@ from webhook.reviews import (
     Status,
 )
 
-# Host folders of egpu that no pod with a share may mount (the runtime hook mounts each
-# container's own region folder and card region files itself): with /var/run a link to /run
-# on most nodes, both spellings.
-EGPU_HOST_DIRS: Final = tuple(sorted({d for base in (RUNTIME_DIR, NODE_PRIVATE_DIR)
-                                      for d in (base, base.replace("/var/run/", "/run/", 1))}))
+# Host folders that no pod with a share may mount: egpu's state (the runtime hook mounts each
+# container's own region folder and card region files itself), with /var/run a link to /run
+# on most nodes, both spellings; egpu's install folder (the hook runs from it as root, the
+# interposer is copied from it); /proc, whose <pid>/root reaches every host folder.
+EGPU_HOST_DIRS: Final = tuple(sorted({
+    *(d for base in (RUNTIME_DIR, NODE_PRIVATE_DIR)
+      for d in (base, base.replace("/var/run/", "/run/", 1))),
+    HOST_INSTALL_DIR, "/proc"}))
 
 # Paths in a container with a share that the runtime hook mounts (the interposer, the
 # preload list, the share's config, its region and card folders): a volume of the pod at or
@@ -140,8 +144,14 @@ def no_card_sizes() -> Sequence[int]:
 
 # Capabilities a container with a share may not add: SYS_ADMIN unmounts the interposer, the
 # read-only config or ld.so.preload; SYS_PTRACE reads and writes other processes (their
-# accounting); SYS_MODULE loads kernel code; ALL includes them.
-FORBIDDEN_CAPABILITIES: Final = ("SYS_ADMIN", "SYS_PTRACE", "SYS_MODULE", "ALL")
+# accounting); SYS_MODULE loads kernel code; SYS_RAWIO reaches device memory and I/O ports;
+# DAC_READ_SEARCH opens any file of a mounted host file system by handle (open_by_handle_at:
+# the node's /run through the share's own mounts); BPF and PERFMON read kernel and other
+# processes' memory; MAC_ADMIN and MAC_OVERRIDE lift the LSM confinement; ALL includes them.
+# The same list is in the ValidatingAdmissionPolicy egpu-pod-fields (ephemeral containers).
+FORBIDDEN_CAPABILITIES: Final = ("SYS_ADMIN", "SYS_PTRACE", "SYS_MODULE", "SYS_RAWIO",
+                                 "DAC_READ_SEARCH", "BPF", "PERFMON", "MAC_ADMIN",
+                                 "MAC_OVERRIDE", "ALL")
 
 MAX_PROBLEMS_SHOWN: Final = 50  # a denial lists at most this many problems, then a count
 
@@ -207,6 +217,13 @@ def has_share(container: Mapping[str, Any], config: Config) -> bool:
                for n in _resource_names(container))
 
 
+def absolute_path(raw: str) -> str:
+    """An absolute path as the runtime resolves it: ``.`` and repeated slashes gone, and the
+    leading ``//`` that ``posixpath.normpath`` keeps (POSIX leaves its meaning open; Linux,
+    containerd's symlink resolution and runc read it as ``/``) made one slash."""
+    return posixpath.normpath("/" + raw.lstrip("/"))
+
+
 def _covers(path: str, folder: str) -> bool:
     """Whether host path ``path`` is ``folder``, lies under it, or contains it."""
     return (path == folder or path.startswith(folder + "/") or folder.startswith(path + "/")
@@ -221,8 +238,7 @@ def _host_path_problems(spec: SpecView) -> list[tuple[str, str]]:
         raw = volume.get("hostPath", {}).get("path", "")
         if not raw.startswith("/"):
             continue
-        path = posixpath.normpath(raw)
-        path = "/" if path == "//" else path
+        path = absolute_path(raw)
         if any(_covers(path, folder) for folder in EGPU_HOST_DIRS):
             problems.append((DENY_HOST_PATH, (
                 f"volume {clip(volume.get('name', ''))!r}: hostPath.path={clip(raw)!r} is not "
@@ -280,7 +296,7 @@ def _mount_problems(container: ContainerView) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     for mount in container.get("volumeMounts", []):
         raw = mount.get("mountPath", "")
-        path = posixpath.normpath(raw) if raw.startswith("/") else raw
+        path = absolute_path(raw) if raw.startswith("/") else raw
         reserved = [p for p in EGPU_CONTAINER_PATHS if path == p or path.startswith(p + "/")]
         if reserved:
             problems.append((DENY_RESERVED_PATH, (
@@ -307,7 +323,7 @@ def _container_problems(container: ContainerView) -> list[tuple[str, str]]:
         problems.append((DENY_PRIVILEGED, (
             f"container {name!r}: securityContext.capabilities.add={clip(capability)!r} is "
             "not allowed with an egpu share (it can unmount the interposer or its "
-            "read-only config, or reach other processes' memory); allowed: any "
+            "read-only config, or reach other processes' memory or host files); allowed: any "
             f"capability but {', '.join(FORBIDDEN_CAPABILITIES)} (or allowPrivileged: "
             "true in the egpu config)")))
     return problems

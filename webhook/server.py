@@ -28,17 +28,18 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from egpu.config import Config, ConfigError, load_config_keeping
+from egpu.config import Config, ConfigError, LoadedConfig, load_config_keeping
+from egpu.config_metric import set_config_info
 from egpu.podshape import decode_int
 from webhook.claimstore import ClaimStore, ClaimStoreError
 from webhook.claimsweep import DEFAULT_INTERVAL_S, ClaimSweeper, run_sweeper
-from webhook.metrics import Metrics, new_metrics
+from webhook.metrics import WEBHOOK_PART, Metrics, new_metrics
 from webhook.review import (
     DENY_CLAIM,
     Decision,
@@ -74,12 +75,14 @@ class ConfigSource:
         self._signature = file_signature(path) if path else None
         if config is not None:
             self.config = config
+            self.loaded = LoadedConfig(config, "file", "given")
             return
         loaded = load_config_keeping(path, keep_dir)
         if loaded.error:
             log.error("config: %s; running on the last good config (generation %s) until "
                       "the file is fixed", loaded.error, loaded.generation)
         self.config = loaded.config
+        self.loaded = loaded  # what egpu_config_info says (generation, file or last-good)
 
     def check(self) -> bool:
         """Reload when the file changed; True when a new config is now in use."""
@@ -96,9 +99,11 @@ class ConfigSource:
         except (ConfigError, OSError) as exc:
             log.warning("config: keeping the current config; %s: %s", self.path, exc)
             self._signature = signature  # do not log again until it changes
+            self.loaded = replace(self.loaded, source="last-good", error=str(exc))
             return False
         self._signature = signature
         self.config = config
+        self.loaded = loaded
         log.info("config: reloaded %s", self.path)
         return True
 
@@ -261,7 +266,10 @@ def check_files(settings: Settings) -> None:
         if result.changed:
             settings.metrics.cert_reloads.labels("ok" if result.loaded else "error").inc()
             _record_cert(settings)
+    before = settings.config.loaded
     settings.config.check()
+    if settings.config.loaded != before:
+        set_config_info(settings.metrics.config_info, WEBHOOK_PART, settings.config.loaded)
 
 
 async def _watch(settings: Settings, sleep: Callable[[float], Any] = asyncio.sleep) -> None:
@@ -277,6 +285,7 @@ async def _watcher_ctx(app: web.Application) -> AsyncIterator[None]:
     """cleanup_ctx: run the file watcher while the app runs; readiness off at shutdown."""
     settings = app[SETTINGS]
     _record_cert(settings)
+    set_config_info(settings.metrics.config_info, WEBHOOK_PART, settings.config.loaded)
     task = asyncio.create_task(_watch(settings), name="egpu-webhook-watch")
     # whatever the config says now: claims made before (a pod's own allocation-mode, a
     # cluster moved back to extender mode, another replica) are this webhook's to remove

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from egpu.config import Config, ConfigError, load_config, load_config_keeping
+from egpu.policies import Priority
 
 
 def test_empty_is_defaults() -> None:
@@ -63,6 +64,16 @@ def test_numbers_written_as_text_are_read_as_numbers() -> None:
     ("memoryOversubscriptionRatio: '0.5'", "memoryOversubscriptionRatio: 0.5 is out of range"),
     ("[1, 2]", "config: expected a mapping"),
     ("a: [", "not valid YAML"),
+    # bugs caught: the last of two equal keys won silently; a number or null as a
+    # PriorityClass name was read as the text '1' or 'None'; nvidia.com/gpu (whole cards) was
+    # accepted as an alias of a share
+    ("allowPrivileged: false\nallowPrivileged: true", "key 'allowPrivileged' is given twice"),
+    ("priorityClasses: {batch: low, batch: high}", "key 'batch' is given twice"),
+    ("priorityClasses: {1: low}", "priorityClasses: key 1 is not allowed; allowed: a "
+                                  "PriorityClass name"),
+    ("priorityClasses: {null: high}", "priorityClasses: key None is not allowed"),
+    ("resourceAliases: {nvidia.com/gpu: egpu.io/gpu}",
+     "resourceAliases.nvidia.com/gpu: nvidia.com/gpu cannot be an alias"),
 ])
 def test_errors_name_the_key(text: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -92,3 +103,9 @@ def test_a_part_that_never_had_a_good_config_refuses_to_start(tmp_path: Path) ->
     path.write_text("sharesPerCard: none\n")
     with pytest.raises(ConfigError, match="sharesPerCard"):
         load_config_keeping(str(path), str(tmp_path / "keep"))
+
+
+def test_a_yaml_merge_key_may_be_overridden() -> None:
+    """``<<: *base`` then the same key is YAML's override, not a key given twice."""
+    config = load_config("priorityClasses: {<<: {a: low, b: low}, a: high}")
+    assert config.priority_classes == {"a": Priority.HIGH, "b": Priority.LOW}

@@ -83,6 +83,19 @@ def test_requests_must_equal_limits() -> None:
     assert ok.request is not None
 
 
+@pytest.mark.parametrize(("limit", "requested", "mib"),
+                         [("2e3", "2k", 2000), ("2k", 2000, 2000), ("3000", "3e3", 3000)])
+def test_requests_equal_to_limits_in_another_notation_are_accepted(limit: str, requested: Any,
+                                                                   mib: int) -> None:
+    """The API server keeps each quantity's notation and holds ``2e3`` equal to ``2k``. Bug
+    caught: requests and limits compared as text, so a pod Kubernetes accepts was refused with
+    "requests must equal limits"."""
+    reading = read_pod(pod(c(limits={"egpu.io/gpu-memory": limit},
+                             requests={"egpu.io/gpu-memory": requested})))
+    assert not reading.errors and reading.request is not None
+    assert reading.request.containers[0].share.memory_mib == mib
+
+
 def test_aliases_mean_the_same_and_cannot_be_mixed() -> None:
     volcano = read_pod(pod(c(limits={"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 3000,
                                      "volcano.sh/vgpu-cores": 30})))

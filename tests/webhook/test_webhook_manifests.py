@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from webhook.review import FORBIDDEN_CAPABILITIES
+
+REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "webhook"
 
 
@@ -93,3 +98,17 @@ def test_deployment_service_pdb_fit_together() -> None:
         if obj["kind"] not in ("MutatingWebhookConfiguration", "ValidatingAdmissionPolicy",
                                "ValidatingAdmissionPolicyBinding"):  # cluster-scoped
             assert obj["metadata"]["namespace"] == "egpu-system"
+
+
+@pytest.mark.parametrize("path", ["manifests/webhook/allocation-policy.yaml",
+                                  "charts/egpu/templates/webhook/allocation-policy.yaml"])
+def test_the_ephemeral_container_rule_refuses_the_capabilities_the_webhook_refuses(
+        path: str) -> None:
+    """The policy's CEL list is a second spelling of ``FORBIDDEN_CAPABILITIES``. Bug caught: a
+    capability added to the webhook's list but not to the policy's, so ``kubectl debug`` could
+    add it to a share pod."""
+    text = (REPO / path).read_text()
+    (listed,) = re.findall(r"replace\(\s*'CAP_', ''\) in \[([^\]]*)\]", text)
+    assert tuple(re.findall(r"'([A-Z_]+)'", listed)) == FORBIDDEN_CAPABILITIES
+    for capability in FORBIDDEN_CAPABILITIES:  # and its message names each
+        assert capability in text.split(listed)[1].split("reason:")[0], capability

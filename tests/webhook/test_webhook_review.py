@@ -269,20 +269,25 @@ def test_correct_env_and_authors_mounts_left_as_written() -> None:
 @pytest.mark.parametrize("path", [
     "/var/run/egpu", "/var/run/egpu/", "/var/run/egpu/cards", "/run/egpu/containers/x",
     "/var/run/egpu-node", "/run/egpu-node/allocations", "/var/run", "/run", "/var", "/",
-    "//", "/var/run/../run/egpu", "/var/./run/egpu"])
+    "//", "/var/run/../run/egpu", "/var/./run/egpu", "//var/run/egpu", "//run/egpu-node",
+    "///var/run/egpu", "//var", "/proc", "/proc/self/root/var/run/egpu-node",
+    "/proc/1/root", "/usr/local/egpu", "/usr/local/egpu/lib", "/usr/local", "//usr/local/egpu"])
 def test_host_path_reaching_egpu_folders_denied(path: str) -> None:
     """F1: a pod that can write the node's egpu folders can plant links for the hook or
-    rewrite other shares' regions (an old pod spec's egpu-runtime volume included)."""
+    rewrite other shares' regions (an old pod spec's egpu-runtime volume included). Bugs
+    caught since: ``//var/run/egpu`` (posixpath.normpath keeps a leading ``//``; containerd
+    resolves it to /run/egpu), /proc/<pid>/root (every host folder) and egpu's install folder
+    (the hook runs from it as root) were admitted."""
     pod = make_pod(container(limits=GPU, volumeMounts=[{"name": "rt", "mountPath": "/x"}]),
                    volumes=[{"name": "rt", "hostPath": {"path": path}}])
     out = answer(pod)
     assert out["allowed"] is False and out["status"]["code"] == 403
     assert out["status"]["message"] == (
         f"volume 'rt': hostPath.path={path!r} is not allowed in a pod with an egpu share (it "
-        "reaches egpu's node folders /run/egpu, /run/egpu-node, /var/run/egpu, "
-        "/var/run/egpu-node; the runtime hook mounts each container's own accounting folder "
-        "and card regions itself); allowed: a hostPath outside them (or allowPrivileged: "
-        "true in the egpu config)")
+        "reaches egpu's node folders /proc, /run/egpu, /run/egpu-node, /usr/local/egpu, "
+        "/var/run/egpu, /var/run/egpu-node; the runtime hook mounts each container's own "
+        "accounting folder and card regions itself); allowed: a hostPath outside them (or "
+        "allowPrivileged: true in the egpu config)")
     assert answer(make_pod(container(limits=GPU), volumes=[OLD_VOLUME]))["allowed"] is False
     assert answer(pod, load_config("allowPrivileged: true"))["allowed"] is True
     # a pod without a share is not egpu's to judge
@@ -294,7 +299,8 @@ def test_host_path_reaching_egpu_folders_denied(path: str) -> None:
     ("/usr/lib/egpu/libegpu_interpose.so", "/usr/lib/egpu"),
     ("/run/egpu/config.json", "/run/egpu"), ("/run/egpu/", "/run/egpu"),
     ("/var/run/egpu", "/var/run/egpu"), ("/var/run/egpu/containers/x", "/var/run/egpu"),
-    ("/usr/lib/../lib/egpu/libegpu_interpose.so", "/usr/lib/egpu")])
+    ("/usr/lib/../lib/egpu/libegpu_interpose.so", "/usr/lib/egpu"),
+    ("//etc/ld.so.preload", "/etc/ld.so.preload"), ("///run/egpu/config.json", "/run/egpu")])
 def test_a_volume_mounted_where_the_runtime_hook_mounts_is_denied(path: str,
                                                                    reserved: str) -> None:
     """Bug caught: a configMap subPath at /etc/ld.so.preload or the interposer's path, or a
@@ -490,10 +496,13 @@ def test_a_pod_created_with_an_allocation_annotation_is_denied(limits: dict[str,
 
 
 @pytest.mark.parametrize("cap", ["SYS_ADMIN", "CAP_SYS_ADMIN", "sys_ptrace", "SYS_MODULE",
-                                 "ALL", "all"])
+                                 "ALL", "all", "SYS_RAWIO", "DAC_READ_SEARCH", "cap_bpf",
+                                 "PERFMON", "MAC_ADMIN", "MAC_OVERRIDE"])
 def test_dangerous_capabilities_with_a_share_denied_unless_allowed(cap: str) -> None:
     """F8: SYS_ADMIN unmounts the interposer or its config, SYS_PTRACE reaches other
-    processes' accounting, SYS_MODULE loads kernel code, ALL holds them all."""
+    processes' accounting, SYS_MODULE loads kernel code, ALL holds them all. Bug caught since:
+    SYS_RAWIO, DAC_READ_SEARCH (open_by_handle_at through the share's host mounts), BPF,
+    PERFMON and MAC_* were admitted."""
     context = {"capabilities": {"add": ["NET_ADMIN", cap]}}
     pod = make_pod(container("gpu", limits=GPU, securityContext=context))
     response = answer(pod)
@@ -501,8 +510,9 @@ def test_dangerous_capabilities_with_a_share_denied_unless_allowed(cap: str) -> 
     assert response["status"]["message"] == (
         f"container 'gpu': securityContext.capabilities.add={cap!r} is not allowed with an "
         "egpu share (it can unmount the interposer or its read-only config, or reach other "
-        "processes' memory); allowed: any capability but SYS_ADMIN, SYS_PTRACE, SYS_MODULE, "
-        "ALL (or allowPrivileged: true in the egpu config)")
+        "processes' memory or host files); allowed: any capability but SYS_ADMIN, "
+        "SYS_PTRACE, SYS_MODULE, SYS_RAWIO, DAC_READ_SEARCH, BPF, PERFMON, MAC_ADMIN, "
+        "MAC_OVERRIDE, ALL (or allowPrivileged: true in the egpu config)")
     assert answer(pod, replace(Config(), allow_privileged=True))["allowed"] is True
     # a container without a share may add what it likes; harmless capabilities pass
     assert answer(make_pod(container("gpu", limits=GPU),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from egpu.config import Config
+from egpu.config import Config, config_generation
 from webhook import server
 from webhook.server import ConfigSource, Settings, check_files, create_app
 
@@ -113,6 +113,35 @@ def test_config_reloaded_when_the_file_changes(tmp_path: Path) -> None:
     path.write_text("schedulerName: [bad]\n")  # invalid: kept the previous one
     check_files(settings)
     assert source.config.scheduler_name == "two-two"
+
+
+async def test_the_webhook_says_which_config_it_runs_and_when_the_file_is_bad(
+        tmp_path: Path) -> None:
+    """egpu_config_info{part="webhook"}: the generation of the file in use, ``last-good``
+    while a bad edit is kept out, and back to ``file`` when the edit is fixed. Bug caught: the
+    webhook, the one part that reloads its config live, had no egpu_config_info, so a bad
+    ConfigMap edit it refused fired no EgpuConfigNotApplied alert."""
+    path = tmp_path / "config.yaml"
+    path.write_text("schedulerName: one\n")
+    settings = Settings(config=ConfigSource(str(path), keep_dir=str(tmp_path)))
+
+    def series() -> list[tuple[str, str]]:
+        text = settings.metrics.registry.get_sample_value
+        return [(g, s) for g in (config_generation("schedulerName: one\n"),
+                                 config_generation("schedulerName: two\n"))
+                for s in ("file", "last-good")
+                if text("egpu_config_info", {"part": "webhook", "generation": g, "source": s})]
+
+    async with TestClient(TestServer(create_app(settings))) as web_client:
+        assert series() == [(config_generation("schedulerName: one\n"), "file")]
+        path.write_text("schedulerName: [bad]\n")
+        check_files(settings)
+        assert series() == [(config_generation("schedulerName: one\n"), "last-good")]
+        path.write_text("schedulerName: two\n")
+        check_files(settings)
+        assert series() == [(config_generation("schedulerName: two\n"), "file")]
+        text = await (await web_client.get("/metrics")).text()
+        assert 'egpu_config_info{generation="' in text and 'part="webhook"' in text
 
 
 def test_config_source_without_file_uses_given_config() -> None:
