@@ -65,12 +65,22 @@ struct CUstream_st {
     int cap_invalid;            /* invalidated: cuStreamEndCapture fails */
 };
 struct CUevent_st { uint32_t magic; uint64_t ts; int recorded; int captured; /* last recorded in a capture */ };
+/* Memory freed with cuMemFreeAsync whose completion the host has not observed yet: another
+ * stream may reuse it only as the pool's reuse policies allow (CUmemPool_attribute, REUSE_*). */
+struct pool_free {
+    uint64_t stream;       /* the freeing stream's key (stream_key); 0: its stream is gone */
+    struct CUctx_st *ctx;  /* the stream's context (cuCtxSynchronize observes it) */
+    uint64_t bytes, end_ns; /* end_ns: the stream's simulated end when it was freed */
+    struct pool_free *next;
+};
 struct CUmemPoolHandle_st {
     uint32_t magic;
     int dev;
-    int alive;
+    int alive; /* 0 once destroyed: its memory stays until its last allocation is freed */
     uint64_t reserved, used, threshold, reserved_high, used_high;
     struct CUmemPoolHandle_st *next;
+    int reuse_follow, reuse_opportunistic, reuse_internal; /* CU_MEMPOOL_ATTR_REUSE_*, default 1 */
+    struct pool_free *frees; /* part of the cache (reserved - used), under g_mu */
 };
 /* A physical VMM allocation. As the driver: the memory is freed only when every handle to it
  * is released (cuMemCreate/cuMemImportFromShareableHandle/cuMemRetainAllocationHandle each
@@ -105,6 +115,8 @@ static atomic_ullong g_va = 0x7f0000000000ull;
 static atomic_uint g_va_low = 0x10000000u;
 static uint64_t g_ctx_bytes;
 static void graph_free_nodes(struct CUgraph_st *g);
+static void pool_put_back(struct CUmemPoolHandle_st *p, uint64_t bytes, int ordered, uint64_t key, struct CUctx_st *ctx,
+                          uint64_t end_ns);
 static struct CUgraphExec_st *g_execs; /* live executable graphs (cuDeviceGraphMemTrim) */
 static uint64_t g_graph_reserved[FG_MAX_CARDS], g_graph_reserved_high[FG_MAX_CARDS];
 
@@ -348,7 +360,7 @@ FG_EXPORT CUresult cuInit(unsigned int flags)
         costs_init();
         for (int d = 0; d < g_nvis; d++) {
             g_primary[d] = (struct CUctx_st){CTX_MAGIC, d, 0, 1, 0, 0};
-            g_default_pool[d] = (struct CUmemPoolHandle_st){POOL_MAGIC, d, 1, 0, 0, 0, 0, 0, NULL};
+            g_default_pool[d] = (struct CUmemPoolHandle_st){POOL_MAGIC, d, 1, 0, 0, 0, 0, 0, NULL, 1, 1, 1, NULL};
             g_cur_pool[d] = &g_default_pool[d];
         }
         atomic_store(&g_inited, 1);
@@ -697,7 +709,15 @@ FG_EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
     CUresult cr = capture_unsafe_call();
     if (cr != CUDA_SUCCESS) return cr;
     alloc_ent e;
-    if (tab_take(p, K_DEV, &e) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (tab_take(p, K_DEV, &e) != 0) {
+        /* CUDA driver API, cuMemFree: memory of cuMemAllocAsync / cuMemAllocFromPoolAsync too,
+         * back to its pool at once (no implicit synchronisation) */
+        if (tab_take(p, K_POOL, &e) != 0) return CUDA_ERROR_INVALID_VALUE;
+        pthread_mutex_lock(&g_mu);
+        pool_put_back(e.pool, e.size, 0, 0, NULL, 0);
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_SUCCESS;
+    }
     if (!(e.kind == K_MANAGED && managed_host())) fg_uncharge(card_of(e.dev), e.size);
     return CUDA_SUCCESS;
 }
@@ -846,6 +866,146 @@ FG_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
     return CUDA_SUCCESS;
 }
 
+/* ---- pool caches: stream-ordered frees and the reuse policies ---------------------------
+ * A pool's cache (reserved - used) serves an allocation only as the driver would: memory
+ * whose free the host has observed (a synchronisation), the allocating stream's own frees
+ * (stream order), and other streams' frees not yet observed only as the pool's reuse
+ * policies allow (CUDA driver API, CUmemPool_attribute): ALLOW_INTERNAL_DEPENDENCIES (the
+ * driver makes the stream wait on the free), ALLOW_OPPORTUNISTIC (the free has run on the
+ * timeline). FOLLOW_EVENT_DEPENDENCIES is not modelled (the fake keeps no event dependencies
+ * between streams): with the other two off, another stream's unobserved free is not reused
+ * and the pool grows instead. */
+
+/* The key of the stream a call means: a created stream, or its context's default stream
+ * (the fake runs the legacy and per-thread default streams alike). */
+static uint64_t stream_key(CUstream s, struct CUctx_st *c)
+{
+    return is_default_stream(s) ? (uint64_t)(uintptr_t)c : (uint64_t)(uintptr_t)s;
+}
+
+static int pool_free_usable(const struct CUmemPoolHandle_st *p, const struct pool_free *f, uint64_t key, uint64_t now)
+{
+    if (f->stream && f->stream == key) return 1;
+    return p->reuse_internal || (p->reuse_opportunistic && f->end_ns <= now);
+}
+
+/* g_mu held: how much of a `size` allocation on stream `key` the cache can serve; with take,
+ * it is taken (the unobserved frees it reuses are consumed). Its own stream's frees first,
+ * then observed free memory, then other streams' frees the policies allow. */
+static uint64_t pool_cache_serve(struct CUmemPoolHandle_st *p, uint64_t key, uint64_t size, int take)
+{
+    uint64_t pend = 0, got = 0, now = fg_now_ns();
+    for (struct pool_free *f = p->frees; f; f = f->next) pend += f->bytes;
+    uint64_t cached = p->reserved - p->used, observed = cached > pend ? cached - pend : 0;
+    for (int pass = 0; pass < 3 && got < size; pass++) {
+        if (pass == 1) {
+            got += observed < size - got ? observed : size - got;
+            continue;
+        }
+        for (struct pool_free *f = p->frees; f && got < size; f = f->next) {
+            int own = f->stream && f->stream == key;
+            if ((pass == 0) != own || !pool_free_usable(p, f, key, now)) continue;
+            uint64_t t = f->bytes < size - got ? f->bytes : size - got;
+            got += t;
+            if (take) f->bytes -= t;
+        }
+    }
+    for (struct pool_free **pp = &p->frees; take && *pp;) {
+        struct pool_free *f = *pp;
+        if (f->bytes) { pp = &f->next; continue; }
+        *pp = f->next;
+        free(f);
+    }
+    return got;
+}
+
+/* g_mu held: unobserved frees are part of the cache; after a release they cannot exceed it. */
+static void pool_frees_clamp(struct CUmemPoolHandle_st *p)
+{
+    uint64_t pend = 0, cached = p->reserved - p->used;
+    for (struct pool_free *f = p->frees; f; f = f->next) pend += f->bytes;
+    for (struct pool_free **pp = &p->frees; *pp && pend > cached;) {
+        struct pool_free *f = *pp;
+        uint64_t t = f->bytes < pend - cached ? f->bytes : pend - cached;
+        f->bytes -= t;
+        pend -= t;
+        if (f->bytes) { pp = &f->next; continue; }
+        *pp = f->next;
+        free(f);
+    }
+}
+
+static void pool_frees_drop(struct CUmemPoolHandle_st *p)
+{
+    while (p->frees) {
+        struct pool_free *f = p->frees;
+        p->frees = f->next;
+        free(f);
+    }
+}
+
+/* g_mu held: `bytes` of p's memory are free again. A stream-ordered free (ordered, on stream
+ * key of ctx) stays unobserved until a synchronisation; a destroyed pool goes with its last
+ * allocation (cuMemPoolDestroy). */
+static void pool_put_back(struct CUmemPoolHandle_st *p, uint64_t bytes, int ordered, uint64_t key,
+                          struct CUctx_st *ctx, uint64_t end_ns)
+{
+    p->used -= bytes;
+    if (!p->alive) {
+        if (!p->used) {
+            fg_uncharge(card_of(p->dev), p->reserved);
+            p->reserved = 0;
+            pool_frees_drop(p);
+        }
+        return;
+    }
+    if (!ordered) return;
+    for (struct pool_free *f = p->frees; f; f = f->next)
+        if (f->stream == key && f->ctx == ctx) { /* one record a stream: the latest end stands */
+            f->bytes += bytes;
+            if (end_ns > f->end_ns) f->end_ns = end_ns;
+            return;
+        }
+    struct pool_free *f = malloc(sizeof *f);
+    if (!f) abort();
+    *f = (struct pool_free){key, ctx, bytes, end_ns, p->frees};
+    p->frees = f;
+}
+
+/* g_mu held: calls f on every pool (the devices' default pools and the created ones). */
+static void pools_each(void (*f)(struct CUmemPoolHandle_st *, uint64_t, struct CUctx_st *), uint64_t key,
+                       struct CUctx_st *ctx)
+{
+    for (int d = 0; d < g_nvis; d++) f(&g_default_pool[d], key, ctx);
+    for (struct CUmemPoolHandle_st *p = g_pools; p; p = p->next) f(p, key, ctx);
+}
+
+/* The host observed the frees of stream key (key 0: of every stream of ctx). */
+static void pool_observe(struct CUmemPoolHandle_st *p, uint64_t key, struct CUctx_st *ctx)
+{
+    for (struct pool_free **pp = &p->frees; *pp;) {
+        struct pool_free *f = *pp;
+        if (key ? f->stream != key : f->ctx != ctx) { pp = &f->next; continue; }
+        *pp = f->next;
+        free(f);
+    }
+}
+static void pools_observe(uint64_t key, struct CUctx_st *ctx)
+{
+    pthread_mutex_lock(&g_mu);
+    pools_each(pool_observe, key, ctx);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* A destroyed stream's unobserved frees belong to no stream any more (a later stream may
+ * get its address). */
+static void pool_orphan(struct CUmemPoolHandle_st *p, uint64_t key, struct CUctx_st *ctx)
+{
+    (void)ctx;
+    for (struct pool_free *f = p->frees; f; f = f->next)
+        if (f->stream == key) f->stream = 0;
+}
+
 FG_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 {
     NEED_INIT();
@@ -858,6 +1018,7 @@ FG_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
         free(s->capture);
         atomic_fetch_sub(&g_ncaptures, 1);
     }
+    pools_each(pool_orphan, stream_key(s, s->ctx), NULL);
     pthread_mutex_unlock(&g_mu);
     s->magic = 0;
     free(s);
@@ -882,6 +1043,7 @@ static void pools_trim_dev(int dev, int to_threshold, uint64_t keep_min)
         if (p->reserved > keep) {
             fg_uncharge(card_of(dev), p->reserved - keep);
             p->reserved = keep;
+            pool_frees_clamp(p);
         }
     }
     pthread_mutex_unlock(&g_mu);
@@ -905,6 +1067,7 @@ FG_EXPORT CUresult cuStreamSynchronize(CUstream s)
     if (r != CUDA_SUCCESS) return r;
     if ((r = capture_stream_check(s, c)) != CUDA_SUCCESS) return r;
     sleep_until(*end);
+    pools_observe(stream_key(s, c), c);
     pools_trim_dev(c->dev, 1, 0);
     return CUDA_SUCCESS;
 }
@@ -941,6 +1104,7 @@ FG_EXPORT CUresult cuCtxSynchronize(void)
     CUresult cr = capture_unsafe_call();
     if (cr != CUDA_SUCCESS) return cr;
     sleep_until(end);
+    pools_observe(0, c);
     pools_trim_dev(c->dev, 1, 0);
     return CUDA_SUCCESS;
 }
@@ -1212,6 +1376,34 @@ FG_EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
 FG_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st)
 {
     return cuStreamIsCapturing(s ? s : STREAM_PER_THREAD, st);
+}
+
+/* CUDA driver API, cuStreamGetCtx / cuStreamGetDevice: a created stream's context (its
+ * device); for NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD the calling thread's current
+ * context. */
+FG_EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx)
+{
+    NEED_INIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    uint64_t *end;
+    CUresult r = stream_end(s, &c, &end);
+    if (r == CUDA_SUCCESS) *pctx = c;
+    return r;
+}
+FG_EXPORT CUresult cuStreamGetDevice(CUstream s, CUdevice *dev)
+{
+    NEED_INIT();
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    uint64_t *end;
+    CUresult r = stream_end(s, &c, &end);
+    if (r == CUDA_SUCCESS) *dev = c->dev;
+    return r;
+}
+FG_EXPORT CUresult cuStreamGetDevice_ptsz(CUstream s, CUdevice *dev)
+{
+    return cuStreamGetDevice(s ? s : STREAM_PER_THREAD, dev);
 }
 
 FG_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
@@ -1557,9 +1749,9 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool p, CUstr
     if (delay_us < 0) { const char *e = getenv("FAKEGPU_POOL_ALLOC_DELAY_US"); delay_us = e ? atoi(e) : 0; }
     if (delay_us > 0) usleep((useconds_t)delay_us);
     pthread_mutex_lock(&g_mu);
-    uint64_t cached = p->reserved - p->used;
-    if (cached < size) {
-        uint64_t grow = (size - cached + GRAN - 1) / GRAN * GRAN;
+    uint64_t key = stream_key(s, c), served = pool_cache_serve(p, key, size, 0);
+    if (served < size) { /* what the cache cannot serve grows the pool */
+        uint64_t grow = (size - served + GRAN - 1) / GRAN * GRAN;
         if (fg_charge(card_of(p->dev), grow) != 0) {
             pthread_mutex_unlock(&g_mu);
             return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1567,6 +1759,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool p, CUstr
         p->reserved += grow;
         if (p->reserved > p->reserved_high) p->reserved_high = p->reserved;
     }
+    pool_cache_serve(p, key, size, 1);
     p->used += size;
     if (p->used > p->used_high) p->used_high = p->used;
     pthread_mutex_unlock(&g_mu);
@@ -1612,7 +1805,7 @@ FG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s)
         return CUDA_SUCCESS;
     }
     pthread_mutex_lock(&g_mu);
-    e.pool->used -= e.size; /* back to the pool's cache: still reserved */
+    pool_put_back(e.pool, e.size, 1, stream_key(s, c), c, *end); /* back to the pool's cache: still reserved */
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
@@ -1628,6 +1821,7 @@ FG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pp, const CUmemPoolProps *props
     p->magic = POOL_MAGIC;
     p->dev = props->location.id;
     p->alive = 1;
+    p->reuse_follow = p->reuse_opportunistic = p->reuse_internal = 1;
     pthread_mutex_lock(&g_mu);
     p->next = g_pools;
     g_pools = p;
@@ -1641,9 +1835,14 @@ FG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool p)
     NEED_INIT();
     if (!pool_ok(p) || p == &g_default_pool[p->dev]) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
+    /* CUDA driver API, cuMemPoolDestroy: with allocations outstanding it returns at once and
+     * the pool's memory goes when the last of them is freed (pool_put_back) */
     p->alive = 0;
-    fg_uncharge(card_of(p->dev), p->reserved);
-    p->reserved = 0;
+    pool_frees_drop(p);
+    if (!p->used) {
+        fg_uncharge(card_of(p->dev), p->reserved);
+        p->reserved = 0;
+    }
     for (int d = 0; d < g_nvis; d++)
         if (g_cur_pool[d] == p) g_cur_pool[d] = &g_default_pool[d];
     pthread_mutex_unlock(&g_mu);
@@ -1660,6 +1859,7 @@ FG_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool p, size_t keep)
     if (p->reserved > k) {
         fg_uncharge(card_of(p->dev), p->reserved - k);
         p->reserved = k;
+        pool_frees_clamp(p);
     }
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
@@ -1673,9 +1873,9 @@ FG_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool p, CUmemPool_attribute a, 
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->threshold = *(cuuint64_t *)v; return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: p->reserved_high = 0; return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH: p->used_high = 0; return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: p->reuse_follow = *(int *)v != 0; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: p->reuse_opportunistic = *(int *)v != 0; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: p->reuse_internal = *(int *)v != 0; return CUDA_SUCCESS;
     default: return CUDA_ERROR_INVALID_VALUE;
     }
 }
@@ -1693,9 +1893,9 @@ FG_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool p, CUmemPool_attribute a, 
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *o = p->reserved_high; break;
     case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *o = p->used; break;
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *o = p->used_high; break;
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *(int *)v = 1; break;
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: *(int *)v = p->reuse_follow; break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: *(int *)v = p->reuse_opportunistic; break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *(int *)v = p->reuse_internal; break;
     default: r = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&g_mu);

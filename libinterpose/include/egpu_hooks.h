@@ -108,6 +108,11 @@
     X(cuEventElapsedTime, O, (float *pMilliseconds, CUevent hStart, CUevent hEnd)) \
     X(cuStreamCreate, O, (CUstream *phStream, unsigned int Flags)) \
     X(cuStreamIsCapturing, O, (CUstream hStream, CUstreamCaptureStatus *captureStatus)) \
+    /* cuMemAllocAsync takes the pool of the stream's device (hooks_pool.c, stream_dev) */ \
+    X(cuStreamGetDevice, O, (CUstream hStream, CUdevice *device)) \
+    X(cuStreamGetCtx, O, (CUstream hStream, CUcontext *pctx)) \
+    X(cuCtxPushCurrent_v2, O, (CUcontext ctx)) \
+    X(cuCtxPopCurrent_v2, O, (CUcontext *pctx)) \
     X(cuThreadExchangeStreamCaptureMode, O, (CUstreamCaptureMode *mode)) \
     X(cuMemGetAllocationPropertiesFromHandle, O, (CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)) \
     X(cuGraphGetNodes, O, (CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)) \

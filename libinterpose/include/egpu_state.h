@@ -41,9 +41,20 @@ int egpu_map_take_ent(egpu_map *m, int kind, uint64_t key, egpu_map_ent *out);
  * (malloc'd, caller frees; NULL when none or out of memory). */
 size_t egpu_map_take_ctx(egpu_map *m, uint64_t ctx, egpu_map_ent **out);
 
-/* charged = the pool's reserve as last seen + pending; pending = what in-flight allocations
- * charged for growth; claims = the part of the pool's cache in-flight allocations count on. */
-typedef struct { CUmemoryPool pool; int dev; uint64_t charged, pending, claims; } egpu_pool_rec;
+/* charged = what the region holds for the pool: at least pending, and its reserve as last seen
+ * unless the cap had no room for growth yet (an allocation settles it, hooks_pool.c); pending =
+ * what in-flight allocations charged for growth; claims = the part of the pool's cache in-flight
+ * allocations count on. id: unique (a destroyed pool's handle may come back), names the pool in its
+ * allocations' map entries. created: made by cuMemPoolCreate, so it can be destroyed: live
+ * counts its allocations not yet freed; dead: destroyed with some live, its charge stays until
+ * the last is freed (hooks_pool.c). */
+typedef struct {
+    CUmemoryPool pool;
+    int dev;
+    uint64_t charged, pending, claims;
+    uint64_t id, live;
+    int created, dead;
+} egpu_pool_rec;
 /* Memory bound to a multicast object (hooks_vmm.c): it keeps `mem` alive like a mapping. */
 typedef struct { CUmemGenericAllocationHandle mc, mem; int dev; uint64_t mc_offset, size; } egpu_mc_bind;
 #define EGPU_MAX_POOLS 256
@@ -73,6 +84,7 @@ typedef struct {
     pthread_mutex_t pool_mu;
     int npools;
     egpu_pool_rec pools[EGPU_MAX_POOLS];
+    uint64_t pool_last_id; /* under pool_mu */
     uint64_t last_reap_ns;
     pthread_mutex_t vmm_mu; /* VMM handle/mapping bookkeeping; order: vmm_mu, pool_mu, region */
     egpu_mc_bind *mc_binds; /* under vmm_mu */

@@ -8,16 +8,30 @@
  * memory a pool keeps cached after cuMemFreeAsync still counts, until the driver releases it
  * (at a synchronisation, down to the release threshold, or cuMemPoolTrimTo). The charge is
  * brought up to date before each pool allocation, on every capacity query, and before any
- * allocation is refused. */
+ * allocation is refused. Growth is charged against the cap, never forced past it: an
+ * allocation that grew its pool beyond what the cap holds is undone (pool_settle). */
+#define STREAM_LEGACY ((CUstream)0x1) /* cuda.h's CU_STREAM_LEGACY */
+
 static egpu_pool_rec *pool_rec(CUmemoryPool pool, int dev, int create)
 {
     for (int i = 0; i < S->npools; i++)
-        if (S->pools[i].pool == pool) return &S->pools[i];
+        if (S->pools[i].pool == pool && !S->pools[i].dead) return &S->pools[i];
     if (!create || S->npools >= EGPU_MAX_POOLS) return NULL;
     egpu_pool_rec *p = &S->pools[S->npools++];
-    *p = (egpu_pool_rec){pool, dev, 0, 0, 0};
+    *p = (egpu_pool_rec){.pool = pool, .dev = dev, .id = ++S->pool_last_id};
     return p;
 }
+
+/* pool_mu held: the record of pool id (NULL once it is gone). Held across a driver call by id,
+ * not by handle: a destroyed pool's handle may name a new pool. */
+static egpu_pool_rec *pool_by_id(uint64_t id)
+{
+    for (int i = 0; i < S->npools; i++)
+        if (S->pools[i].id == id) return &S->pools[i];
+    return NULL;
+}
+
+static void pool_drop(egpu_pool_rec *p) { *p = S->pools[--S->npools]; }
 
 /* The device whose memory a pool egpu did not see created holds (a device's default or
  * current pool, got with cuDeviceGetDefaultMemPool / cuDeviceGetMemPool): the device whose
@@ -33,6 +47,28 @@ static int pool_device(CUmemoryPool pool)
     return -1;
 }
 
+/* The device of stream s: cuMemAllocAsync takes the current pool of the stream's device (CUDA
+ * driver API, cuMemAllocAsync, cuDeviceSetMemPool), whatever context is current. NULL and the
+ * legacy and per-thread default streams are the current context's. Drivers before 12.8 have no
+ * cuStreamGetDevice: the stream's context, asked with it pushed current. */
+static CUresult stream_dev(CUstream s, int *dev)
+{
+    if (!s || s == STREAM_LEGACY || s == EGPU_STREAM_PER_THREAD) return cur_dev(dev);
+    CUdevice d = 0;
+    if (R.cuStreamGetDevice && R.cuStreamGetDevice(s, &d) == CUDA_SUCCESS) {
+        *dev = d;
+        return CUDA_SUCCESS;
+    }
+    CUcontext c = NULL, cur = NULL, popped = NULL;
+    if (!R.cuStreamGetCtx || R.cuStreamGetCtx(s, &c) != CUDA_SUCCESS || !c) return cur_dev(dev);
+    if (R.cuCtxGetCurrent && R.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == c) return cur_dev(dev);
+    if (!R.cuCtxPushCurrent_v2 || !R.cuCtxPopCurrent_v2 || R.cuCtxPushCurrent_v2(c) != CUDA_SUCCESS)
+        return cur_dev(dev);
+    CUresult r = cur_dev(dev);
+    R.cuCtxPopCurrent_v2(&popped);
+    return r;
+}
+
 static uint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a)
 {
     cuuint64_t v = 0;
@@ -40,24 +76,56 @@ static uint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a)
     return v;
 }
 
-/* pool_mu held: the pool's charge = its reserve + what in-flight allocations charged for
- * growth (their reserve may not show yet; dropping it would let a concurrent allocation pass
- * the cap check on memory that is about to be reserved). */
-static void pool_sync_locked(egpu_pool_rec *p)
+static uint64_t sat_sum(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+/* pool_mu held: charge against the cap without refreshing the pools (charge() refreshes them,
+ * under pool_mu). A card outside the share (no slot) has no room. 0, or -1 over the cap. */
+static int charge_locked(int dev, uint64_t bytes)
 {
+    if (dev < 0 || dev >= S->ndev || S->dev[dev].slot < 0) return -1;
+    return egpu_acct_charge(&S->acct, S->dev[dev].slot, bytes, S->dev[dev].limit);
+}
+
+/* pool_mu held: the pool's charge follows its reserve. It keeps what in-flight allocations
+ * charged for growth (their reserve may not show yet; dropping it would let a concurrent
+ * allocation pass the cap check on memory that is about to be reserved), so growth that shows
+ * is counted twice until its allocation settles. Only a reserve beyond all that is charged is
+ * growth to charge, against the cap; what does not fit stays a shortfall (pool_shortfall) for
+ * an allocation to settle (pool_settle). A destroyed pool's handle cannot be asked: its charge
+ * stands. Returns the reserve. */
+static uint64_t pool_sync_locked(egpu_pool_rec *p)
+{
+    if (p->dead) return p->charged;
     uint64_t reserved = pool_attr(p->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
-    uint64_t target = reserved > UINT64_MAX - p->pending ? UINT64_MAX : reserved + p->pending;
-    if (target > p->charged) force(p->dev, target - p->charged);
-    else if (target < p->charged) uncharge(p->dev, p->charged - target);
-    p->charged = target;
+    uint64_t floor = sat_sum(reserved, p->pending);
+    if (p->charged > floor) {
+        uncharge(p->dev, p->charged - floor);
+        p->charged = floor;
+    } else if (reserved > p->charged && charge_locked(p->dev, reserved - p->charged) == 0) {
+        p->charged = reserved;
+    }
+    return reserved;
+}
+
+/* pool_mu held: the reserve the pool's charge does not cover (reserved: pool_sync_locked's
+ * answer). */
+static uint64_t pool_shortfall(const egpu_pool_rec *p, uint64_t reserved)
+{
+    return !p->dead && reserved > p->charged ? reserved - p->charged : 0;
 }
 
 void pools_refresh(int only_dev)
 {
     if (!S->npools) return;
     pthread_mutex_lock(&S->pool_mu);
-    for (int i = 0; i < S->npools; i++)
-        if (only_dev < 0 || S->pools[i].dev == only_dev) pool_sync_locked(&S->pools[i]);
+    /* a second pass where some growth found no room: another pool may have given back since */
+    for (int pass = 0, again = 1; pass < 2 && again; pass++) {
+        again = 0;
+        for (int i = 0; i < S->npools; i++) {
+            egpu_pool_rec *p = &S->pools[i];
+            if (only_dev < 0 || p->dev == only_dev) again |= pool_shortfall(p, pool_sync_locked(p)) != 0;
+        }
+    }
     pthread_mutex_unlock(&S->pool_mu);
 }
 
@@ -88,6 +156,108 @@ static CUresult stream_fallback(CUdeviceptr *dptr, size_t size, int dev, CUstrea
     return CUDA_SUCCESS;
 }
 
+struct fa {
+    CUdeviceptr p;
+    CUstream s;
+    int pt;
+};
+static CUresult call_free_async(void *c)
+{
+    struct fa *f = c;
+    return f->pt ? R.cuMemFreeAsync_ptsz(f->p, f->s) : R.cuMemFreeAsync(f->p, f->s);
+}
+
+/* Undoes a stream-ordered allocation: frees it and trims its pool back to `keep` bytes (what is
+ * charged for it). A stream-ordered free may count as outstanding until the host has observed
+ * it (cuMemPoolTrimTo), so the stream is synchronised before the trim. Where the stream
+ * captures now (a capture began after the call), or the stream-ordered free fails, cuMemFree,
+ * which frees stream-ordered allocations too, at once. In RELAXED mode (capture.h). 0 when the
+ * allocation was freed. */
+static int pool_undo(CUdeviceptr ptr, CUmemoryPool pool, CUstream st, int pt, uint64_t keep)
+{
+    CUstream s = egpu_stream_of(st, pt);
+    egpu_capture_relax cr = egpu_capture_relaxed(R.cuThreadExchangeStreamCaptureMode);
+    CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+    if (egpu_stream_capture_state(R.cuStreamIsCapturing, s) == 0) {
+        struct fa f = {ptr, st, pt};
+        r = call_free_async(&f);
+        if (r == CUDA_SUCCESS && R.cuStreamSynchronize) R.cuStreamSynchronize(s);
+    }
+    if (r != CUDA_SUCCESS && R.cuMemFree_v2) r = R.cuMemFree_v2(ptr);
+    if (r == CUDA_SUCCESS && R.cuMemPoolTrimTo) R.cuMemPoolTrimTo(pool, keep);
+    egpu_capture_restore(R.cuThreadExchangeStreamCaptureMode, cr);
+    return r == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* The driver call grew pool id `short_by` bytes past its charge: its cache could not serve what
+ * it seemed to (fragmentation, no reuse of another stream's frees), or the stream stopped
+ * capturing before the call. The growth is charged against the cap; where it does not fit, the
+ * allocation is undone and the answer is out of memory, as a card of the share's size would
+ * give. */
+static CUresult pool_settle(uint64_t id, int dev, uint64_t short_by, CUdeviceptr ptr, CUmemoryPool pool, CUstream st,
+                            int pt)
+{
+    egpu_pool_rec *p;
+    if (charge(dev, short_by) == CUDA_SUCCESS) {
+        pthread_mutex_lock(&S->pool_mu);
+        if ((p = pool_by_id(id))) {
+            p->charged = sat_sum(p->charged, short_by);
+            pool_sync_locked(p); /* gives back what a concurrent refresh charged meanwhile */
+        } else {
+            uncharge(dev, short_by);
+        }
+        pthread_mutex_unlock(&S->pool_mu);
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&S->pool_mu);
+    p = pool_by_id(id);
+    uint64_t keep = p && p->charged > p->pending ? p->charged - p->pending : 0;
+    pthread_mutex_unlock(&S->pool_mu);
+    int undone = pool_undo(ptr, pool, st, pt, keep) == 0;
+    pthread_mutex_lock(&S->pool_mu);
+    if ((p = pool_by_id(id))) {
+        uint64_t left = pool_shortfall(p, pool_sync_locked(p));
+        if (!undone && left) {
+            /* the driver keeps memory egpu could not give back: it is counted, so that nothing
+             * more is let through while it is held */
+            EGPU_ERR("cannot undo a pool allocation past the cap; %llu bytes stay charged",
+                     (unsigned long long)left);
+            force(p->dev, left);
+            p->charged = sat_sum(p->charged, left);
+        }
+    }
+    pthread_mutex_unlock(&S->pool_mu);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* An allocation of a created pool: counted, so that a destroyed pool's charge goes with its
+ * last allocation (cuMemPoolDestroy). */
+static void pool_track(uint64_t id, CUdeviceptr ptr, int dev)
+{
+    pthread_mutex_lock(&S->pool_mu);
+    egpu_pool_rec *p = pool_by_id(id);
+    int track = p && p->created;
+    if (track) p->live++;
+    pthread_mutex_unlock(&S->pool_mu);
+    if (!track) return;
+    egpu_map_ent e = {ptr, 0, PTR_POOL | id << PTR_POOL_ID_SHIFT, 0, dev, MAP_PTR};
+    egpu_map_put_ent(&S->map, &e);
+}
+
+/* The driver releases a destroyed pool's memory once its last allocation is freed (at the
+ * free's completion in stream order; egpu gives the charge back at the call). */
+void pool_ptr_freed(uint64_t aux)
+{
+    pthread_mutex_lock(&S->pool_mu);
+    egpu_pool_rec *p = pool_by_id(aux >> PTR_POOL_ID_SHIFT);
+    if (p && p->live) p->live--;
+    if (p && p->dead && !p->live) {
+        uncharge(p->dev, p->charged);
+        pool_drop(p);
+    }
+    pthread_mutex_unlock(&S->pool_mu);
+}
+
 static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream st, int from_pool, int pt)
 {
     int dev;
@@ -96,19 +266,21 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
         pt ? R.cuMemAllocFromPoolAsync_ptsz : R.cuMemAllocFromPoolAsync;
 #define CALL_REAL() (from_pool ? fn_pool(dptr, size, pool, st) : fn_async(dptr, size, st))
     if ((from_pool && !fn_pool) || (!from_pool && !fn_async)) return CUDA_ERROR_NOT_SUPPORTED;
-    if (!dptr || !size || cur_dev(&dev) != CUDA_SUCCESS) return CALL_REAL();
+    if (!dptr || !size || stream_dev(egpu_stream_of(st, pt), &dev) != CUDA_SUCCESS) return CALL_REAL();
     if (egpu_config_ready() != 0) return EGPU_REFUSED_CU;
-    if (!devs_ready() || dev >= S->ndev) return CALL_REAL();
+    if (!devs_ready() || dev < 0 || dev >= S->ndev) return CALL_REAL();
     if (!from_pool && (!R.cuDeviceGetMemPool || R.cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS)) pool = NULL;
     if (!pool || !R.cuMemPoolGetAttribute) return CALL_REAL(); /* let the driver report */
-    /* Under pool_mu: what the pool's cache can serve, less what concurrent in-flight
+    /* Under pool_mu: what the pool's cache seems to hold, less what concurrent in-flight
      * allocations already count on (claims), is taken from the cache; the rest (need) is
      * charged against the cap BEFORE the driver call and kept as pending until the call has
      * returned and the charge is settled on the pool's reserve. So two threads can never
-     * both count on the same cached bytes, nor both grow the pool past the cap. */
+     * both count on the same cached bytes, nor both grow the pool past the cap. Where the
+     * driver grows the pool more than that (pool_settle), the growth is charged after the
+     * call or the allocation undone. */
     pthread_mutex_lock(&S->pool_mu);
     egpu_pool_rec *p = pool_rec(pool, dev, 0);
-    if (!p) { /* first seen here: charged to the device that holds it, not the current one */
+    if (!p) { /* first seen here: charged to the device that holds it, not the stream's */
         int owner = from_pool ? pool_device(pool) : dev;
         p = pool_rec(pool, owner >= 0 ? owner : dev, 1);
     }
@@ -119,8 +291,8 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     int pdev = p->dev;
-    pool_sync_locked(p);
-    uint64_t reserved = p->charged - p->pending;
+    uint64_t id = p->id;
+    uint64_t reserved = pool_sync_locked(p);
     uint64_t used = pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
     uint64_t cached = reserved > used ? reserved - used : 0;
     cached = cached > p->claims ? cached - p->claims : 0;
@@ -129,7 +301,8 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
     /* Captured, an allocation is a graph's allocation node: no memory now (its graph's is
      * booked at instantiation, hooks_graph.c). Asked only when a charge is due (the pool's
      * cache serves most allocations), and believed only when the driver answers: a stream it
-     * cannot answer about is charged as usual (its call then fails anyway). */
+     * cannot answer about is charged as usual (its call then fails anyway). A capture that
+     * ends before the call is caught by pool_settle. */
     if (need && egpu_stream_capture_state(R.cuStreamIsCapturing, egpu_stream_of(st, pt)) == 1) need = 0;
     p->claims += from_cache;
     if (need) {
@@ -138,7 +311,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
         pthread_mutex_unlock(&S->pool_mu);
         r = charge(pdev, need);
         pthread_mutex_lock(&S->pool_mu);
-        p = pool_rec(pool, pdev, 0);
+        p = pool_by_id(id);
         if (r != CUDA_SUCCESS || !p) {
             if (p) p->claims -= from_cache;
             pthread_mutex_unlock(&S->pool_mu);
@@ -151,14 +324,25 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
     pthread_mutex_unlock(&S->pool_mu);
     r = CALL_REAL();
     pthread_mutex_lock(&S->pool_mu);
-    p = pool_rec(pool, pdev, 0);
+    p = pool_by_id(id);
+    uint64_t short_by = 0;
     if (p) {
         p->claims -= from_cache < p->claims ? from_cache : p->claims;
         p->pending -= need < p->pending ? need : p->pending;
+        if (p->dead && r != CUDA_SUCCESS) { /* destroyed meanwhile, its charge kept: need goes */
+            uint64_t back = need < p->charged ? need : p->charged;
+            uncharge(pdev, back);
+            p->charged -= back;
+        }
         /* settle on what the driver reserved */
-        pool_sync_locked(p);
+        short_by = pool_shortfall(p, pool_sync_locked(p));
     } /* else destroyed meanwhile: cuMemPoolDestroy gave back its charge, need included */
     pthread_mutex_unlock(&S->pool_mu);
+    if (r == CUDA_SUCCESS && short_by) {
+        r = pool_settle(id, pdev, short_by, *dptr, pool, st, pt);
+        if (r != CUDA_SUCCESS) *dptr = 0;
+    }
+    if (r == CUDA_SUCCESS) pool_track(id, *dptr, pdev);
     if (r == CUDA_ERROR_OUT_OF_MEMORY && S->cfg.oversubscription) r = stream_fallback(dptr, size, pdev, st, pt);
     return r;
 #undef CALL_REAL
@@ -192,17 +376,6 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool 
  * freed with cuMemFree and its charge given back, so this free is synchronous. While the
  * stream captures a graph (a synchronisation would invalidate the capture) the driver's
  * stream-ordered free is called and its answer stands. */
-struct fa {
-    CUdeviceptr p;
-    CUstream s;
-    int pt;
-};
-static CUresult call_free_async(void *c)
-{
-    struct fa *f = c;
-    return f->pt ? R.cuMemFreeAsync_ptsz(f->p, f->s) : R.cuMemFreeAsync(f->p, f->s);
-}
-
 static CUresult free_managed_synced(CUdeviceptr p, CUstream s, int pt)
 {
     egpu_capture_relax cr = egpu_capture_relaxed(R.cuThreadExchangeStreamCaptureMode);
@@ -228,6 +401,7 @@ static CUresult free_async(CUdeviceptr p, CUstream s, int pt)
         return r;
     }
     if (had) uncharge(e.dev, e.bytes);
+    if (had && (e.aux & PTR_POOL)) pool_ptr_freed(e.aux);
     return r;
 }
 
@@ -249,22 +423,33 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     CUresult r = R.cuMemPoolCreate(pool, props);
     if (r == CUDA_SUCCESS && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
         pthread_mutex_lock(&S->pool_mu);
-        pool_rec(*pool, props->location.id, 1);
+        egpu_pool_rec *p = pool_rec(*pool, props->location.id, 1);
+        if (p) p->created = 1;
         pthread_mutex_unlock(&S->pool_mu);
     }
     return r;
 }
 
+/* CUDA driver API, cuMemPoolDestroy: with allocations outstanding, the call returns at once
+ * and the pool's resources are released once none is left. So its charge (its whole reserve,
+ * read while the handle still answers) stays until its last allocation is freed
+ * (pool_ptr_freed). */
 CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     REAL_OR_UNSUPPORTED(cuMemPoolDestroy);
+    pthread_mutex_lock(&S->pool_mu);
+    egpu_pool_rec *p = pool_rec(pool, -1, 0);
+    if (p) pool_sync_locked(p);
+    pthread_mutex_unlock(&S->pool_mu);
     CUresult r = R.cuMemPoolDestroy(pool);
     if (r != CUDA_SUCCESS) return r;
     pthread_mutex_lock(&S->pool_mu);
-    egpu_pool_rec *p = pool_rec(pool, -1, 0);
-    if (p) {
+    p = pool_rec(pool, -1, 0);
+    if (p && p->live) {
+        p->dead = 1;
+    } else if (p) {
         uncharge(p->dev, p->charged);
-        *p = S->pools[--S->npools];
+        pool_drop(p);
     }
     pthread_mutex_unlock(&S->pool_mu);
     return r;

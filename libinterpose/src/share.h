@@ -32,6 +32,11 @@
 /* MAP_PTR aux: the pointer is managed memory that stands in for device memory the card could
  * not give an oversubscribed share (FC-15; share.c, managed_fallback). */
 #define PTR_MANAGED_FALLBACK 1ull
+/* MAP_PTR aux: the pointer is an allocation of a pool made by cuMemPoolCreate, whose id
+ * (egpu_pool_rec) is aux >> PTR_POOL_ID_SHIFT. It charges nothing itself (bytes 0: its pool's
+ * reserve is charged) and is no context's (ctx 0); its free may let a destroyed pool go. */
+#define PTR_POOL 2ull
+#define PTR_POOL_ID_SHIFT 8
 
 static inline int real_ready(void)
 {
@@ -87,6 +92,8 @@ uint64_t vmm_granularity(const CUmemAllocationProp *prop);
 
 /* hooks_pool.c: bring the pools' charges up to date (only_dev < 0: every device). */
 void pools_refresh(int only_dev);
+/* hooks_pool.c: a PTR_POOL pointer was freed (aux: its map entry's). */
+void pool_ptr_freed(uint64_t aux);
 
 #pragma GCC visibility pop
 
@@ -123,6 +130,7 @@ static inline CUresult charged_free(int kind, uint64_t key, CUresult (*call)(voi
         return r;
     }
     if (had) uncharge(e.dev, e.bytes);
+    if (had && kind == MAP_PTR && (e.aux & PTR_POOL)) pool_ptr_freed(e.aux);
     return r;
 }
 

@@ -7,6 +7,13 @@
  *   nvml [idx] | nvml2 [idx] | async MiB | freeasync | sync | pool_create [dev] | pool_alloc MiB
  *   pool_default DEV (the device's default pool becomes the one pool_alloc takes from)
  *   pool_trim MiB | pool_threshold MiB | pool_destroy
+ *   pool_reuse 0|1 (the pool's three CU_MEMPOOL_ATTR_REUSE_* policies)
+ *   stream (a new stream of the current context; the stream-ordered steps use it from then on)
+ *   on K (async, freeasync, pool_alloc and sync use stream K: 0 NULL, 1.. the streams made)
+ *   setctx K (make the K-th context made by "ctx" current, from 0)
+ *   free_aptr (cuMemFree of the last async / pool pointer)
+ *   held [idx] (what the driver itself says this process holds on card idx: NVML's process
+ *               list, which egpu does not interpose; "held rc=0 used=BYTES")
  *   vmm MiB host|dev ID | vmm_map | vmm_unmap | vmm_release | thread_vmm MiB DEV
  *   vmm_retain (retain the handle of the last mapping: a new handle entry)
  *   vmm_share (export the last handle as a POSIX fd and import it: a new handle entry)
@@ -34,6 +41,8 @@ static int nptr;
 static CUdeviceptr aptrs[64];
 static int naptr;
 static CUmemoryPool pool;
+static CUstream streams[64]; /* [0] NULL; "stream" adds, "on" picks */
+static int nstream = 1, cur_stream;
 static CUmemGenericAllocationHandle vh[256];
 static size_t vsz[256];
 static int nvh;
@@ -150,6 +159,19 @@ static int step(int argc, char **argv, int i)
         unsigned t = 0;
         CUresult r = p_cuDeviceTotalMem(&t, (int)ARG(0));
         out(s, r, "total=%u", t);
+    } else if (!strcmp(s, "held")) {
+        if (!g_nvml) { load_nvml(); p_nvmlInit_v2(); }
+        nvmlReturn_t (*procs)(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
+        *(void **)&procs = dlsym(g_nvml, "nvmlDeviceGetComputeRunningProcesses_v3");
+        nvmlDevice_t d;
+        nvmlProcessInfo_t pi[64];
+        unsigned n = 64;
+        unsigned long long used = 0;
+        nvmlReturn_t r = procs ? p_nvmlDeviceGetHandleByIndex_v2((unsigned)ARG(0), &d) : NVML_ERROR_UNINITIALIZED;
+        if (r == NVML_SUCCESS) r = procs(d, &n, pi);
+        for (unsigned k = 0; r == NVML_SUCCESS && k < n; k++)
+            if (pi[k].pid == (unsigned)getpid()) used = pi[k].usedGpuMemory;
+        out(s, r, "used=%llu", used);
     } else if (!strcmp(s, "nvml") || !strcmp(s, "nvml2") || !strcmp(s, "nvml_null")) {
         if (!g_nvml) { load_nvml(); p_nvmlInit_v2(); }
         nvmlDevice_t d;
@@ -169,13 +191,33 @@ static int step(int argc, char **argv, int i)
         } else out(s, r, NULL);
     } else if (!strcmp(s, "async")) {
         CUdeviceptr p = 0;
-        CUresult r = p_cuMemAllocAsync(&p, ARG(1) * MIB, NULL);
+        CUresult r = p_cuMemAllocAsync(&p, ARG(1) * MIB, streams[cur_stream]);
         if (r == CUDA_SUCCESS) aptrs[naptr++] = p;
         out(s, r, NULL);
     } else if (!strcmp(s, "freeasync")) {
-        out(s, naptr ? p_cuMemFreeAsync(aptrs[--naptr], NULL) : 1, NULL);
+        out(s, naptr ? p_cuMemFreeAsync(aptrs[--naptr], streams[cur_stream]) : 1, NULL);
+    } else if (!strcmp(s, "free_aptr")) {
+        out(s, naptr ? p_cuMemFree_v2(aptrs[--naptr]) : 1, NULL);
     } else if (!strcmp(s, "sync")) {
-        out(s, p_cuStreamSynchronize(NULL), NULL);
+        out(s, p_cuStreamSynchronize(streams[cur_stream]), NULL);
+    } else if (!strcmp(s, "stream")) {
+        CUresult r = nstream < 64 ? p_cuStreamCreate(&streams[nstream], 0) : 1;
+        if (!r) cur_stream = nstream++;
+        out(s, r, NULL);
+    } else if (!strcmp(s, "on")) {
+        int k = (int)ARG(0);
+        cur_stream = k < nstream ? k : 0;
+    } else if (!strcmp(s, "setctx")) {
+        int k = (int)ARG(0);
+        out(s, k < nctx ? p_cuCtxSetCurrent(ctxs[k]) : 1, NULL);
+    } else if (!strcmp(s, "pool_reuse")) {
+        int v = (int)ARG(1);
+        CUresult r = 0;
+        CUmemPool_attribute reuse[] = {CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+                                       CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                                       CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES};
+        for (int a = 0; a < 3 && !r; a++) r = p_cuMemPoolSetAttribute(pool, reuse[a], &v);
+        out(s, r, NULL);
     } else if (!strcmp(s, "pool_create")) {
         CUmemPoolProps pr;
         memset(&pr, 0, sizeof pr);
@@ -187,7 +229,7 @@ static int step(int argc, char **argv, int i)
         out(s, p_cuDeviceGetDefaultMemPool(&pool, (int)ARG(0)), NULL);
     } else if (!strcmp(s, "pool_alloc")) {
         CUdeviceptr p = 0;
-        CUresult r = p_cuMemAllocFromPoolAsync(&p, ARG(1) * MIB, pool, NULL);
+        CUresult r = p_cuMemAllocFromPoolAsync(&p, ARG(1) * MIB, pool, streams[cur_stream]);
         if (r == CUDA_SUCCESS) aptrs[naptr++] = p;
         out(s, r, NULL);
     } else if (!strcmp(s, "pool_trim")) {
