@@ -32,6 +32,7 @@ INTERPOSER = REPO / "libinterpose" / "build" / "libegpu_interpose.so"
 HOOK = Path(sys.executable).parent / "egpu-hook"
 FAKE_DEFAULT_UUID = "GPU-00000000-0000-0000-0000-000000000000"  # fakegpu's card without config
 FAKE_DEFAULT_MIB = 24576
+NULL_MAJOR, NULL_MINOR = 1, 3  # /dev/null's device numbers (Linux devices.txt)
 # containerd's / Docker's default capability set: root in the container may override file
 # modes (CAP_DAC_OVERRIDE) but not mount (no CAP_SYS_ADMIN).
 DEFAULT_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
@@ -155,9 +156,10 @@ class RuncWorld:
 
     def _spec(self, args: list[str], env: dict[str, str] | None,
               annotations: dict[str, str] | None, hooks: int,
-              mounts: Sequence[Mount] = ()) -> dict[str, Any]:
+              mounts: Sequence[Mount] = (), devices: Sequence[str] = ()) -> dict[str, Any]:
         """The OCI config.json of a container running ``args``; ``mounts`` come after /proc
-        and /dev."""
+        and /dev; ``devices``: device node paths, each a copy of /dev/null (what a CDI
+        device's deviceNodes edit with that hostPath gives)."""
         return {
             "ociVersion": "1.0.2",
             "process": {
@@ -178,18 +180,21 @@ class RuncWorld:
             "annotations": annotations or {},
             "hooks": {"createRuntime": [self.hook_entry()] * hooks},
             "linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount")],
-                      "maskedPaths": ["/proc/kcore"], "readonlyPaths": ["/proc/sys"]},
+                      "maskedPaths": ["/proc/kcore"], "readonlyPaths": ["/proc/sys"],
+                      "devices": [{"path": d, "type": "c", "major": NULL_MAJOR,
+                                   "minor": NULL_MINOR, "fileMode": 0o666, "uid": 0, "gid": 0}
+                                  for d in devices]},
         }
 
     def run(self, args: list[str], env: dict[str, str] | None = None,
             annotations: dict[str, str] | None = None, hooks: int = 1,
-            bundle: Path | None = None) -> tuple[Result, Path]:
-        """Run ``args`` in a new container; ``hooks``: how many times egpu-hook is listed.
-        Returns the result and the bundle folder."""
+            bundle: Path | None = None, devices: Sequence[str] = ()) -> tuple[Result, Path]:
+        """Run ``args`` in a new container; ``hooks``: how many times egpu-hook is listed;
+        ``devices``: as ``_spec``. Returns the result and the bundle folder."""
         self.counter += 1
         name = f"egpu-test-{os.getpid()}-{self.counter}"
         bundle = bundle or self.new_rootfs(name)
-        spec = self._spec(args, env, annotations, hooks)
+        spec = self._spec(args, env, annotations, hooks, devices=devices)
         (bundle / "config.json").write_text(json.dumps(spec))
         proc = subprocess.run(["runc", "--root", str(self.runc_root), "run", "--bundle",
                                str(bundle), name], capture_output=True, text=True, timeout=60)
@@ -199,13 +204,13 @@ class RuncWorld:
 
     def start(self, args: list[str], env: dict[str, str] | None = None,
               annotations: dict[str, str] | None = None, *, mounts: Sequence[Mount] = (),
-              name: str | None = None) -> Container:
+              name: str | None = None, devices: Sequence[str] = ()) -> Container:
         """Start ``args`` in a new container (``runc run`` in the background) and return at
         once; ``Container.wait()`` collects it."""
         self.counter += 1
         name = name or f"egpu-test-{os.getpid()}-{self.counter}"
         bundle = self.new_rootfs(name)
-        spec = self._spec(args, env, annotations, 1, mounts)
+        spec = self._spec(args, env, annotations, 1, mounts, devices)
         (bundle / "config.json").write_text(json.dumps(spec))
         proc = subprocess.Popen(["runc", "--root", str(self.runc_root), "run", "--bundle",
                                  str(bundle), name], stdin=subprocess.DEVNULL,

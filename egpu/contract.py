@@ -126,6 +126,12 @@ DRIVER_LIMITS_FILE: Final = "driver-memory-limits.json"
 # EGPU_CLAIM_SHARE_<claim-uid>_<request>=<claim-uid>/<request> (the name holds both so that the
 # devices of several requests, or of two claims, never overwrite each other's).
 ENV_CLAIM_SHARE_PREFIX: Final = "EGPU_CLAIM_SHARE_"
+# A prepared claim request's CDI device also gives each container a device node at
+# CLAIM_MARK_PREFIX + claim_request_device(uid, request), a copy of the host's /dev/null: the
+# runtime hook's proof that the kubelet gave the container that claim (a pod can set any
+# environment variable, EGPU_CLAIM_SHARE_* included, but no device node).
+CLAIM_MARK_PREFIX: Final = "/dev/egpu-"
+CLAIM_MARK_HOST_DEVICE: Final = "/dev/null"
 # A claim's accounting folder: <RUNTIME_DIR>/containers/claim-<claim-uid>_<r1>.<r2>... (the
 # requests a container names, sorted): every container of every pod naming the same requests
 # of one claim draws on the one budget and compute cap there.
@@ -235,6 +241,17 @@ def container_dir_name(pod_uid: str, container: str) -> str:
 def claim_share_env(claim_uid: str, request: str) -> tuple[str, str]:
     """(name, value) of the environment variable a claim's CDI device of ``request`` sets."""
     return f"{ENV_CLAIM_SHARE_PREFIX}{claim_uid}_{request}", f"{claim_uid}/{request}"
+
+
+def claim_request_device(claim_uid: str, request: str) -> str:
+    """The CDI device name of one request of a prepared claim: ``claim-<uid>-<request>``."""
+    return f"claim-{claim_uid}-{request}"
+
+
+def claim_mark_path(claim_uid: str, request: str) -> str:
+    """The device node a container given that claim request's CDI device has
+    (``CLAIM_MARK_PREFIX``): ``/dev/egpu-claim-<uid>-<request>``."""
+    return CLAIM_MARK_PREFIX + claim_request_device(claim_uid, request)
 
 
 def claim_share_dir_name(claim_uid: str, requests: Iterable[str]) -> str:

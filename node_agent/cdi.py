@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from egpu.contract import CDI_KIND
+from egpu.contract import CDI_KIND, CLAIM_MARK_HOST_DEVICE, CLAIM_MARK_PREFIX
 from egpu.records import Card
 
 log = logging.getLogger(__name__)
@@ -93,11 +93,15 @@ def cdi_spec(cards: Sequence[Card], hook_path: str,
 def claim_spec(devices: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
     """The CDI spec of one prepared DRA claim: kind ``egpu.io/gpu``, a device per request of
     the claim (``devices``: name ``claim-<uid>-<request>`` -> the env its edits set: the
-    request's cards and egpu's mark). The cards' own devices (``egpu.io/gpu=<uuid>``, in
-    egpu.json) bring the device nodes and the hook."""
+    request's cards and egpu's mark), each with the claim's device node
+    ``/dev/egpu-claim-<uid>-<request>`` (egpu.contract.CLAIM_MARK_PREFIX: a read-only copy
+    of /dev/null, the hook's proof that the kubelet gave the container the claim). The cards'
+    own devices (``egpu.io/gpu=<uuid>``, in egpu.json) bring the card nodes and the hook."""
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
-            "devices": [{"name": name,
-                         "containerEdits": {"env": [f"{k}={v}" for k, v in env.items()]}}
+            "devices": [{"name": name, "containerEdits": {
+                "env": [f"{k}={v}" for k, v in env.items()],
+                "deviceNodes": [{"path": CLAIM_MARK_PREFIX + name,
+                                 "hostPath": CLAIM_MARK_HOST_DEVICE, "permissions": "r"}]}}
                         for name, env in devices.items()]}
 
 

@@ -365,7 +365,8 @@ def run(argv: Sequence[str] | None = None, stdin: bytes | None = None) -> int:
         annotations = {**spec.annotations, **state.annotations}
         pod_uid, _ = identify(spec.env, annotations)
         shares, shares_error = load_shares(args.private_dir, pod_uid)
-        inputs = Inputs(state.id, spec.env, annotations, shares, shares_error)
+        inputs = Inputs(state.id, spec.env, annotations, shares, shares_error,
+                        devices=spec.devices)
         if len(inputs.claim_requests) == 1:  # a pod that may have joined a prepared claim
             inputs.claim, inputs.claim_error = load_shares(
                 args.private_dir, next(iter(inputs.claim_requests)), CLAIM_SHARES_SUBDIR)

@@ -43,21 +43,25 @@ class State:
 
 
 class Spec:
-    """The parts of the bundle's config.json the hook reads. rootfs: absolute host path."""
+    """The parts of the bundle's config.json the hook reads. rootfs: absolute host path;
+    devices: the paths of ``linux.devices`` (the device nodes the runtime creates: set by the
+    runtime from CDI devices, never by a pod's own fields)."""
 
-    __slots__ = ("annotations", "env", "gid", "rootfs", "uid")
+    __slots__ = ("annotations", "devices", "env", "gid", "rootfs", "uid")
 
     def __init__(self, rootfs: str, env: dict[str, str], annotations: dict[str, str],
-                 uid: int = 0, gid: int = 0) -> None:
+                 uid: int = 0, gid: int = 0, devices: frozenset[str] = frozenset()) -> None:
         self.rootfs = rootfs
         self.env = env
         self.annotations = annotations
         self.uid = uid
         self.gid = gid
+        self.devices = devices
 
     def __repr__(self) -> str:
         return (f"Spec(rootfs={self.rootfs!r}, env={self.env!r}, "
-                f"annotations={self.annotations!r}, uid={self.uid!r}, gid={self.gid!r})")
+                f"annotations={self.annotations!r}, uid={self.uid!r}, gid={self.gid!r}, "
+                f"devices={sorted(self.devices)!r})")
 
 
 def parse_state(text: str | bytes) -> State:
@@ -114,6 +118,11 @@ def parse_spec(text: str | bytes, bundle: str) -> Spec:
     user: dict[str, Any] = raw_user if isinstance(raw_user, dict) else {}
     env = parse_env(process.get("env") or [])
     annotations = data.get("annotations") or {}
+    raw_linux = data.get("linux")
+    raw_devices = raw_linux.get("devices") if isinstance(raw_linux, dict) else None
+    devices = frozenset(d["path"] for d in raw_devices or () if isinstance(d, dict)
+                        and isinstance(d.get("path"), str)) if isinstance(raw_devices, list) \
+        else frozenset()
     return Spec(
         rootfs=rootfs,
         env=env,
@@ -121,6 +130,7 @@ def parse_spec(text: str | bytes, bundle: str) -> Spec:
         if isinstance(annotations, dict) else {},
         uid=int(user.get("uid", 0) or 0),
         gid=int(user.get("gid", 0) or 0),
+        devices=devices,
     )
 
 

@@ -54,13 +54,14 @@ from egpu.contract import (
     OCI_ANN_POD_NAMESPACE,
     OCI_ANN_POD_UID,
     RUNTIME_DIR,
+    claim_mark_path,
     container_dir_name,
     is_file_name,
 )
 
 TYPE_CHECKING = False  # plain classes, no dataclasses/typing: the hook's startup time
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Collection, Mapping
 
     from egpu.card_roster import RosterEntry
     from egpu.records import ContainerAllocation, ContainerConfig, PodShares
@@ -90,21 +91,23 @@ class Inputs(_Value):
     None: no file); shares_error: why the file could not be read (None: fine or absent).
     claim: the shares file of the one claim ``claim_requests(env)`` names (None: none, or
     absent); claim_error: why it could not be read. ``claim_requests``: ``claim_requests(env)``,
-    read once."""
+    read once. devices: the container's device node paths (``oci.Spec.devices``)."""
 
     __slots__ = ("annotations", "claim", "claim_error", "claim_requests", "container_id",
-                 "env", "shares", "shares_error")
+                 "devices", "env", "shares", "shares_error")
 
     def __init__(self, container_id: str, env: Mapping[str, str],
                  annotations: Mapping[str, str],
                  shares: PodShares | None = None,
                  shares_error: str | None = None,
                  claim: PodShares | None = None,
-                 claim_error: str | None = None) -> None:
+                 claim_error: str | None = None,
+                 devices: Collection[str] = ()) -> None:
         self.container_id, self.env, self.annotations = container_id, env, annotations
         self.shares, self.shares_error = shares, shares_error
         self.claim, self.claim_error = claim, claim_error
         self.claim_requests = claim_requests(env)
+        self.devices = frozenset(devices)
 
 
 class Skip(_Value):
@@ -223,6 +226,14 @@ def joined_claim_entry(inputs: Inputs, named: Mapping[str, frozenset[str]], pod_
         return Refuse(f"{where} was given the devices of {len(named)} egpu ResourceClaims "
                       f"({', '.join(sorted(named))}); a container takes one egpu claim")
     ((uid, requests),) = named.items()
+    unmarked = sorted(r for r in requests if claim_mark_path(uid, r) not in inputs.devices)
+    if unmarked:  # the variables alone: a pod can set them, the kubelet did not give the claim
+        return Refuse(
+            f"{where} names requests {', '.join(unmarked)} of ResourceClaim {uid} in its "
+            f"environment ({ENV_CLAIM_SHARE_PREFIX}*) but was not given their CDI devices "
+            f"(no device node {claim_mark_path(uid, unmarked[0])}); the kubelet gives them "
+            "only to the containers of pods that reference the claim: refusing to join "
+            "another pod's share")
     if inputs.claim_error:
         return Refuse(f"{where}: the shares file of ResourceClaim {uid} is unreadable: "
                       f"{inputs.claim_error}")

@@ -14,7 +14,7 @@ requests it names, so it sees only their cards. The claim itself is decoded by t
 
 from __future__ import annotations
 
-from egpu.contract import claim_share_env
+from egpu.contract import claim_request_device, claim_share_env
 from egpu.dra.allocation import PreparedClaim, base_request
 from node_agent.deviceplugin.matching import Ambiguous, allocate_envs
 
@@ -33,8 +33,3 @@ def request_envs(claim: PreparedClaim) -> dict[str, dict[str, str]]:
         name, value = claim_share_env(claim.uid, request)
         out[request] = {**env, name: value}
     return out
-
-
-def claim_request_device(claim_uid: str, request: str) -> str:
-    """The CDI device name of one request of a prepared claim: ``claim-<uid>-<request>``."""
-    return f"claim-{claim_uid}-{request}"

@@ -40,12 +40,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from egpu.contract import CLAIM_SHARE_DIR_PREFIX
+from egpu.contract import CLAIM_SHARE_DIR_PREFIX, claim_request_device
 from egpu.dra import allocation
 from egpu.dra.allocation import ClaimError, PreparedClaim
 from egpu.records import Card, PodShares
 from node_agent.cdi import CdiPublisher
-from node_agent.draplugin.cdienv import claim_request_device, request_envs
+from node_agent.draplugin.cdienv import request_envs
 from node_agent.draplugin.state import ClaimStore
 from node_agent.pods import remove_pod_files
 

@@ -99,6 +99,11 @@ def test_prepare_writes_the_pod_file_and_the_claim_cdi_spec_idempotently(
     assert spec["devices"][0]["containerEdits"]["env"] == [
         f"EGPU_DEVICES=claim-{CLAIM_UID}-gpu", "NVIDIA_VISIBLE_DEVICES=GPU-AAAA-0001",
         f"EGPU_CLAIM_SHARE_{CLAIM_UID}_gpu={CLAIM_UID}/gpu"]
+    # the runtime hook's proof that the kubelet gave a container the claim (a pod can copy
+    # the variables above, not a device node)
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": f"/dev/egpu-claim-{CLAIM_UID}-gpu", "hostPath": "/dev/null",
+         "permissions": "r"}]
     claim_file = node_dirs["private"] / "claim-shares" / f"{CLAIM_UID}.json"
     joinable = PodShares.decode(claim_file.read_text())
     assert [(c.name, c.share) for c in joinable.allocation.containers] == [

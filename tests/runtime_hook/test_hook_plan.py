@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from egpu.card_roster import RosterEntry, owner_id, share_owner
@@ -11,8 +13,10 @@ from egpu.contract import (
     ENV_DEVICES,
     ENV_MEMORY_LIMIT_MIB,
     ENV_POD_UID,
+    claim_mark_path,
 )
 from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
+from runtime_hook.oci import parse_spec
 from runtime_hook.plan import (
     Apply,
     Inputs,
@@ -184,8 +188,14 @@ def claim_env(*requests: str, claim: str = CLAIM) -> dict[str, str]:
     return env
 
 
+def marks(*requests: str, claim: str = CLAIM) -> frozenset[str]:
+    """The device nodes the claim's CDI devices of ``requests`` give a container."""
+    return frozenset(claim_mark_path(claim, r) for r in requests)
+
+
 def test_a_joining_pod_gets_the_claims_share_and_folder_of_its_requests() -> None:
-    result = decide(Inputs("c1", claim_env("gpu"), ANN, None, None, claim_file("gpu")))
+    result = decide(Inputs("c1", claim_env("gpu"), ANN, None, None, claim_file("gpu"),
+                           devices=marks("gpu")))
     assert isinstance(result, Apply) and result.config is not None
     assert (result.dir_name, result.region_name) == ("uid-a_main", f"claim-{CLAIM}_gpu")
     assert result.config.container_region == (
@@ -212,10 +222,41 @@ def test_a_joining_pod_is_refused_what_the_claim_does_not_offer_it(
         env: dict[str, str], claim: PodShares | None, message: str) -> None:
     """Each refusal keeps a budget whole: no claim of this node, another namespace's, a
     request set overlapping the shared ones (two budgets over one booking), two claims."""
-    result = decide(Inputs("c1", env, ANN, None, None, claim))
+    result = decide(Inputs("c1", env, ANN, None, None, claim,
+                           devices=marks("gpu", "extra") | marks("gpu", claim="c2")))
     assert isinstance(result, Refuse) and message in result.message, result
+
+
+@pytest.mark.parametrize("devices", [frozenset(), marks("other"), marks("gpu", claim="c2"),
+                                     frozenset({"/dev/null", f"/dev/egpu-claim-{CLAIM}"})])
+def test_a_pod_that_only_sets_a_claims_variables_cannot_join_it(devices: frozenset[str]
+                                                                 ) -> None:
+    """A pod of the claim's namespace that does not reference the claim gets none of its CDI
+    devices, but it can write their variables into its own env. Bug caught: the hook believed
+    the variables, so such a pod drew on the claim's budget and took a roster entry on its
+    card each container, past the shares the scheduler booked (32 fill a card's roster)."""
+    result = decide(Inputs("c1", claim_env("gpu"), ANN, None, None, claim_file("gpu"),
+                           devices=devices))
+    assert isinstance(result, Refuse), result
+    assert result.message == (
+        f"egpu: pod uid-a container 'main' names requests gpu of ResourceClaim {CLAIM} in its "
+        "environment (EGPU_CLAIM_SHARE_*) but was not given their CDI devices (no device node "
+        f"/dev/egpu-claim-{CLAIM}-gpu); the kubelet gives them only to the containers of pods "
+        "that reference the claim: refusing to join another pod's share")
 
 
 def test_a_forged_claim_variable_names_no_claim() -> None:
     env = {"EGPU_CLAIM_SHARE_x_gpu": f"{CLAIM}/gpu", "EGPU_CLAIM_SHARE_y_a/b": "y/a/b"}
     assert claim_requests(env) == {}
+
+
+def test_the_spec_names_the_device_nodes_the_runtime_creates() -> None:
+    """``linux.devices`` paths are what rule 4b's claim check reads; anything malformed there
+    names no device (a refusal, never a join)."""
+    spec = {"root": {"path": "/r"}, "linux": {"devices": [
+        {"path": claim_mark_path(CLAIM, "gpu"), "type": "c", "major": 1, "minor": 3},
+        {"path": 7}, "junk", {"type": "c"}]}}
+    assert parse_spec(json.dumps(spec), "/b").devices == {claim_mark_path(CLAIM, "gpu")}
+    for linux in ({}, {"devices": "x"}, "x", None):
+        assert parse_spec(json.dumps({"root": {"path": "/r"}, "linux": linux}),
+                          "/b").devices == frozenset()

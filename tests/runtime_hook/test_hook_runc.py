@@ -17,6 +17,7 @@ import pytest
 
 from demo.sandbox import FAKE_DEFAULT_MIB, FAKE_DEFAULT_UUID, RuncWorld
 from egpu import card_roster
+from egpu.contract import claim_mark_path
 from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
 
 pytestmark = pytest.mark.runc
@@ -239,6 +240,7 @@ def annotations(uid: str, container: str, namespace: str = "team") -> dict[str, 
 
 CLAIM_ENV = {"NVIDIA_VISIBLE_DEVICES": FAKE_DEFAULT_UUID, "EGPU_DEVICES": f"claim-{CLAIM}-gpu",
              f"EGPU_CLAIM_SHARE_{CLAIM}_gpu": f"{CLAIM}/gpu"}
+CLAIM_MARK = (claim_mark_path(CLAIM, "gpu"),)  # the device node of the claim's CDI device
 
 
 def test_containers_and_pods_on_one_claim_draw_on_one_budget(
@@ -253,20 +255,23 @@ def test_containers_and_pods_on_one_claim_draw_on_one_budget(
     world = interposer_world
     first, joined = ("aaaaaaaa-0000-0000-0000-0000000000c1", "aaaaaaaa-0000-0000-0000-0000000000c2")
     claim_pod(world, first, ("server", "sidecar"))
-    holder = world.start(["/probe", "2000", "hold"], CLAIM_ENV, annotations(first, "server"))
+    holder = world.start(["/probe", "2000", "hold"], CLAIM_ENV, annotations(first, "server"),
+                         devices=CLAIM_MARK)
     try:
         assert holder.proc.stdout is not None
         line = holder.proc.stdout.readline()
         assert "alloc=0" in line and f"total_mib={CLAIM_MIB}" in line, (
             line, holder.proc.stderr.read() if holder.proc.poll() is not None else "")
         for uid, container in ((first, "sidecar"), (joined, "worker")):
-            over, _ = world.run(["/probe", "2000"], CLAIM_ENV, annotations(uid, container))
+            over, _ = world.run(["/probe", "2000"], CLAIM_ENV, annotations(uid, container),
+                                devices=CLAIM_MARK)
             assert over.returncode == 0, over.stderr
             assert (over.values["total_mib"], over.values["alloc"]) == (
                 CLAIM_MIB, CUDA_ERROR_OUT_OF_MEMORY), (container, over.stdout)
             assert over.values["free_mib"] == CLAIM_MIB - 2000 - 2 * CONTEXT_MIB, (
                 container, over.stdout)
-            within, _ = world.run(["/probe", "400"], CLAIM_ENV, annotations(uid, container))
+            within, _ = world.run(["/probe", "400"], CLAIM_ENV, annotations(uid, container),
+                                  devices=CLAIM_MARK)
             assert within.values["alloc"] == CUDA_SUCCESS, (container, within.stdout)
         card = world.runtime_dir / "cards" / FAKE_DEFAULT_UUID
         shares = card_roster.read_roster(str(card)).shares()
@@ -275,9 +280,17 @@ def test_containers_and_pods_on_one_claim_draw_on_one_budget(
         assert not (world.runtime_dir / "containers" / f"{joined}_worker").exists()
         stranger, _ = world.run(["/probe", "0"], CLAIM_ENV,
                                 annotations("aaaaaaaa-0000-0000-0000-0000000000c3", "x",
-                                            namespace="other"))
+                                            namespace="other"), devices=CLAIM_MARK)
         assert stranger.returncode != 0
         assert "is not of the pod's namespace (other)" in stranger.stderr, stranger.stderr
+        # a pod of the claim's namespace that copies the claim's variables into its own env
+        # but does not reference the claim (no CDI device from the kubelet) is refused, and
+        # takes no roster entry
+        copier, _ = world.run(["/probe", "0"], CLAIM_ENV,
+                              annotations("aaaaaaaa-0000-0000-0000-0000000000c4", "y"))
+        assert copier.returncode != 0
+        assert "was not given their CDI devices" in copier.stderr, copier.stderr
+        assert card_roster.read_roster(str(card)).shares() == shares
     finally:
         holder.kill()
         holder.wait()
