@@ -465,6 +465,24 @@ void fg_uncharge(int card, uint64_t bytes)
     pthread_mutex_unlock(&sh->mu);
 }
 
+void fg_uncharge_owner(uint64_t token, int card, uint64_t bytes)
+{
+    fg_world *w = fg_get();
+    int s = w->slot[card];
+    if (s < 0 || !bytes || !token) return;
+    fg_shared *sh = w->sh;
+    lock(sh);
+    for (int i = 0; i < FG_MAX_PROCS; i++) {
+        fg_proc *p = &sh->procs[i];
+        if (!p->pid || p->token != token) continue;
+        uint64_t b = p->used[s] < bytes ? p->used[s] : bytes; /* only what that row holds */
+        p->used[s] -= b;
+        sh->cards[s].used = sh->cards[s].used > b ? sh->cards[s].used - b : 0;
+        break;
+    }
+    pthread_mutex_unlock(&sh->mu);
+}
+
 uint64_t fg_card_used(int card)
 {
     fg_world *w = fg_get();

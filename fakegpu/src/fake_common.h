@@ -75,6 +75,9 @@ typedef struct {
 fg_world *fg_get(void); /* loads config + state once; never NULL */
 int fg_charge(int card, uint64_t bytes);  /* 0 ok, -1 out of memory */
 void fg_uncharge(int card, uint64_t bytes);
+/* Gives back bytes charged to the process whose identity is token (on its row, if it is still
+ * there: a dead process's row is reclaimed with everything on it). */
+void fg_uncharge_owner(uint64_t token, int card, uint64_t bytes);
 uint64_t fg_card_used(int card);
 int fg_card_procs(int card, int32_t *pids, uint64_t *bytes, int max);
 uint64_t fg_now_ns(void);

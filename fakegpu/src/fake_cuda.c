@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "fake_common.h"
 
@@ -84,8 +85,16 @@ struct CUmemPoolHandle_st {
 };
 /* A physical VMM allocation. As the driver: the memory is freed only when every handle to it
  * is released (cuMemCreate/cuMemImportFromShareableHandle/cuMemRetainAllocationHandle each
- * add one) AND every mapping of it is unmapped (refs and nmaps under g_mu). */
+ * add one) AND every mapping of it is unmapped (refs and nmaps under g_mu), in every process:
+ * once exported, its holders across processes are counted in the shared vmm_export below. */
 typedef struct vmm_handle vmm_handle;
+typedef struct vmm_export vmm_export;
+/* (shareable handles, below) */
+struct vmm_export {
+    uint32_t magic; int dev, card; uint64_t size; CUmemAllocationProp prop;
+    uint64_t owner;       /* the fake's identity (fg_world.token) of the process charged */
+    atomic_int holders;   /* vmm_handles alive in every process (each: handles or mappings) */
+};
 /* A multicast binding: `size` bytes of `mem` from memory offset mem_offset, at mc_offset of
  * the multicast object, for mem's device. It keeps mem alive (counted in mem->nmaps). */
 typedef struct { vmm_handle *mem; uint64_t mc_offset, size; } mc_binding;
@@ -93,6 +102,8 @@ struct vmm_handle {
     uint32_t magic; int dev; uint64_t size; CUmemAllocationProp prop;
     int refs, nmaps;
     int imported; /* an import of another allocation: its card memory is the exporter's */
+    vmm_export *x; /* exported or imported: the allocation's shared record (mapped), else NULL */
+    int x_fd;      /* its memfd (each export opens it anew), -1 none */
     /* a multicast object (dev -1: no memory of its own): its devices, its bindings */
     int multicast, mc_want, mc_ndevs, mc_devs[FG_MAX_CARDS], mc_nbinds;
     mc_binding mc_binds[FG_MAX_CARDS * 8];
@@ -1958,7 +1969,7 @@ FG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, con
     if (dev >= 0 && fg_charge(card_of(dev), size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     vmm_handle *v = calloc(1, sizeof *v);
     if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
-    *v = (vmm_handle){.magic = VMM_MAGIC, .dev = dev, .size = size, .prop = *prop, .refs = 1};
+    *v = (vmm_handle){.magic = VMM_MAGIC, .dev = dev, .size = size, .prop = *prop, .refs = 1, .x_fd = -1};
     *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
     return CUDA_SUCCESS;
 }
@@ -1967,7 +1978,13 @@ FG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, con
 static void vmm_maybe_free_locked(vmm_handle *v)
 {
     if (v->refs > 0 || v->nmaps > 0) return;
-    if (v->dev >= 0 && !v->imported) fg_uncharge(card_of(v->dev), v->size);
+    if (v->x) { /* shared: the memory goes with its last holder in any process */
+        if (atomic_fetch_sub(&v->x->holders, 1) == 1) fg_uncharge_owner(v->x->owner, v->x->card, v->x->size);
+        munmap(v->x, sizeof *v->x);
+        if (v->x_fd >= 0) close(v->x_fd);
+    } else if (v->dev >= 0 && !v->imported) {
+        fg_uncharge(card_of(v->dev), v->size);
+    }
     v->magic = 0;
     for (int i = 0; i < v->mc_nbinds; i++) { /* a multicast object goes: its bindings too */
         v->mc_binds[i].mem->nmaps--;
@@ -2104,9 +2121,11 @@ FG_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, 
 }
 
 /* Shareable handles (POSIX file descriptor only): the descriptor is a memfd holding the
- * allocation's description. An import is a new handle to the same physical memory: it costs
- * the card nothing more (the exporter's charge stays while the exporter holds it). */
-typedef struct { uint32_t magic; int dev; uint64_t size; CUmemAllocationProp prop; } vmm_export;
+ * allocation's shared record; each export opens it anew (another open file, as the driver's
+ * exports are). An import is a new handle to the same physical memory: it costs the card
+ * nothing more, and keeps the memory (the exporter's charge, on its row) until the last
+ * holder in any process lets go. What the fake does not do: an open descriptor alone does not
+ * keep the memory (the driver's does), and a dead exporter's row is reclaimed with its charge. */
 /* ---- multicast objects (CUDA driver API, "Multicast Object Management"), on the cards the
  * config marks `multicast = 1` (NVSwitch); elsewhere CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is
  * 0 and every call answers CUDA_ERROR_NOT_SUPPORTED. A multicast object is a VMM handle with no
@@ -2244,12 +2263,32 @@ FG_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocatio
     if (!out || !v || flags) return CUDA_ERROR_INVALID_VALUE;
     if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !(v->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
         return CUDA_ERROR_INVALID_VALUE;
-    int fd = memfd_create("fakegpu-vmm", MFD_CLOEXEC);
-    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    vmm_export x = {VMM_MAGIC, v->dev, v->size, v->prop};
-    if (pwrite(fd, &x, sizeof x, 0) != (ssize_t)sizeof x) { close(fd); return CUDA_ERROR_OUT_OF_MEMORY; }
-    *(int *)out = fd;
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = CUDA_SUCCESS;
+    if (!v->x) { /* the first export: the shared record, held by this handle */
+        int xfd = memfd_create("fakegpu-vmm", MFD_CLOEXEC);
+        vmm_export *x = MAP_FAILED;
+        if (xfd >= 0 && ftruncate(xfd, sizeof *x) == 0)
+            x = mmap(NULL, sizeof *x, PROT_READ | PROT_WRITE, MAP_SHARED, xfd, 0);
+        if (x == MAP_FAILED) {
+            if (xfd >= 0) close(xfd);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            *x = (vmm_export){VMM_MAGIC, v->dev, v->dev >= 0 ? card_of(v->dev) : -1, v->size, v->prop, fg_get()->token, 1};
+            v->x = x;
+            v->x_fd = xfd;
+        }
+    }
+    int fd = -1;
+    if (r == CUDA_SUCCESS) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", v->x_fd);
+        fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (r == CUDA_SUCCESS) *(int *)out = fd;
+    return r;
 }
 
 FG_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os_handle, CUmemAllocationHandleType type)
@@ -2257,11 +2296,28 @@ FG_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
     NEED_INIT();
     if (!h || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
     int fd = (int)(intptr_t)os_handle;
-    vmm_export x;
-    if (pread(fd, &x, sizeof x, 0) != (ssize_t)sizeof x || x.magic != VMM_MAGIC) return CUDA_ERROR_INVALID_VALUE;
-    vmm_handle *v = calloc(1, sizeof *v);
-    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
-    *v = (vmm_handle){.magic = VMM_MAGIC, .dev = x.dev, .size = x.size, .prop = x.prop, .refs = 1, .imported = 1};
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size != (off_t)sizeof(vmm_export)) return CUDA_ERROR_INVALID_VALUE;
+    char path[64]; /* the record is written through a description of our own: fd may be read-only */
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int xfd = open(path, O_RDWR | O_CLOEXEC);
+    vmm_export *x = xfd < 0 ? MAP_FAILED : mmap(NULL, sizeof *x, PROT_READ | PROT_WRITE, MAP_SHARED, xfd, 0);
+    if (x == MAP_FAILED) {
+        if (xfd >= 0) close(xfd);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    int n = x->magic == VMM_MAGIC ? atomic_load(&x->holders) : 0;
+    while (n > 0 && !atomic_compare_exchange_weak(&x->holders, &n, n + 1)) {
+    }
+    vmm_handle *v = n > 0 ? calloc(1, sizeof *v) : NULL;
+    if (!v) { /* freed already (see above), or no memory for the handle */
+        if (n > 0) atomic_fetch_sub(&x->holders, 1);
+        munmap(x, sizeof *x);
+        close(xfd);
+        return n > 0 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+    }
+    *v = (vmm_handle){.magic = VMM_MAGIC, .dev = x->dev, .size = x->size, .prop = x->prop, .refs = 1, .imported = 1,
+                      .x = x, .x_fd = xfd}; /* (kept to export it again) */
     *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
     return CUDA_SUCCESS;
 }

@@ -115,6 +115,9 @@
     X(cuCtxPopCurrent_v2, O, (CUcontext *pctx)) \
     X(cuThreadExchangeStreamCaptureMode, O, (CUstreamCaptureMode *mode)) \
     X(cuMemGetAllocationPropertiesFromHandle, O, (CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)) \
+    /* an import's size, found by trial mappings (hooks_vmm.c, import_size_locked) */ \
+    X(cuMemAddressReserve, O, (CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)) \
+    X(cuMemAddressFree, O, (CUdeviceptr ptr, size_t size)) \
     X(cuGraphGetNodes, O, (CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)) \
     X(cuGraphNodeGetType, O, (CUgraphNode hNode, CUgraphNodeType *type)) \
     X(cuGraphMemAllocNodeGetParams, O, (CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out)) \

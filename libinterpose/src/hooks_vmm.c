@@ -14,12 +14,13 @@
  * unmapped, so the charge is given back then, not at cuMemRelease of a still-mapped handle
  * (the documented create-map-release pattern). Handles: cuMemCreate, each
  * cuMemRetainAllocationHandle and each cuMemImportFromShareableHandle take one; mappings:
- * cuMemMap/cuMemUnmap ranges. An imported allocation is charged to the importing container:
- * its size cannot be asked of the driver (no API gives a handle's size), so it is charged
- * the allocation granularity at import and then the largest extent (offset + size, rounded
- * up to the granularity) any mapping of it reaches, checked against the cap before cuMemMap.
- * All under vmm_mu, held across the driver call so that the bookkeeping follows the
- * driver's order of events.
+ * cuMemMap/cuMemUnmap ranges. An imported allocation that matches no export of this
+ * container is charged to the importing container at its whole size: the imported handle
+ * alone keeps all of it alive (cuMemRelease: the memory goes only when every handle, imported
+ * and shareable ones included, is released), and the exporter may let go of it first. No
+ * API gives a handle's size, so it is found by trial mappings (import_size_locked); an import
+ * larger than the share's room is refused with OUT_OF_MEMORY. All under vmm_mu, held across
+ * the driver call so that the bookkeeping follows the driver's order of events.
  *
  * Within one container an allocation is charged once however many of its processes hold it
  * (NCCL: cuMemExportToShareableHandle as a POSIX fd, passed over a socket, imported by a
@@ -27,9 +28,13 @@
  * to a shared slot of the region (egpu_region.h, EGPU_PROC_F_SHARED) that lives while any
  * process of the container holds the allocation: an import whose fd is the same open file as
  * that export (kcmp) holds the shared slot and is charged nothing; the charge goes back when
- * the last holder releases it (or dies). An import that matches no export of this container
- * (another container exported it, or the exporter let go of it before) is charged to the
- * importer as above: it keeps the memory alive, so its container pays for what it maps. */
+ * the last holder releases it (or dies). Every later export of a shared allocation leaves
+ * the charge there. An import that matches no export of this container (another container
+ * exported it, the exporter let go of it before, it is a second export's open file, or kcmp
+ * is denied, as under Docker's and containerd's default seccomp profiles) is charged to the
+ * importer at its whole size, as above: it keeps the memory alive, so its container pays for
+ * all of it (within one container that counts the allocation twice while both hold it: never
+ * less than what is held). */
 static int loc_is_device(const CUmemAllocationProp *p) { return p && p->location.type == CU_MEM_LOCATION_TYPE_DEVICE; }
 
 /* (clang-format reads "(aux) &" as a cast) */
@@ -109,6 +114,33 @@ uint64_t vmm_granularity(const CUmemAllocationProp *prop)
         R.cuMemGetAllocationGranularity(&g, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !g)
         g = VMM_GRANULARITY_FALLBACK_BYTES;
     return g;
+}
+
+/* vmm_mu held: the size of the allocation behind an imported handle, found by bisection
+ * over trial mappings of whole granules (cuMemMap of [0, size) succeeds iff size fits in the
+ * allocation), up to `most` bytes + one granule. *size: the size, or UINT64_MAX when the
+ * allocation is larger than `most`. The driver's error when no trial can be made. */
+static CUresult import_size_locked(CUmemGenericAllocationHandle handle, uint64_t g, uint64_t most, uint64_t *size)
+{
+    if (!R.cuMemAddressReserve || !R.cuMemAddressFree || !R.cuMemMap || !R.cuMemUnmap) return CUDA_ERROR_NOT_SUPPORTED;
+    uint64_t hi = most / g + 1; /* granules: one past the most we would charge */
+    CUdeviceptr va = 0;
+    CUresult r = R.cuMemAddressReserve(&va, hi * g, 0, 0, 0);
+    if (r != CUDA_SUCCESS) return r;
+    uint64_t lo = 0; /* granules known to fit */
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo + 1) / 2;
+        if (R.cuMemMap(va, mid * g, 0, handle, 0) == CUDA_SUCCESS) {
+            R.cuMemUnmap(va, mid * g);
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    R.cuMemAddressFree(va, (most / g + 1) * g);
+    if (lo == 0) return CUDA_ERROR_INVALID_VALUE; /* not even one granule maps */
+    *size = lo > most / g ? UINT64_MAX : lo * g;
+    return CUDA_SUCCESS;
 }
 
 /* vmm_mu held, h taken from the map: an import charged to this container pays for the
@@ -227,14 +259,16 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
     } else if (R.cuMemGetAllocationPropertiesFromHandle &&
                R.cuMemGetAllocationPropertiesFromHandle(&prop, *handle) == CUDA_SUCCESS && loc_is_device(&prop) &&
                devs_ready() && prop.location.id >= 0 && prop.location.id < S->ndev) {
+        /* matched by no export: it pays for all it keeps alive (see above) */
         int dev = prop.location.id;
-        uint64_t g = vmm_granularity(&prop);
-        CUresult c = charge(dev, g);
+        uint64_t g = vmm_granularity(&prop), size = 0;
+        CUresult c = import_size_locked(*handle, g, S->dev[dev].limit, &size);
+        if (c == CUDA_SUCCESS) c = size == UINT64_MAX ? CUDA_ERROR_OUT_OF_MEMORY : charge(dev, size);
         if (c != CUDA_SUCCESS) {
             R.cuMemRelease(*handle);
             r = c;
         } else {
-            egpu_map_ent e = {*handle, g, VMM_AUX(1, 0, VMM_IMPORTED), 0, dev, MAP_VMM};
+            egpu_map_ent e = {*handle, size, VMM_AUX(1, 0, VMM_IMPORTED), 0, dev, MAP_VMM};
             egpu_map_put_ent(&S->map, &e);
         }
     }

@@ -19,6 +19,7 @@
  *   vmm_share (export the last handle as a POSIX fd and import it: a new handle entry)
  *   vmm_share_foreign (the same, the fd opened again first: another open file, as an fd of
  *                      another container's export is)
+ *   vmm_release_prev (release the handle before the last one: the creator of a shared one)
  *   vmm_map_part MiB (map only the first MiB of the last handle)
  *   ctx_destroy (destroy the last context made by "ctx")
  *   array W H | array3d W H D [CH] | mipmap W H LEVELS | array_destroy | hostalloc MiB | hostfree
@@ -291,6 +292,10 @@ static int step(int argc, char **argv, int i)
         if (!r) { vsz[nvh] = vsz[k]; nvh++; }
         if (fd >= 0) close(fd);
         if (import_fd >= 0) close(import_fd);
+        out(s, r, NULL);
+    } else if (!strcmp(s, "vmm_release_prev")) {
+        CUresult r = nvh < 2 ? 1 : p_cuMemRelease(vh[nvh - 2]);
+        if (!r) { vh[nvh - 2] = vh[nvh - 1]; vsz[nvh - 2] = vsz[nvh - 1]; nvh--; }
         out(s, r, NULL);
     } else if (!strcmp(s, "vmm_release")) {
         out(s, nvh ? p_cuMemRelease(vh[--nvh]) : 1, NULL);
