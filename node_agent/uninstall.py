@@ -2,8 +2,9 @@
 
 Two halves, both in the node agent's image:
 
-- The agent, when it stops because its DaemonSet is being removed (not a roll, not a restart
-  of its pod, not a node shutdown: then the DaemonSet stays), removes what it put on its
+- The agent, when it stops because its DaemonSet is being deleted in the foreground (the
+  Job's way below; not a roll, not a restart of its pod, not a node shutdown, not a Helm
+  upgrade that drops the DaemonSet: those never clean a node), removes what it put on its
   node: the node annotations it writes, its ResourceSlices, its CDI specs, the contents of the
   runtime and private folders and of the install folder (hook and interposer).
   ``daemonset_removed`` decides; ``remove_node_files`` and ``node_annotations_removal`` do it.
@@ -43,6 +44,7 @@ from egpu.contract import (
 
 log = logging.getLogger(__name__)
 
+FOREGROUND_DELETION = "foregroundDeletion"  # the finalizer of a foreground deletion
 NODE_ANNOTATIONS = (ANN_INVENTORY, ANN_INVENTORY_HEARTBEAT, ANN_USAGE, ANN_ALLOCATION_MODE,
                     ANN_CONFIG)
 AGENTS_GONE_WAIT_S = 120.0  # the agents' terminationGracePeriodSeconds (30 s) and then some
@@ -51,17 +53,21 @@ POLL_INTERVAL_S = 2.0
 
 
 def daemonset_removed(owner_uid: str, daemonset: Mapping[str, Any] | None) -> bool:
-    """Whether the agent's own DaemonSet (uid ``owner_uid``) is going away: gone
-    (``daemonset`` None: the API answered 404) or being deleted (deletionTimestamp set, same
-    uid). A DaemonSet of the same name with another uid is a new install, which takes the node
-    over: nothing is removed then. An empty ``owner_uid`` (the pod has no DaemonSet owner,
-    e.g. an agent started by hand) never counts as removal."""
-    if not owner_uid:
+    """Whether the agent's own DaemonSet (uid ``owner_uid``) is being removed *with egpu*: a
+    foreground deletion (deletionTimestamp and the ``foregroundDeletion`` finalizer, same uid),
+    which the uninstall Job and docs/operating.md's kustomize commands make: the DaemonSet then
+    stays until its agents have stopped. A DaemonSet that is simply gone (``daemonset`` None:
+    404) is not: Helm deletes a DaemonSet an upgrade or rollback drops (the DRA pool's, handing
+    its nodes to the other agent) in the background, and cleaning the node then would take the
+    hook and every share's files from under running pods and the agent taking over. A
+    DaemonSet of the same name with another uid is a new install, which takes the node over.
+    An empty ``owner_uid`` (the pod has no DaemonSet owner, e.g. an agent started by hand)
+    never counts as removal."""
+    if not owner_uid or daemonset is None:
         return False
-    if daemonset is None:
-        return True
     meta = daemonset.get("metadata") or {}
-    return meta.get("uid") == owner_uid and bool(meta.get("deletionTimestamp"))
+    return (meta.get("uid") == owner_uid and bool(meta.get("deletionTimestamp"))
+            and FOREGROUND_DELETION in (meta.get("finalizers") or ()))
 
 
 def daemonset_owner(pod: Mapping[str, Any]) -> tuple[str, str]:

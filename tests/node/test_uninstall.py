@@ -23,23 +23,31 @@ from node_agent.uninstall import (
 UID = "0b6c3a52-9c1f-4d2e-8a55-6f1f3b1f0c11"
 
 
-def _daemonset(uid: str = UID, deleting: bool = False) -> dict[str, object]:
+def _daemonset(uid: str = UID, deleting: bool = False,
+               finalizers: tuple[str, ...] = ("foregroundDeletion",)) -> dict[str, object]:
     meta: dict[str, object] = {"name": "egpu-node-agent", "uid": uid}
     if deleting:
         meta["deletionTimestamp"] = "2026-12-04T05:00:00Z"
+        meta["finalizers"] = list(finalizers)
     return {"metadata": meta}
 
 
 @pytest.mark.parametrize(("daemonset", "removed"), [
-    (None, True),  # gone (404): background deletion, or kubectl delete -k
-    (_daemonset(deleting=True), True),  # foreground deletion: the hook Job's
+    (_daemonset(deleting=True), True),  # foreground deletion: the hook Job's, the doc's
+    # gone (404): a Helm upgrade or rollback that drops the DaemonSet (the DRA pool's, its
+    # nodes handed to the other agent), or a background delete
+    (None, False),
+    (_daemonset(deleting=True, finalizers=("orphan",)), False),  # orphaning its pods
     (_daemonset(), False),  # a roll, a pod deleted by hand, a node shutting down
     (_daemonset(uid="another", deleting=True), False),  # not ours
     (_daemonset(uid="another"), False),  # reinstalled under the same name: it takes over
 ])
 def test_only_the_agents_own_daemonset_going_away_is_a_removal(daemonset, removed) -> None:
     """Bug caught: an agent that cleans its node on every stop would delete the files of
-    running shares at each roll; one that never does leaves everything after uninstall."""
+    running shares at each roll; one that never does leaves everything after uninstall. And
+    since: a Helm upgrade that drops the DRA pool's DaemonSet (background deletion, 404) made
+    each of its agents wipe its node (hook, interposer, every share's files) with share pods
+    running and the other agent taking the node over."""
     assert daemonset_removed(UID, daemonset) is removed
 
 
