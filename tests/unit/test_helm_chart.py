@@ -370,7 +370,8 @@ def test_webhook_values(helm) -> None:
 
 def test_namespace_values(helm) -> None:
     default = helm()
-    moved = helm(**{"namespace.name": "gpu-share"})
+    moved = helm(**{"namespace.name": "gpu-share",
+                    "config.ignoredNamespaces": "{kube-system,gpu-share}"})
     assert ("Namespace", "", "gpu-share") in moved
     for key in moved:
         assert key[1] in ("", "gpu-share", "kube-system"), _name(key)
@@ -548,3 +549,48 @@ def test_a_prometheus_url_value_is_what_kubectl_egpu_advise_reads(helm) -> None:
     found = on[("ConfigMap", NAMESPACE, MONITORING_CONFIG_MAP)]
     assert found["data"] == {MONITORING_PROMETHEUS_URL_KEY: url}
     assert ("ConfigMap", NAMESPACE, MONITORING_CONFIG_MAP) not in helm()
+
+
+def test_the_webhook_is_sent_the_configured_aliases_and_never_ignored_namespaces(helm) -> None:
+    """The MutatingWebhookConfiguration follows the config. Bugs caught: a pod asking for a
+    configured alias (hami.io/gpumem) never reached the webhook, which would have rewritten it
+    (it went Pending on a resource no node has); a pod of an ignoredNamespaces namespace was
+    still sent to the webhook, and refused (failurePolicy Fail) while no replica answered."""
+    def hook(**values: str) -> dict[str, Any]:
+        webhook = helm(**values)[("MutatingWebhookConfiguration", "", "egpu-webhook")]
+        return dict(webhook["webhooks"][0])
+
+    default = hook()
+    assert default["namespaceSelector"]["matchExpressions"][0]["values"] == [
+        "kube-system", NAMESPACE]
+    expression = default["matchConditions"][0]["expression"]
+    assert expression.count("k.startsWith('egpu.io/') || k.startsWith('volcano.sh/vgpu-')") == 4
+    aliased = hook(**{"config.resourceAliases.hami\\.io/gpumem": "egpu.io/gpu-memory",
+                      "config.ignoredNamespaces": "{kube-system,volcano-jobs}"})
+    assert aliased["namespaceSelector"]["matchExpressions"][0]["values"] == [
+        "kube-system", NAMESPACE, "volcano-jobs"]
+    expression = aliased["matchConditions"][0]["expression"]
+    assert expression.count("k.startsWith('egpu.io/') || k == 'hami.io/gpumem'") == 4
+    assert "volcano.sh" not in expression  # configured aliases replace the defaults
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"config.allocationMode": "dra"}, "dra.enabled is false"),
+    ({"config.namespaceAllocationModes.ml": "dra"}, "dra.enabled is false"),
+    ({"config.resourceAliases.nvidia\\.com/gpu": "egpu.io/gpu"}, "nvidia.com/gpu"),
+    ({"config.resourceAliases.egpu\\.io/gpu-cores": "egpu.io/gpu-cores"}, "egpu.io/gpu-cores"),
+    ({"config.heartbeatTimeoutSeconds": "10"}, "heartbeatTimeoutSeconds"),
+])
+def test_values_no_egpu_part_would_run_with_are_refused_at_install(
+        helm_env: dict[str, str], values: dict[str, str], message: str) -> None:
+    """Bugs caught: allocationMode dra without dra.enabled rendered, and every GPU pod of that
+    mode was then refused (the webhook had no API access for claims); aliases every egpu part
+    refuses passed the schema (no part would start on that config); a heartbeat timeout below
+    the agent's 30 s beat made nodes flap."""
+    argv: list[str | Path] = [_binary("helm"), "template", RELEASE, CHART, "--namespace",
+                              NAMESPACE]
+    for name, value in values.items():
+        argv += ["--set", f"{name}={value}"]
+    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
+                            timeout=120, cwd=REPO, env=helm_env)
+    assert result.returncode != 0 and message in result.stderr, result.stderr

@@ -61,3 +61,45 @@ logLevels.<part> when set, else logLevel; upper case, as Python's logging names 
 {{- $part := index . 1 -}}
 {{- (index $root.Values.logLevels $part | default $root.Values.logLevel) | upper -}}
 {{- end -}}
+
+{{/*
+A CEL test of a resource name `k`: whether the webhook reads it (egpu.io/ names, and the
+config's resourceAliases, or Volcano's vgpu names when the config sets none: the aliases egpu
+knows by default, egpu.contract.VOLCANO_ALIASES).
+*/}}
+{{- define "egpu.celEgpuResource" -}}
+{{- $terms := list "k.startsWith('egpu.io/')" -}}
+{{- $aliases := (.Values.config | default dict).resourceAliases -}}
+{{- if $aliases -}}
+{{- range $name := keys $aliases | sortAlpha -}}
+{{- $terms = append $terms (printf "k == '%s'" $name) -}}
+{{- end -}}
+{{- else -}}
+{{- $terms = append $terms "k.startsWith('volcano.sh/vgpu-')" -}}
+{{- end -}}
+{{- join " || " $terms -}}
+{{- end }}
+
+{{/*
+The namespaces the webhook is never sent pods of: kube-system, egpu's own, and the config's
+ignoredNamespaces (the webhook leaves their pods alone anyway: with failurePolicy Fail, a
+webhook that is down must not refuse them either).
+*/}}
+{{- define "egpu.webhookSkippedNamespaces" -}}
+{{- $names := list "kube-system" (include "egpu.namespace" .) -}}
+{{- range (.Values.config | default dict).ignoredNamespaces | default list -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- $names | uniq | toJson -}}
+{{- end }}
+
+{{/*
+Settings that render but cannot work together: fail the install or upgrade with what to do.
+*/}}
+{{- define "egpu.checkModes" -}}
+{{- $config := .Values.config | default dict -}}
+{{- $dra := or (eq ($config.allocationMode | default "extender") "dra") (has "dra" (values ($config.namespaceAllocationModes | default dict))) -}}
+{{- if and $dra (not .Values.dra.enabled) -}}
+{{- fail "config.allocationMode (or a config.namespaceAllocationModes value) is dra, but dra.enabled is false: the webhook then has no API access for claims, and no DeviceClass or DRA node agent exists, so every GPU pod of that mode is refused; allowed: dra.enabled=true with it, or allocation mode extender" -}}
+{{- end -}}
+{{- end }}
