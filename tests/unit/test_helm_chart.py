@@ -332,6 +332,12 @@ def test_a_dra_node_pool_splits_the_agents_in_two_daemonsets(helm) -> None:
     assert containers[(pool, "agent")]["args"] == [
         "--metrics-port=9400", "--dev-root=/host/dev", "--log-level=INFO", "--dra",
         "--no-device-plugin"]
+    # a DRA agent's roll stops the old one first (both would serve the kubelet plugin's
+    # sockets, each replacing the other's); the device plugin's surges (a socket per process)
+    assert on[pool]["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0,
+                                                                   "maxUnavailable": 1}
+    assert on[plain]["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1,
+                                                                    "maxUnavailable": 0}
     pool_spec = on[pool]["spec"]["template"]["spec"]
     assert pool_spec["nodeSelector"] == {"egpu.io/node": "true", "egpu.io/dra": "true"}
     assert {"name": "kubelet-plugins", "mountPath": "/var/lib/kubelet/plugins"} in (
