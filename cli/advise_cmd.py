@@ -47,6 +47,7 @@ from egpu.advise import (
 )
 from egpu.cluster_view import PATH_EXTENDER, cluster_view
 from egpu.config import Config
+from egpu.contract import NAMESPACE
 from egpu.usage_history import (
     AGENT_WINDOW_S,
     ContainerHistory,
@@ -87,6 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: as kubectl)")
     parser.add_argument("--context", default=None)
     parser.add_argument("-n", "--namespace", default=None, help="only this namespace")
+    parser.add_argument("--egpu-namespace", default=NAMESPACE, metavar="NAMESPACE",
+                        help=f"where egpu is installed: its ConfigMaps (default {NAMESPACE}, "
+                        "the chart's namespace.name)")
     parser.add_argument("--since", default="7d", help="history window (default 7d)")
     parser.add_argument("--prometheus", default=None, metavar="URL",
                         help="Prometheus that scrapes the node agents (http://host:9090)")
@@ -363,44 +367,46 @@ def patch_lines(report: Report, aliases: Iterable[str]) -> list[str]:
     return lines
 
 
-def configured_prometheus(kubeconfig: str | None, context: str | None) -> str | None:
+def configured_prometheus(kubeconfig: str | None, context: str | None,
+                          egpu_namespace: str = NAMESPACE) -> str | None:
     """The chart's monitoring.prometheusURL (ConfigMap egpu-system/egpu-monitoring), said on
     stderr, or None when there is none or it cannot be read."""
     from kubernetes import client, config
 
-    from egpu.contract import MONITORING_CONFIG_MAP, MONITORING_PROMETHEUS_URL_KEY, NAMESPACE
+    from egpu.contract import MONITORING_CONFIG_MAP, MONITORING_PROMETHEUS_URL_KEY
 
     try:
         core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig,
                                                               context=context))
-        found = core.read_namespaced_config_map(MONITORING_CONFIG_MAP, NAMESPACE,
+        found = core.read_namespaced_config_map(MONITORING_CONFIG_MAP, egpu_namespace,
                                                 _request_timeout=TIMEOUT_S)
     except Exception:  # absent (the value unset), not allowed: the agents' windows then
         return None
     url = str((found.data or {}).get(MONITORING_PROMETHEUS_URL_KEY) or "")
     if url:
-        print(f"egpu advise: Prometheus {url} (from {NAMESPACE}/{MONITORING_CONFIG_MAP}, the "
+        print(f"egpu advise: Prometheus {url} (from {egpu_namespace}/{MONITORING_CONFIG_MAP}, the "
               "chart's monitoring.prometheusURL)", file=sys.stderr)
     return url or None
 
 
-def cluster_config(kubeconfig: str | None, context: str | None) -> Config:
+def cluster_config(kubeconfig: str | None, context: str | None,
+                   egpu_namespace: str = NAMESPACE) -> Config:
     """The cluster's egpu config (ConfigMap egpu-system/egpu-config's config.yaml: slots per
     card, ratios, aliases for the repack and the patches), or the defaults, said on stderr,
     when it cannot be read or is invalid."""
     from kubernetes import client, config
 
     from egpu.config import load_config
-    from egpu.contract import CONFIG_MAP_NAME, NAMESPACE
+    from egpu.contract import CONFIG_MAP_NAME
 
     try:
         core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig,
                                                               context=context))
-        found = core.read_namespaced_config_map(CONFIG_MAP_NAME, NAMESPACE,
+        found = core.read_namespaced_config_map(CONFIG_MAP_NAME, egpu_namespace,
                                                 _request_timeout=TIMEOUT_S)
         return load_config((found.data or {}).get("config.yaml"))
     except Exception as exc:  # absent, not allowed, another namespace, bad (ConfigError)
-        print(f"egpu advise: the config defaults are used (cannot read {NAMESPACE}/"
+        print(f"egpu advise: the config defaults are used (cannot read {egpu_namespace}/"
               f"{CONFIG_MAP_NAME}: {str(exc).splitlines()[0]})", file=sys.stderr)
         return Config()
 
@@ -469,7 +475,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
         print(f"egpu advise: cannot read the cluster: {exc}", file=sys.stderr)
         return 2
     end = time.time()
-    prometheus = args.prometheus or configured_prometheus(args.kubeconfig, args.context)
+    prometheus = args.prometheus or configured_prometheus(args.kubeconfig, args.context,
+                                                          args.egpu_namespace)
     try:
         if prometheus:
             history = fetch(http_getter(prometheus), end - window_s, end, args.namespace)
@@ -481,7 +488,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
     except HistoryError as exc:
         print(f"egpu advise: {exc}", file=sys.stderr)
         return 2
-    config = cluster_config(args.kubeconfig, args.context)
+    config = cluster_config(args.kubeconfig, args.context, args.egpu_namespace)
     report = build_report(nodes, pods, history, policy, args.namespace, window_s, config, end)
     if args.with_history:
         report.rows = [r for r in report.rows if r.usage is not None]

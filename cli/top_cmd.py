@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: as kubectl)")
     parser.add_argument("--context", default=None)
     parser.add_argument("--node", default=None, help="only this node")
+    parser.add_argument("--egpu-namespace", default=NAMESPACE, metavar="NAMESPACE",
+                        help=f"where egpu is installed: its ConfigMap egpu-config (default "
+                        f"{NAMESPACE}, the chart's namespace.name)")
     parser.add_argument("--output", "-o", choices=("text", "json"), default="text")
 
 
@@ -67,13 +70,13 @@ def fetch_claims(api_client: Any) -> tuple[list[Any], str | None]:
     return _items(answer), None
 
 
-def fetch_config_generation(core: Any) -> str | None:
+def fetch_config_generation(core: Any, egpu_namespace: str = NAMESPACE) -> str | None:
     """The generation of the ConfigMap egpu-system/egpu-config's config.yaml (one GET), or
     None when it cannot be read (absent, not allowed, another install namespace)."""
     from kubernetes.client.exceptions import ApiException
 
     try:
-        cm = core.read_namespaced_config_map(CONFIG_MAP_NAME, NAMESPACE,
+        cm = core.read_namespaced_config_map(CONFIG_MAP_NAME, egpu_namespace,
                                              _request_timeout=TIMEOUT_S)
     except ApiException:
         return None
@@ -81,7 +84,7 @@ def fetch_config_generation(core: Any) -> str | None:
     return None if text is None else config_generation(text)
 
 
-def fetch(kubeconfig: str | None, context: str | None
+def fetch(kubeconfig: str | None, context: str | None, egpu_namespace: str = NAMESPACE
           ) -> tuple[list[Any], list[Any], list[Any], str | None, str | None]:
     """Nodes, pods (all namespaces) and ResourceClaims (``fetch_claims``) as JSON dicts, why
     the claims are missing (None when they are not), and the ConfigMap's config generation
@@ -95,7 +98,7 @@ def fetch(kubeconfig: str | None, context: str | None
     pods = _items(core.list_pod_for_all_namespaces(_preload_content=False,
                                                    _request_timeout=TIMEOUT_S))
     claims, note = fetch_claims(api_client)
-    return nodes, pods, claims, note, fetch_config_generation(core)
+    return nodes, pods, claims, note, fetch_config_generation(core, egpu_namespace)
 
 
 def _mib(value: int | None) -> str:
@@ -161,7 +164,8 @@ def format_views(views: list[NodeView], config_generation: str | None = None) ->
 def run(args: argparse.Namespace) -> int:
     """Print the table (or JSON); 2 when the cluster cannot be reached."""
     try:
-        nodes, pods, claims, note, generation = fetch(args.kubeconfig, args.context)
+        nodes, pods, claims, note, generation = fetch(args.kubeconfig, args.context,
+                                                      args.egpu_namespace)
     except Exception as exc:  # the client raises many kinds; all mean "cannot reach"
         print(f"egpu top: cannot read the cluster: {exc}", file=sys.stderr)
         return 2

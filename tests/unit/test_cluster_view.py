@@ -8,6 +8,7 @@ import pytest
 
 from cli.top_cmd import format_views
 from egpu.cluster_view import cluster_view
+from egpu.config import config_generation
 from egpu.records import (
     Allocation,
     Card,
@@ -284,7 +285,8 @@ def test_kubectl_egpu_prints_dra_shares_and_says_when_it_cannot_list_claims(
                ([node()], [dra_pod], [], "cannot list resourceclaims (resource.k8s.io/v1): "
                                          "not allowed (403); DRA shares ...", None)]
     monkeypatch.setattr(top_cmd, "fetch", lambda *_: answers.pop(0))
-    args = argparse.Namespace(kubeconfig=None, context=None, node=None, output="text")
+    args = argparse.Namespace(kubeconfig=None, context=None, node=None, output="text",
+                              egpu_namespace="egpu-system")
     assert top_cmd.run(args) == 0
     out, err = capsys.readouterr()
     assert "ml/share-pod/main: 8192 MiB, 30% cores, priority low, elastic" in out and not err
@@ -315,3 +317,27 @@ def test_kubectl_egpu_says_which_config_each_node_agent_runs_against_the_configm
     # without the ConfigMap (not allowed to read it): the generation alone
     assert "rolling        config 0123456789ab (file)" in format_views(
         cluster_view(nodes, []), None).splitlines()
+
+
+def test_kubectl_egpu_reads_the_config_of_the_namespace_egpu_is_installed_in() -> None:
+    """``--egpu-namespace`` (the chart's namespace.name). Bug caught: `kubectl egpu` and
+    `kubectl egpu advise` read egpu-system's ConfigMaps whatever the install's namespace, and
+    lost the config generation and the configured Prometheus without a word."""
+    import argparse
+
+    from cli import top_cmd
+
+    asked: list[str] = []
+
+    class Core:
+        def read_namespaced_config_map(self, name: str, namespace: str, **_: Any) -> Any:
+            asked.append(f"{namespace}/{name}")
+            return argparse.Namespace(data={"config.yaml": "sharesPerCard: 4\n"})
+
+    assert top_cmd.fetch_config_generation(Core(), "gpu-share") == config_generation(
+        "sharesPerCard: 4\n")
+    assert asked == ["gpu-share/egpu-config"]
+    parser = argparse.ArgumentParser()
+    top_cmd.add_arguments(parser)
+    assert parser.parse_args(["--egpu-namespace", "gpu-share"]).egpu_namespace == "gpu-share"
+    assert parser.parse_args([]).egpu_namespace == "egpu-system"
