@@ -20,6 +20,9 @@
 #define MIB (1ull << 20)
 #define GRAN (2 * MIB) /* VMM and pool granularity */
 #define CTX_MAGIC 0x43545831u
+/* the fake's device shape (cuDeviceGetAttribute): an sm_80 card's 2048 resident threads a SM */
+#define FAKE_SM_COUNT 80u
+#define FAKE_THREADS_PER_SM 2048u
 #define STREAM_MAGIC 0x5354524du
 #define EVENT_MAGIC 0x45564e54u
 #define POOL_MAGIC 0x504f4f4cu
@@ -39,6 +42,8 @@ struct CUctx_st {
     int primary;
     unsigned flags;
     uint64_t null_end_ns; /* the default stream's simulated end */
+    size_t limit[CU_LIMIT_MAX]; /* cuCtxSetLimit's values (ctx_limits_reset: the defaults) */
+    uint64_t limit_bytes;       /* card memory the limits took above their defaults */
 };
 /* A graph holds what was captured: kernels on the simulated timeline, as their total time,
  * and its nodes (a kernel node per captured launch; memory allocation and free nodes). */
@@ -370,7 +375,7 @@ FG_EXPORT CUresult cuInit(unsigned int flags)
         g_ctx_bytes = c ? strtoull(c, NULL, 10) * MIB : 0;
         costs_init();
         for (int d = 0; d < g_nvis; d++) {
-            g_primary[d] = (struct CUctx_st){CTX_MAGIC, d, 0, 1, 0, 0};
+            g_primary[d] = (struct CUctx_st){.magic = CTX_MAGIC, .dev = d, .primary = 1};
             g_default_pool[d] = (struct CUmemPoolHandle_st){POOL_MAGIC, d, 1, 0, 0, 0, 0, 0, NULL, 1, 1, 1, NULL};
             g_cur_pool[d] = &g_default_pool[d];
         }
@@ -449,7 +454,8 @@ FG_EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d
     if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
     switch (a) {
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 80; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = FAKE_SM_COUNT; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *v = FAKE_THREADS_PER_SM; break;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *v = card_of(d) + 1; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 8; break;
     case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
@@ -471,6 +477,28 @@ FG_EXPORT CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice d)
 }
 
 /* ---- contexts ----------------------------------------------------------------------- */
+/* A context's limits start at the driver's defaults (cuCtxGetLimit on a new context; CUDA
+ * programming guide: the malloc heap is 8 MiB by default, the printf FIFO 1 MiB, the stack
+ * 1 KiB a thread). What the defaults take is part of the context's own cost
+ * (FAKEGPU_CONTEXT_MIB). */
+#define FAKE_STACK_DEFAULT_BYTES 1024u
+#define FAKE_PRINTF_FIFO_DEFAULT_BYTES (1u << 20)
+#define FAKE_MALLOC_HEAP_DEFAULT_BYTES (8u << 20)
+#define FAKE_SYNC_DEPTH_DEFAULT 2u
+#define FAKE_PENDING_LAUNCHES_DEFAULT 2048u
+#define FAKE_L2_FETCH_DEFAULT_BYTES 64u
+static void ctx_limits_reset(struct CUctx_st *c)
+{
+    memset(c->limit, 0, sizeof c->limit);
+    c->limit[CU_LIMIT_STACK_SIZE] = FAKE_STACK_DEFAULT_BYTES;
+    c->limit[CU_LIMIT_PRINTF_FIFO_SIZE] = FAKE_PRINTF_FIFO_DEFAULT_BYTES;
+    c->limit[CU_LIMIT_MALLOC_HEAP_SIZE] = FAKE_MALLOC_HEAP_DEFAULT_BYTES;
+    c->limit[CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH] = FAKE_SYNC_DEPTH_DEFAULT;
+    c->limit[CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT] = FAKE_PENDING_LAUNCHES_DEFAULT;
+    c->limit[CU_LIMIT_MAX_L2_FETCH_GRANULARITY] = FAKE_L2_FETCH_DEFAULT_BYTES;
+    c->limit_bytes = 0;
+}
+
 static CUresult ctx_new(CUcontext *pctx, CUdevice d)
 {
     NEED_INIT();
@@ -479,7 +507,8 @@ static CUresult ctx_new(CUcontext *pctx, CUdevice d)
     if (g_ctx_bytes && fg_charge(card_of(d), g_ctx_bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUctx_st *c = calloc(1, sizeof *c);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
-    *c = (struct CUctx_st){CTX_MAGIC, d, 1, 0, 0, 0};
+    *c = (struct CUctx_st){.magic = CTX_MAGIC, .dev = d, .alive = 1};
+    ctx_limits_reset(c);
     if (t_depth < 32) t_stack[t_depth++] = c;
     *pctx = c;
     return CUDA_SUCCESS;
@@ -535,6 +564,8 @@ FG_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     c->alive = 0;
     if (g_ctx_bytes) fg_uncharge(card_of(c->dev), g_ctx_bytes);
+    if (c->limit_bytes) fg_uncharge(card_of(c->dev), c->limit_bytes); /* heap, stack, FIFO */
+    c->limit_bytes = 0;
     free_ctx_memory(c);
     /* its streams go with it, and so do their captures (the structs are kept, poisoned) */
     pthread_mutex_lock(&g_mu);
@@ -623,7 +654,10 @@ FG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d)
     /* the first retain, or the first after a reset (which kept the count), makes it live */
     if (g_primary_refs[d]++ == 0 || !g_primary[d].alive) {
         if (g_ctx_bytes && fg_charge(card_of(d), g_ctx_bytes) != 0) { g_primary_refs[d]--; r = CUDA_ERROR_OUT_OF_MEMORY; }
-        else g_primary[d].alive = 1;
+        else {
+            g_primary[d].alive = 1;
+            ctx_limits_reset(&g_primary[d]); /* a reset reset its limits too */
+        }
     }
     pthread_mutex_unlock(&g_mu);
     if (r == CUDA_SUCCESS) *pctx = &g_primary[d];
@@ -634,6 +668,8 @@ static void primary_down(CUdevice d) /* g_mu held */
 {
     g_primary[d].alive = 0;
     if (g_ctx_bytes) fg_uncharge(card_of(d), g_ctx_bytes);
+    if (g_primary[d].limit_bytes) fg_uncharge(card_of(d), g_primary[d].limit_bytes);
+    g_primary[d].limit_bytes = 0;
     pthread_mutex_unlock(&g_mu);
     free_ctx_memory(&g_primary[d]);
     pthread_mutex_lock(&g_mu);
@@ -667,6 +703,56 @@ FG_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d)
     return CUDA_SUCCESS;
 }
 FG_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice d) { return cuDevicePrimaryCtxReset_v2(d); }
+
+/* cuCtxSetLimit / cuCtxGetLimit, on the current context. The malloc heap, the printf FIFO and
+ * the stack (each thread's, for every thread the device can hold resident: SMs x threads per
+ * SM) are device memory the driver takes from the card when the limit is set; a size the card
+ * cannot hold is CUDA_ERROR_OUT_OF_MEMORY (one of cuCtxSetLimit's documented codes) and the
+ * limit stays as it was. Lowering a limit gives the memory above the new size back. The fake
+ * neither rounds values nor refuses a heap set after a kernel used malloc. */
+static uint64_t limit_card_bytes(CUlimit l, size_t v)
+{
+    switch (l) {
+    case CU_LIMIT_STACK_SIZE:
+        return v > FAKE_STACK_DEFAULT_BYTES ? (v - FAKE_STACK_DEFAULT_BYTES) * FAKE_SM_COUNT * FAKE_THREADS_PER_SM : 0;
+    case CU_LIMIT_PRINTF_FIFO_SIZE: return v > FAKE_PRINTF_FIFO_DEFAULT_BYTES ? v - FAKE_PRINTF_FIFO_DEFAULT_BYTES : 0;
+    case CU_LIMIT_MALLOC_HEAP_SIZE: return v > FAKE_MALLOC_HEAP_DEFAULT_BYTES ? v - FAKE_MALLOC_HEAP_DEFAULT_BYTES : 0;
+    default: return 0;
+    }
+}
+
+FG_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    NEED_INIT();
+    struct CUctx_st *c = cur_ctx();
+    if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    if ((int)limit < 0 || limit >= CU_LIMIT_MAX) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    if (limit == CU_LIMIT_PERSISTING_L2_CACHE_SIZE) return CUDA_ERROR_UNSUPPORTED_LIMIT; /* no L2 set-aside */
+    if (limit == CU_LIMIT_STACK_SIZE && value > SIZE_MAX / (FAKE_SM_COUNT * FAKE_THREADS_PER_SM))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    uint64_t was = limit_card_bytes(limit, c->limit[limit]), now = limit_card_bytes(limit, value);
+    CUresult r = CUDA_SUCCESS;
+    if (now > was && fg_charge(card_of(c->dev), now - was) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
+    else {
+        if (now < was) fg_uncharge(card_of(c->dev), was - now);
+        c->limit_bytes = c->limit_bytes - was + now;
+        c->limit[limit] = value;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+FG_EXPORT CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)
+{
+    NEED_INIT();
+    if (!pvalue) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = cur_ctx();
+    if (!ctx_ok(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    if ((int)limit < 0 || limit >= CU_LIMIT_MAX) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    *pvalue = c->limit[limit];
+    return CUDA_SUCCESS;
+}
 
 FG_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int *flags, int *active)
 {

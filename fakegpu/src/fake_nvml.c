@@ -245,7 +245,38 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, u
     return NVML_SUCCESS;
 }
 FG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *p) { return nvmlDeviceGetComputeRunningProcesses_v3(d, c, p); }
-FG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *p) { return nvmlDeviceGetComputeRunningProcesses_v3(d, c, p); }
+/* The unversioned (v1) list takes nvml.h's nvmlProcessInfo_v1_t: a shorter element. */
+FG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_v1_t *infos)
+{
+    NEED_INIT();
+    DEV_OR_FAIL(d, i);
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    int32_t pids[FG_MAX_PROCS];
+    uint64_t bytes[FG_MAX_PROCS];
+    int n = fg_card_procs(i, pids, bytes, FG_MAX_PROCS);
+    if ((unsigned)n > *count || (n && !infos)) { *count = (unsigned)n; return NVML_ERROR_INSUFFICIENT_SIZE; }
+    for (int k = 0; k < n; k++) infos[k] = (nvmlProcessInfo_v1_t){(unsigned)pids[k], bytes[k]};
+    *count = (unsigned)n;
+    return NVML_SUCCESS;
+}
+
+/* Graphics contexts and an MPS server: the fake has neither, so these lists are empty (as a
+ * driver's are on a card with no display clients and no MPS daemon). */
+static nvmlReturn_t no_procs(nvmlDevice_t d, unsigned int *count)
+{
+    NEED_INIT();
+    DEV_OR_FAIL(d, i);
+    (void)i;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+FG_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *p) { (void)p; return no_procs(d, c); }
+FG_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *p) { (void)p; return no_procs(d, c); }
+FG_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_v1_t *p) { (void)p; return no_procs(d, c); }
+FG_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *p) { (void)p; return no_procs(d, c); }
+FG_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *p) { (void)p; return no_procs(d, c); }
+FG_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_v1_t *p) { (void)p; return no_procs(d, c); }
 
 FG_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
 {

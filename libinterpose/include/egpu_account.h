@@ -29,6 +29,9 @@ void egpu_acct_uncharge(egpu_acct *a, int card, uint64_t bytes);
 void egpu_acct_force(egpu_acct *a, int card, uint64_t bytes);
 uint64_t egpu_acct_used(egpu_acct *a, int card);
 uint64_t egpu_acct_my_used(egpu_acct *a, int card);
+/* The pids (as their processes see them) of the container's processes that hold a slot, at
+ * most max of them; shared slots (EGPU_PROC_F_SHARED) are no processes and are left out. */
+int egpu_acct_pids(egpu_acct *a, int32_t *pids, int max);
 /* Shared charges (NCCL's exported allocations; egpu_region.h, EGPU_PROC_F_SHARED).
  * share_out: move `bytes` of my usage on `card` into a new shared slot, held by me, for the
  *   allocation exported as the fd `dupfd` (my private duplicate). The slot, or -1 (region

@@ -19,6 +19,7 @@ typedef enum {
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_IMAGE = 200,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_UNSUPPORTED_LIMIT = 215,
     CUDA_ERROR_CONTEXT_ALREADY_IN_USE = 216,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_ILLEGAL_STATE = 401,
@@ -161,6 +162,7 @@ typedef enum {
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
     CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
     CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34,
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39,
     CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
@@ -170,6 +172,18 @@ typedef enum {
     CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132,
     CU_DEVICE_ATTRIBUTE_MAX = 150
 } CUdevice_attribute;
+
+/* cuCtxSetLimit / cuCtxGetLimit */
+typedef enum {
+    CU_LIMIT_STACK_SIZE = 0x00,
+    CU_LIMIT_PRINTF_FIFO_SIZE = 0x01,
+    CU_LIMIT_MALLOC_HEAP_SIZE = 0x02,
+    CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH = 0x03,
+    CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT = 0x04,
+    CU_LIMIT_MAX_L2_FETCH_GRANULARITY = 0x05,
+    CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06,
+    CU_LIMIT_MAX
+} CUlimit;
 
 /* ---- NVML ---------------------------------------------------------------------------- */
 typedef enum {
@@ -182,6 +196,7 @@ typedef enum {
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_MEMORY = 20,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999
 } nvmlReturn_t;
@@ -209,10 +224,13 @@ typedef struct {
 } nvmlGetMemoryLimits_v1_t;
 #define NVML_DEVICE_MEMORY_LIMIT_MAX 0xffffffffffffffffull
 
+/* nvml.h: the _v2 and _v3 process lists take nvmlProcessInfo_t (= nvmlProcessInfo_v2_t); the
+ * unversioned (v1) ones take nvmlProcessInfo_v1_t, a shorter element. */
 typedef struct {
     unsigned int pid; unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId; unsigned int computeInstanceId;
 } nvmlProcessInfo_t;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
 
 typedef struct { unsigned int gpu; unsigned int memory; } nvmlUtilization_t;
 

@@ -61,6 +61,7 @@
     X(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease, 11000, 0, (CUdevice dev)) \
     X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset, 7000, 0, (CUdevice dev)) \
     X(cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxReset, 11000, 0, (CUdevice dev)) \
+    X(cuCtxSetLimit, cuCtxSetLimit, 3010, 0, (CUlimit limit, size_t value)) \
     X(cuMemGetInfo, cuMemGetInfo, 2000, 0, (unsigned int *free, unsigned int *total)) \
     X(cuMemGetInfo_v2, cuMemGetInfo, 3020, 0, (size_t *free, size_t *total)) \
     X(cuDeviceTotalMem, cuDeviceTotalMem, 2000, 0, (unsigned int *bytes, CUdevice dev)) \
@@ -84,7 +85,17 @@
 
 #define EGPU_NVML_HOOKS(X) \
     X(nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo, 0, 0, (nvmlDevice_t device, nvmlMemory_t *memory)) \
-    X(nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetMemoryInfo_v2, 0, 0, (nvmlDevice_t device, nvmlMemory_v2_t *memory))
+    X(nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetMemoryInfo_v2, 0, 0, (nvmlDevice_t device, nvmlMemory_v2_t *memory)) \
+    /* process lists, filtered to the share's processes (hooks_view.c) */ \
+    X(nvmlDeviceGetComputeRunningProcesses, nvmlDeviceGetComputeRunningProcesses, 0, 0, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos)) \
+    X(nvmlDeviceGetComputeRunningProcesses_v2, nvmlDeviceGetComputeRunningProcesses_v2, 0, 0, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)) \
+    X(nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetComputeRunningProcesses_v3, 0, 0, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)) \
+    X(nvmlDeviceGetGraphicsRunningProcesses, nvmlDeviceGetGraphicsRunningProcesses, 0, 0, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos)) \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlDeviceGetGraphicsRunningProcesses_v2, 0, 0, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)) \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlDeviceGetGraphicsRunningProcesses_v3, 0, 0, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)) \
+    X(nvmlDeviceGetMPSComputeRunningProcesses, nvmlDeviceGetMPSComputeRunningProcesses, 0, 0, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos)) \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlDeviceGetMPSComputeRunningProcesses_v2, 0, 0, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)) \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlDeviceGetMPSComputeRunningProcesses_v3, 0, 0, (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos))
 
 /* Driver functions egpu calls but does not interpose. R: required, O: optional. */
 #define EGPU_CU_CALLS(X) \
@@ -92,6 +103,9 @@
     X(cuDeviceGet, R, (CUdevice *device, int ordinal)) \
     X(cuDeviceGetUuid, R, (CUuuid *uuid, CUdevice dev)) \
     X(cuCtxGetDevice, R, (CUdevice *device)) \
+    /* cuCtxSetLimit's charge: the limit before, the device's resident threads (hooks_ctx.c) */ \
+    X(cuCtxGetLimit, O, (size_t *pvalue, CUlimit limit)) \
+    X(cuDeviceGetAttribute, O, (int *pi, CUdevice_attribute attrib, CUdevice dev)) \
     X(cuDeviceGetMemPool, O, (CUmemoryPool *pool, CUdevice dev)) \
     X(cuDeviceGetDefaultMemPool, O, (CUmemoryPool *pool, CUdevice dev)) \
     X(cuMemPoolGetAttribute, O, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \

@@ -25,8 +25,10 @@ typedef struct {
  * MAP_VMM: key = handle; aux = VMM_REFS (handles: create, import, retain) | VMM_NMAPS << 32
  *          (mappings) | VMM_IMPORTED. MAP_VMAP: key = mapped address, bytes = length,
  *          aux = handle. MAP_GEXEC: key = executable graph ^ device << 56, bytes = what its
- *          allocation nodes booked on that device (hooks_graph.c). */
-enum { MAP_PTR = 1, MAP_VMM, MAP_ARRAY, MAP_CTX, MAP_VMAP, MAP_GEXEC };
+ *          allocation nodes booked on that device (hooks_graph.c).
+ * MAP_LIMIT: key = context ^ limit << 56, bytes = what the limit's growth over the driver's
+ *          default charged, aux = that default, ctx = the context (hooks_ctx.c). */
+enum { MAP_PTR = 1, MAP_VMM, MAP_ARRAY, MAP_CTX, MAP_VMAP, MAP_GEXEC, MAP_LIMIT };
 typedef struct { uint64_t key; uint64_t bytes; uint64_t aux; uint64_t ctx; int32_t dev; int32_t kind; } egpu_map_ent;
 typedef struct {
     pthread_mutex_t mu;
@@ -37,7 +39,7 @@ void egpu_map_put(egpu_map *m, int kind, uint64_t key, uint64_t bytes, int dev);
 int egpu_map_take(egpu_map *m, int kind, uint64_t key, uint64_t *bytes, int *dev);
 void egpu_map_put_ent(egpu_map *m, const egpu_map_ent *e);
 int egpu_map_take_ent(egpu_map *m, int kind, uint64_t key, egpu_map_ent *out);
-/* Removes every MAP_PTR/MAP_ARRAY entry made in context ctx; returns how many, in *out
+/* Removes every MAP_PTR/MAP_ARRAY/MAP_LIMIT entry of context ctx; returns how many, in *out
  * (malloc'd, caller frees; NULL when none or out of memory). */
 size_t egpu_map_take_ctx(egpu_map *m, uint64_t ctx, egpu_map_ent **out);
 

@@ -312,6 +312,19 @@ uint64_t egpu_acct_used(egpu_acct *a, int card)
     return __atomic_load_n(&a->r->cards[card].used_bytes, __ATOMIC_ACQUIRE);
 }
 
+int egpu_acct_pids(egpu_acct *a, int32_t *pids, int max)
+{
+    int n = 0;
+    if (!a->r) return 0;
+    lock(a->r);
+    for (int p = 0; p < EGPU_REGION_MAX_PROCS && n < max; p++) {
+        const egpu_region_proc *pr = &a->r->procs[p];
+        if (pr->pid && !(pr->flags & EGPU_PROC_F_SHARED)) pids[n++] = pr->pid;
+    }
+    unlock(a->r);
+    return n;
+}
+
 uint64_t egpu_acct_my_used(egpu_acct *a, int card)
 {
     if (card < 0 || card >= EGPU_REGION_MAX_CARDS || a->proc < 0) return 0;

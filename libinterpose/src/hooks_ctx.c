@@ -1,5 +1,6 @@
 /* hooks_ctx.c: contexts (cuCtxCreate*, cuCtxDestroy*, the primary context's retain, release
- * and reset): each is charged a constant, and its destruction gives back what was made in it. */
+ * and reset): each is charged a constant, and its destruction gives back what was made in it;
+ * cuCtxSetLimit: the limits that take device memory (heap, stack, printf FIFO). */
 #define _GNU_SOURCE
 #include "share.h"
 
@@ -140,4 +141,86 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     REAL_OR_UNSUPPORTED(cuDevicePrimaryCtxReset_v2);
     return primary_down(dev, R.cuDevicePrimaryCtxReset_v2, 1);
+}
+
+/* ---- context limits that take device memory (cuCtxSetLimit) --------------------------
+ * CUDA's programming guide: the device-side malloc heap (CU_LIMIT_MALLOC_HEAP_SIZE) is device
+ * memory in addition to what cuMemAlloc gives, and so is the printf FIFO; the stack
+ * (CU_LIMIT_STACK_SIZE) is local memory reserved for every thread the device can hold resident
+ * (stack x SMs x resident threads a SM). What the driver's defaults take is part of the
+ * context's own charge (EGPU_CONTEXT_OVERHEAD_MIB); a limit's growth past the default it had
+ * in this context is charged against the cap before the driver is called (over it:
+ * CUDA_ERROR_OUT_OF_MEMORY, which cuCtxSetLimit documents, and the limit is left as it was),
+ * given back when the limit is lowered and when the context goes (ctx_gone: destroy, the
+ * primary context's last release or reset, which resets its limits). The stack is charged
+ * because a real user who raises it (deep recursion, big local arrays) does take that memory
+ * on every resident thread: 64 KiB is 17 GiB on an H100. The driver's own growth of the stack
+ * at a launch that needs more is not seen (docs/security.md). */
+#define LIMIT_KEY_SHIFT 56
+/* no device attributes: an H100 SXM's resident threads (132 SMs x 2048), the largest card */
+#define RESIDENT_THREADS_FALLBACK (132ull * 2048ull)
+
+static uint64_t resident_threads(int dev)
+{
+    int sms = 0, per_sm = 0;
+    if (!R.cuDeviceGetAttribute || R.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) ||
+        R.cuDeviceGetAttribute(&per_sm, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) || sms <= 0 ||
+        per_sm <= 0)
+        return RESIDENT_THREADS_FALLBACK;
+    return (uint64_t)sms * (uint64_t)per_sm;
+}
+
+/* Device bytes limit `l` takes at `value` beyond what it takes at `base` (saturating). */
+static uint64_t limit_bytes(CUlimit l, size_t value, size_t base, int dev)
+{
+    if (value <= base) return 0;
+    uint64_t grow = value - base;
+    if (l != CU_LIMIT_STACK_SIZE) return grow;
+    uint64_t threads = resident_threads(dev);
+    return grow > UINT64_MAX / threads ? UINT64_MAX : grow * threads;
+}
+
+CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    REAL_OR_UNSUPPORTED(cuCtxSetLimit);
+    if (egpu_config_ready() != 0) return EGPU_REFUSED_CU;
+    int dev;
+    uint64_t ctx = cur_ctx_key();
+    int takes_memory = limit == CU_LIMIT_MALLOC_HEAP_SIZE || limit == CU_LIMIT_STACK_SIZE ||
+                       limit == CU_LIMIT_PRINTF_FIFO_SIZE;
+    if (!takes_memory || !ctx || !R.cuCtxGetLimit || !devs_ready() || cur_dev(&dev) != CUDA_SUCCESS || dev < 0 ||
+        dev >= S->ndev)
+        return R.cuCtxSetLimit(limit, value); /* the driver's answer (no context: its error) */
+    uint64_t key = ctx ^ ((uint64_t)limit << LIMIT_KEY_SHIFT);
+    pthread_mutex_lock(&S->dev_mu); /* one change of a limit at a time: the charge follows it */
+    egpu_map_ent e;
+    if (egpu_map_take_ent(&S->map, MAP_LIMIT, key, &e) != 0) {
+        size_t base = 0; /* this context's limit before egpu saw it set: the default */
+        CUresult g = R.cuCtxGetLimit(&base, limit);
+        if (g != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&S->dev_mu);
+            return R.cuCtxSetLimit(limit, value);
+        }
+        e = (egpu_map_ent){key, 0, base, ctx, dev, MAP_LIMIT};
+    }
+    uint64_t want = limit_bytes(limit, value, (size_t)e.aux, dev);
+    uint64_t grow = want > e.bytes ? want - e.bytes : 0;
+    CUresult r = grow ? charge(dev, grow) : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS) {
+        r = R.cuCtxSetLimit(limit, value);
+        if (r != CUDA_SUCCESS) {
+            uncharge(dev, grow); /* the driver refused: the limit stays */
+        } else {
+            /* the driver may round the value: the charge follows what it set */
+            size_t got = value;
+            if (R.cuCtxGetLimit(&got, limit) != CUDA_SUCCESS) got = value;
+            uint64_t held = e.bytes + grow, now = limit_bytes(limit, got, (size_t)e.aux, dev);
+            if (now > held) force(dev, now - held);
+            else uncharge(dev, held - now);
+            e.bytes = now;
+        }
+    }
+    egpu_map_put_ent(&S->map, &e);
+    pthread_mutex_unlock(&S->dev_mu);
+    return r;
 }

@@ -3,8 +3,11 @@
  * agrees with cuMemGetInfo). Cards that are not part of the share (config file mode) are
  * reported to NVML as the driver sees them. */
 #define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include "share.h"
 
 /* The views reclaim dead processes' charges at most this often: a reap checks every process
@@ -149,3 +152,98 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m)
     if (applied) m->reserved = 0; /* the share's view has no driver-reserved part */
     return r;
 }
+
+/* ---- NVML process lists --------------------------------------------------------------
+ * The driver lists every process on the card, a co-tenant's pid and memory included. A
+ * container sees only its share's processes: those that hold a slot of its region (every
+ * process of the container that has charged anything; egpu_acct_pids) and the caller itself.
+ * The count/buffer protocol stays NVML's: the driver is asked with a buffer of our own (the
+ * card's list may not fit the caller's room although the share's does); a share's list longer
+ * than *infoCount (or any with a NULL buffer) answers NVML_ERROR_INSUFFICIENT_SIZE with the
+ * count needed; otherwise *infoCount = what was written. pid is the first field of both
+ * element layouts (nvmlProcessInfo_v1_t, nvmlProcessInfo_t). */
+enum { PL_C1, PL_C2, PL_C3, PL_G1, PL_G2, PL_G3, PL_M1, PL_M2, PL_M3 };
+/* the card's list may grow between the count and the fetch: ask again, with room to spare */
+#define PL_TRIES 4
+#define PL_SLACK_ENTRIES 16u
+
+static nvmlReturn_t pl_real(int which, nvmlDevice_t dev, unsigned *n, void *buf)
+{
+    switch (which) {
+    case PL_C1: return R.nvmlDeviceGetComputeRunningProcesses(dev, n, buf);
+    case PL_C2: return R.nvmlDeviceGetComputeRunningProcesses_v2(dev, n, buf);
+    case PL_C3: return R.nvmlDeviceGetComputeRunningProcesses_v3(dev, n, buf);
+    case PL_G1: return R.nvmlDeviceGetGraphicsRunningProcesses(dev, n, buf);
+    case PL_G2: return R.nvmlDeviceGetGraphicsRunningProcesses_v2(dev, n, buf);
+    case PL_G3: return R.nvmlDeviceGetGraphicsRunningProcesses_v3(dev, n, buf);
+    case PL_M1: return R.nvmlDeviceGetMPSComputeRunningProcesses(dev, n, buf);
+    case PL_M2: return R.nvmlDeviceGetMPSComputeRunningProcesses_v2(dev, n, buf);
+    default: return R.nvmlDeviceGetMPSComputeRunningProcesses_v3(dev, n, buf);
+    }
+}
+
+static int pid_in(unsigned pid, const int32_t *pids, int n)
+{
+    for (int k = 0; k < n; k++)
+        if ((unsigned)pids[k] == pid) return 1;
+    return 0;
+}
+
+static nvmlReturn_t share_procs(int which, nvmlDevice_t dev, unsigned *count, void *infos, size_t elem)
+{
+    if (!count) return pl_real(which, dev, count, infos); /* the driver's own error */
+    unsigned n = 0;
+    char *buf = NULL;
+    nvmlReturn_t r = pl_real(which, dev, &n, NULL);
+    for (int t = 0; r == NVML_ERROR_INSUFFICIENT_SIZE && t < PL_TRIES; t++) {
+        n += PL_SLACK_ENTRIES;
+        char *nb = realloc(buf, (size_t)n * elem);
+        if (!nb) {
+            free(buf);
+            return NVML_ERROR_MEMORY;
+        }
+        buf = nb;
+        r = pl_real(which, dev, &n, buf);
+    }
+    if (r == NVML_SUCCESS && egpu_config_ready() != 0) r = EGPU_REFUSED_NVML;
+    if (r != NVML_SUCCESS) {
+        free(buf);
+        return r;
+    }
+    static int32_t pids[EGPU_REGION_MAX_PROCS]; /* one list at a time (share_mu) */
+    static pthread_mutex_t share_mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&share_mu);
+    maybe_reap();
+    int np = egpu_acct_pids(&S->acct, pids, EGPU_REGION_MAX_PROCS);
+    unsigned kept = 0, self = (unsigned)getpid();
+    for (unsigned k = 0; buf && k < n; k++) {
+        unsigned pid;
+        memcpy(&pid, buf + (size_t)k * elem, sizeof pid);
+        if (pid != self && !pid_in(pid, pids, np)) continue; /* another share's */
+        if (kept != k) memmove(buf + (size_t)kept * elem, buf + (size_t)k * elem, elem);
+        kept++;
+    }
+    pthread_mutex_unlock(&share_mu);
+    if (kept > *count || (kept && !infos)) r = NVML_ERROR_INSUFFICIENT_SIZE;
+    else if (kept) memcpy(infos, buf, (size_t)kept * elem);
+    *count = kept;
+    free(buf);
+    return r;
+}
+
+#define PROC_LIST_HOOK(name, which, type) \
+    nvmlReturn_t name(nvmlDevice_t dev, unsigned int *count, type *infos) \
+    { \
+        pthread_once(&S->nvml_once, egpu_real_nvml_init); \
+        if (!R.name) return NVML_ERROR_FUNCTION_NOT_FOUND; \
+        return share_procs(which, dev, count, infos, sizeof(type)); \
+    }
+PROC_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses, PL_C1, nvmlProcessInfo_v1_t)
+PROC_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses_v2, PL_C2, nvmlProcessInfo_t)
+PROC_LIST_HOOK(nvmlDeviceGetComputeRunningProcesses_v3, PL_C3, nvmlProcessInfo_t)
+PROC_LIST_HOOK(nvmlDeviceGetGraphicsRunningProcesses, PL_G1, nvmlProcessInfo_v1_t)
+PROC_LIST_HOOK(nvmlDeviceGetGraphicsRunningProcesses_v2, PL_G2, nvmlProcessInfo_t)
+PROC_LIST_HOOK(nvmlDeviceGetGraphicsRunningProcesses_v3, PL_G3, nvmlProcessInfo_t)
+PROC_LIST_HOOK(nvmlDeviceGetMPSComputeRunningProcesses, PL_M1, nvmlProcessInfo_v1_t)
+PROC_LIST_HOOK(nvmlDeviceGetMPSComputeRunningProcesses_v2, PL_M2, nvmlProcessInfo_t)
+PROC_LIST_HOOK(nvmlDeviceGetMPSComputeRunningProcesses_v3, PL_M3, nvmlProcessInfo_t)

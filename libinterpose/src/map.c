@@ -68,7 +68,7 @@ size_t egpu_map_take_ctx(egpu_map *m, uint64_t ctx, egpu_map_ent **out)
     pthread_mutex_lock(&m->mu);
     for (size_t i = 0; i < m->cap; i++) {
         egpu_map_ent *e = &m->slots[i];
-        if ((e->kind != MAP_PTR && e->kind != MAP_ARRAY) || e->ctx != ctx) continue;
+        if ((e->kind != MAP_PTR && e->kind != MAP_ARRAY && e->kind != MAP_LIMIT) || e->ctx != ctx) continue;
         if (n == cap) {
             size_t nc = cap ? cap * 2 : 16;
             egpu_map_ent *ns = realloc(*out, nc * sizeof *ns);

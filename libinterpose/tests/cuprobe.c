@@ -12,8 +12,13 @@
  *   on K (async, freeasync, pool_alloc and sync use stream K: 0 NULL, 1.. the streams made)
  *   setctx K (make the K-th context made by "ctx" current, from 0)
  *   free_aptr (cuMemFree of the last async / pool pointer)
- *   held [idx] (what the driver itself says this process holds on card idx: NVML's process
- *               list, which egpu does not interpose; "held rc=0 used=BYTES")
+ *   held [idx] (what the driver itself says this process holds on card idx: its own row of
+ *               NVML's process list, which egpu filters to the share's processes, this one
+ *               always among them; "held rc=0 used=BYTES")
+ *   procs LIST [idx] [room] (NVML's process list LIST, one of compute compute_v2 compute_v3
+ *               graphics graphics_v2 graphics_v3 mps mps_v2 mps_v3, with room for `room`
+ *               entries (default 64); "procs rc=R count=N pids=P,P,... mine=1|0")
+ *   setlimit heap|stack|printf BYTES | getlimit heap|stack|printf (cuCtxSetLimit/GetLimit)
  *   vmm MiB host|dev ID | vmm_map | vmm_unmap | vmm_release | thread_vmm MiB DEV
  *   vmm_retain (retain the handle of the last mapping: a new handle entry)
  *   vmm_share (export the last handle as a POSIX fd and import it: a new handle entry)
@@ -173,6 +178,40 @@ static int step(int argc, char **argv, int i)
         for (unsigned k = 0; r == NVML_SUCCESS && k < n; k++)
             if (pi[k].pid == (unsigned)getpid()) used = pi[k].usedGpuMemory;
         out(s, r, "used=%llu", used);
+    } else if (!strcmp(s, "procs")) {
+        if (!g_nvml) { load_nvml(); p_nvmlInit_v2(); }
+        const char *list = i < argc ? argv[i++] : "compute_v3";
+        unsigned idx = (unsigned)ARG(0), room = (unsigned)ARG(64), n = room > 64 ? 64 : room;
+        char name[80];
+        const char *v = strchr(list, '_');
+        snprintf(name, sizeof name, "nvmlDevice%s%sRunningProcesses%s",
+                 !strncmp(list, "graphics", 8) ? "Get" : !strncmp(list, "mps", 3) ? "GetMPS" : "Get",
+                 !strncmp(list, "graphics", 8) ? "Graphics" : "Compute", v ? v : "");
+        void *fn = dlsym(g_nvml, name);
+        nvmlDevice_t d;
+        nvmlProcessInfo_t pi[64];       /* _v2, _v3 */
+        nvmlProcessInfo_v1_t p1[64];    /* v1: the shorter element */
+        nvmlReturn_t r = fn ? p_nvmlDeviceGetHandleByIndex_v2(idx, &d) : NVML_ERROR_FUNCTION_NOT_FOUND;
+        if (r == NVML_SUCCESS && v) r = ((nvmlReturn_t(*)(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *))fn)(d, &n, pi);
+        else if (r == NVML_SUCCESS) r = ((nvmlReturn_t(*)(nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *))fn)(d, &n, p1);
+        char pids[400] = "";
+        int mine = 0;
+        for (unsigned k = 0; r == NVML_SUCCESS && k < n && k < 64; k++) {
+            unsigned pid = v ? pi[k].pid : p1[k].pid;
+            mine |= pid == (unsigned)getpid();
+            snprintf(pids + strlen(pids), sizeof pids - strlen(pids), "%s%u", k ? "," : "", pid);
+        }
+        out(s, r, "count=%u pids=%s mine=%d", n, pids[0] ? pids : "-", mine);
+    } else if (!strcmp(s, "setlimit") || !strcmp(s, "getlimit")) {
+        const char *l = i < argc ? argv[i++] : "heap";
+        CUlimit lim = !strcmp(l, "stack") ? CU_LIMIT_STACK_SIZE
+                      : !strcmp(l, "printf") ? CU_LIMIT_PRINTF_FIFO_SIZE : CU_LIMIT_MALLOC_HEAP_SIZE;
+        size_t v = 0;
+        if (!strcmp(s, "setlimit")) out(s, p_cuCtxSetLimit(lim, (size_t)ARG(0)), NULL);
+        else {
+            CUresult r = p_cuCtxGetLimit(&v, lim);
+            out(s, r, "value=%zu", v);
+        }
     } else if (!strcmp(s, "nvml") || !strcmp(s, "nvml2") || !strcmp(s, "nvml_null")) {
         if (!g_nvml) { load_nvml(); p_nvmlInit_v2(); }
         nvmlDevice_t d;

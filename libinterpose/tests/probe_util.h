@@ -13,6 +13,7 @@
     X(cuCtxSetCurrent, (CUcontext)) X(cuCtxGetDevice, (CUdevice *)) \
     X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice)) X(cuDevicePrimaryCtxRelease_v2, (CUdevice)) \
     X(cuDevicePrimaryCtxReset_v2, (CUdevice)) \
+    X(cuCtxSetLimit, (CUlimit, size_t)) X(cuCtxGetLimit, (size_t *, CUlimit)) \
     X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice)) \
     X(cuMemAlloc_v2, (CUdeviceptr *, size_t)) X(cuMemFree_v2, (CUdeviceptr)) \
     X(cuMemAlloc, (CUdeviceptr_v1 *, unsigned)) X(cuMemFree, (CUdeviceptr_v1)) \
