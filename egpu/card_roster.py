@@ -99,9 +99,10 @@ _GENERATION_OFFSET = 24
 SHARE_FIELDS = (
     ("owner", 0, "Q"), ("priority", 72, "I"), ("policy", 76, "I"), ("cores", 80, "I"),
     ("flags", 84, "I"), ("floor_pct", 88, "I"), ("rate_ppm", 92, "I"), ("level_ns", 96, "q"),
-    ("busy_total_ns", 176, "Q"), ("launches_total", 184, "Q"), ("wait_total_ns", 192, "Q"),
-    ("last_active_ns", 200, "Q"), ("busy_until_ns", 208, "Q"), ("use_ppm", 216, "Q"),
-    ("demand_ppm", 224, "Q"), ("inflight_n", 256, "Q"), ("overlapped_total", 296, "Q"),
+    ("est_ns", 128, "Q"), ("busy_total_ns", 176, "Q"), ("launches_total", 184, "Q"),
+    ("wait_total_ns", 192, "Q"), ("last_active_ns", 200, "Q"), ("busy_until_ns", 208, "Q"),
+    ("use_ppm", 216, "Q"), ("demand_ppm", 224, "Q"), ("inflight_n", 256, "Q"),
+    ("inflight_since_ns", 264, "Q"), ("est_graph_ns", 272, "Q"), ("overlapped_total", 296, "Q"),
     ("last_complete_ns", 304, "Q"), ("events_total", 320, "Q"), ("queued_until_ns", 328, "Q"),
     ("hi_mark_ns", 344, "Q"),
 )

@@ -55,7 +55,10 @@ static void header_init(egpu_card_region *r, const char *uuid)
     r->self = -1;
     r->dir_fd = -1;
     r->own_fd = -1;
-    for (int j = 0; j < EGPU_CARD_SLOTS; j++) r->other_fd[j] = -1;
+    for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
+        r->other_fd[j] = -1;
+        r->other_seen_ns[j] = EGPU_BUSY_UNSEEN;
+    }
     pthread_mutex_init(&r->refresh_mu, NULL);
 }
 
@@ -578,7 +581,11 @@ static uint64_t past_or_none(uint64_t t, uint64_t now)
 }
 
 /* What a co-tenant's file says, bounded by what the roster booked and by the clock: a lie
- * may cost the liar (its work unseen, its reservation gone), never a co-tenant. */
+ * may cost the liar (its work unseen, its reservation gone), never a co-tenant. Its use and
+ * demand are believed up to its booking (card_region.h, egpu_claim_bound_ppm): believed up to
+ * the card, a strict 10% share that never launched and wrote use = demand = 100% held an
+ * elastic 30% neighbour at 30% with the card 70% idle, and made its strict co-tenants' card
+ * look booked whole (their PI trim held). */
 static void sanitise(egpu_card_slot *o, const egpu_roster_entry *e, uint64_t now)
 {
     o->owner = e->owner;
@@ -586,12 +593,16 @@ static void sanitise(egpu_card_slot *o, const egpu_roster_entry *e, uint64_t now
     o->policy = e->policy;
     o->cores = e->cores;
     o->floor_pct = e->floor_pct;
-    o->use_ppm = u64min(o->use_ppm, PPM);
-    o->demand_ppm = u64min(o->demand_ppm, PPM);
+    o->use_ppm = u64min(o->use_ppm, egpu_claim_bound_ppm(e->cores));
+    o->demand_ppm = u64min(o->demand_ppm, egpu_claim_bound_ppm(e->cores));
     o->last_active_ns = past_or_none(o->last_active_ns, now);
     o->busy_until_ns = past_or_none(o->busy_until_ns, now);
     o->inflight_since_ns = past_or_none(o->inflight_since_ns, now);
+    o->last_complete_ns = past_or_none(o->last_complete_ns, now);
     o->inflight_n = o->inflight_since_ns ? u64min(o->inflight_n, INFLIGHT_MAX) : 0;
+    /* in flight and quiet past the owner's own expiry: its last process died with them (the
+     * owner would forget them at its next launch, which may never come) */
+    if (o->inflight_n && egpu_inflight_stale(o, now)) o->inflight_n = 0;
     o->queued_until_ns = o->queued_until_ns > now + QUEUED_AHEAD_MAX_NS ? 0 : o->queued_until_ns;
     o->hi_mark_ns = e->priority == EGPU_CARD_PRIO_HIGH ? past_or_none(o->hi_mark_ns, now) : 0;
 }
@@ -607,6 +618,7 @@ static void reread_roster(egpu_card_region *r, uint64_t now)
         if (r->other_fd[j] >= 0) close(r->other_fd[j]);
         r->other_fd[j] = -1;
         r->other_owner[j] = ro.entry[j].owner;
+        r->other_seen_ns[j] = EGPU_BUSY_UNSEEN; /* another share: its credit starts anew */
     }
     memcpy(r->roster, ro.entry, sizeof r->roster);
 }
@@ -628,10 +640,48 @@ static void read_other(egpu_card_region *r, int j, unsigned char *buf)
     if (n != EGPU_SLOT_PUBLIC_BYTES || owner != r->other_owner[j]) memset(buf, 0, EGPU_SLOT_PUBLIC_BYTES);
 }
 
+/* A co-tenant's measured work, as far as it is believed (compute_settle.c): the growth of its
+ * busy_total_ns since it was last read, at most what its booking could have let out since
+ * (other_allow_ns: refilled at its credit bound, holding at most CREDIT_HORIZON_NS of it), is
+ * its credit, which explains waits of ours until it is used. A share that says it kept another
+ * waiting must have counted that time as its own (the node agent reports it as its use), and
+ * no more than its booking lets it. */
+#define CREDIT_HORIZON_NS 1000000000ULL /* 1 s of a co-tenant's booking */
+static void credit_other(egpu_card_region *r, int j, uint64_t dt, uint64_t unbooked_ppm)
+{
+    const egpu_card_slot *o = &r->slot[j];
+    uint64_t bound = egpu_credit_bound_ppm(&r->roster[j], unbooked_ppm);
+    uint64_t seen = r->other_seen_ns[j], busy = o->busy_total_ns;
+    uint64_t most = CREDIT_HORIZON_NS / 1000 * bound / 1000;
+    r->other_seen_ns[j] = busy;
+    if (seen == EGPU_BUSY_UNSEEN || busy < seen) {
+        /* first sight (what it did before is not known: its booking's worth may follow at
+         * once), or a counter that went back (only the growth from here counts) */
+        r->other_allow_ns[j] = most;
+        if (seen == EGPU_BUSY_UNSEEN) __atomic_store_n(&r->other_credit_ns[j], 0, __ATOMIC_RELAXED);
+        return;
+    }
+    uint64_t allow = dt >= CREDIT_HORIZON_NS ? most : u64min(r->other_allow_ns[j] + dt / 1000 * bound / 1000, most);
+    uint64_t take = u64min(busy - seen, allow);
+    r->other_allow_ns[j] = allow - take;
+    if (__atomic_load_n(&r->other_credit_ns[j], __ATOMIC_RELAXED) < most)
+        __atomic_add_fetch(&r->other_credit_ns[j], take, __ATOMIC_RELAXED);
+}
+
+/* The part of the card no share on the roster booked, ppm. */
+static uint64_t unbooked_ppm(const egpu_card_region *r)
+{
+    uint64_t booked = 0;
+    for (int j = 0; j < EGPU_CARD_SLOTS; j++)
+        if (r->roster[j].owner) booked += (uint64_t)u64min(r->roster[j].cores, 100) * (PPM / 100);
+    return booked < PPM ? PPM - booked : 0;
+}
+
 static void refresh_locked(egpu_card_region *r, uint64_t now, uint64_t roster_every_ns)
 {
     if (!roster_every_ns || now - r->roster_read_ns >= roster_every_ns) reread_roster(r, now);
-    uint64_t hi = 0;
+    uint64_t hi = 0, last = __atomic_load_n(&r->refreshed_ns, __ATOMIC_RELAXED);
+    uint64_t dt = now > last ? now - last : 0, unbooked = unbooked_ppm(r);
     _Alignas(8) unsigned char buf[EGPU_SLOT_PUBLIC_BYTES];
     for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
         if (j == r->self) continue;
@@ -643,6 +693,7 @@ static void refresh_locked(egpu_card_region *r, uint64_t now, uint64_t roster_ev
         read_other(r, j, buf);
         memcpy(o, buf, EGPU_SLOT_PUBLIC_BYTES);
         sanitise(o, &r->roster[j], now);
+        credit_other(r, j, dt, unbooked);
         if (o->hi_mark_ns > hi) hi = o->hi_mark_ns;
     }
     count_low(r);

@@ -165,6 +165,14 @@ typedef struct {
             uint64_t hi_active_ns;      /* last time high-priority work was launched or outstanding */
             uint32_t n_low;             /* low-priority shares on the card (the roster's) */
             pthread_mutex_t refresh_mu; /* process-private: one refresh at a time */
+            /* each co-tenant's measured work as this process believes it, what may explain a
+             * wait of ours (compute_settle.c): other_credit_ns, the growth of its
+             * busy_total_ns not yet used to explain one (atomic), at most what its booking
+             * could have let out (other_allow_ns, refilled at egpu_credit_bound_ppm);
+             * other_seen_ns: its busy_total_ns when last read (EGPU_BUSY_UNSEEN: not yet) */
+            uint64_t other_credit_ns[EGPU_CARD_SLOTS];
+            uint64_t other_allow_ns[EGPU_CARD_SLOTS];
+            uint64_t other_seen_ns[EGPU_CARD_SLOTS];
         };
         uint8_t header_bytes[4096];
     };
@@ -178,6 +186,53 @@ static_assert(__builtin_offsetof(egpu_card_slot, level_ns) == 96, "slot level of
 static_assert(__builtin_offsetof(egpu_card_slot, busy_total_ns) == 176, "slot busy_total offset");
 static_assert(__builtin_offsetof(egpu_card_slot, hi_mark_ns) == 344, "slot hi mark offset");
 static_assert(__builtin_offsetof(egpu_card_slot, mu) == 512, "slot mutex offset");
+
+/* A share's launches in flight are forgotten once nothing moved for EGPU_INFLIGHT_QUIET_NS or
+ * EGPU_INFLIGHT_QUIET_ESTIMATES of its launch estimates, whichever is longer, since its last
+ * completion or the start of its outstanding period: a process killed with groups in flight
+ * never settles them. Its own processes clear them at their next launch (compute.c); every
+ * reader applies the same rule to what it reads (card_region.c's refresh,
+ * node_agent/metrics/card_region.py), so a share whose last process was killed stops counting
+ * as active for its co-tenants and the node agent. */
+#define EGPU_INFLIGHT_QUIET_NS (250 * 1000000ULL) /* 250 ms */
+#define EGPU_INFLIGHT_QUIET_ESTIMATES 8
+static inline int egpu_inflight_stale(const egpu_card_slot *s, uint64_t now_ns)
+{
+    uint64_t est = s->est_ns > s->est_graph_ns ? s->est_ns : s->est_graph_ns;
+    uint64_t quiet =
+        est > UINT64_MAX / EGPU_INFLIGHT_QUIET_ESTIMATES ? UINT64_MAX : est * EGPU_INFLIGHT_QUIET_ESTIMATES;
+    if (quiet < EGPU_INFLIGHT_QUIET_NS) quiet = EGPU_INFLIGHT_QUIET_NS;
+    uint64_t last = s->last_complete_ns > s->inflight_since_ns ? s->last_complete_ns : s->inflight_since_ns;
+    return now_ns > last && now_ns - last > quiet;
+}
+
+/* The most a share's word about its own use is believed by its co-tenants, ppm of the card,
+ * by what the roster booked: its cores and the FC-13 slack (a strict share's 1 s window within
+ * cap + 3 points: the node agent's use_bound_ppm), the whole card for a share that booked it
+ * whole. The same for an elastic share (or one with nothing booked): what it uses above its
+ * guarantee is idle time it borrowed, not a claim on anyone, and no reader can tell that from
+ * a lie (card_region.c, compute_settle.c). */
+#define EGPU_CARD_PPM 1000000ULL       /* the whole card, ppm */
+#define EGPU_PPM_PER_PCT 10000ULL       /* one booked point (%), ppm */
+#define EGPU_CLAIM_SLACK_PPM 30000ULL   /* 3 points of the card */
+static inline uint64_t egpu_claim_bound_ppm(uint32_t cores)
+{
+    if (cores >= 100) return EGPU_CARD_PPM;
+    uint64_t b = (uint64_t)cores * EGPU_PPM_PER_PCT + EGPU_CLAIM_SLACK_PPM;
+    return b < EGPU_CARD_PPM ? b : EGPU_CARD_PPM;
+}
+
+/* The most of the card a co-tenant's measured work is believed to have taken, ppm, when it
+ * explains a wait of ours (compute_settle.c): its claim bound, and for a share that may use
+ * idle compute (elastic, or nothing booked) the part of the card nobody booked (unbooked_ppm):
+ * handed to us, that harms no share with a booking. */
+static inline uint64_t egpu_credit_bound_ppm(const egpu_roster_entry *e, uint64_t unbooked_ppm)
+{
+    uint64_t b = egpu_claim_bound_ppm(e->cores);
+    if (e->cores < 100 && (e->policy == EGPU_CARD_ELASTIC || !e->cores)) b += unbooked_ppm;
+    return b < EGPU_CARD_PPM ? b : EGPU_CARD_PPM;
+}
+#define EGPU_BUSY_UNSEEN UINT64_MAX /* other_seen_ns: not read yet */
 
 /* What the node (or a raw share's own config) says of a share. */
 typedef struct {
@@ -198,10 +253,12 @@ egpu_card_region *egpu_card_attach(const char *dir, const char *uuid, const egpu
  * read it while the process exits). */
 void egpu_card_detach(egpu_card_region *r, int slot, int32_t pid);
 /* Refreshes the copies of the co-tenants' slots from their files (bounded preads), the
- * roster at most every roster_every_ns (0: now), and the card-wide priority state. A file
- * that is short, foreign or lying is read as an idle share with what the roster booked:
- * values are clamped (use and demand to 100%, times to now, a high-priority mark only from
- * a share the roster books high). Never blocks, never maps a co-tenant's file. */
+ * roster at most every roster_every_ns (0: now), the card-wide priority state and each
+ * co-tenant's credit (other_credit_ns). A file that is short, foreign or lying is read as an
+ * idle share with what the roster booked: values are clamped (use and demand to the booking,
+ * egpu_claim_bound_ppm; times to now; launches in flight to none once quiet past
+ * egpu_inflight_stale; a high-priority mark only from a share the roster books high). Never
+ * blocks, never maps a co-tenant's file. */
 void egpu_card_refresh(egpu_card_region *r, uint64_t now_ns, uint64_t roster_every_ns);
 /* As egpu_card_refresh (the roster aside), when the copies are older than older_than_ns
  * and no other thread is refreshing them (a low-priority launch: its view of high-priority

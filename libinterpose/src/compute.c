@@ -55,7 +55,8 @@ void egpu_ctl_defaults(egpu_ctl_params *p)
 #define REFILL_MAX_GAP_NS 10000000000ULL /* 10 s: keeps one refill's products far from overflow */
 
 /* What the other live shares on the card hold: their measured use, raised to their guarantee
- * while they want more than they get (demand above use) -- so that an elastic share gives
+ * while they want more than they get (demand above use; both as their files say, believed up
+ * to their booking: card_region.c, sanitise) -- so that an elastic share gives
  * back what it borrowed as soon as the owner asks. Against a high-priority share a low one
  * holds only its floor: it yields while high-priority work runs, whatever it booked (else
  * its wait would count as demand and cut the high share's rate, and the gaps that leaves
@@ -214,8 +215,6 @@ void egpu_ctl_estimates(const egpu_card_region *r, int slot, int kind, uint64_t 
 
 #define WAIT_MARGIN_NS 1000ULL               /* look again 1 us after the predicted time, not just before it */
 #define MIN_WAIT_NS 20000ULL                 /* a waiting launch sleeps at least 20 us: never a busy spin */
-#define INFLIGHT_QUIET_NS (250 * 1000000ULL) /* a dead process's in-flight work is forgotten ... */
-#define INFLIGHT_QUIET_ESTIMATES 8           /* ... after 250 ms or 8 launch estimates without news */
 
 /* Low priority keeps what a high-priority launch finds queued ahead of it short: beyond two
  * launches, at most max_inflight of work; while high-priority work was seen in the last
@@ -250,10 +249,7 @@ int egpu_ctl_low_may_go(const egpu_card_region *r, const egpu_ctl_params *p, uin
  * forget in-flight work that has not moved for a long time, so that no one waits on it. */
 static void expire_inflight_locked(egpu_card_slot *s, uint64_t now)
 {
-    if (!s->inflight_n) return;
-    uint64_t quiet = u64max(INFLIGHT_QUIET_NS, INFLIGHT_QUIET_ESTIMATES * u64max(s->est_ns, s->est_graph_ns));
-    uint64_t last = u64max(s->last_complete_ns, s->inflight_since_ns);
-    if (now > last + quiet) {
+    if (s->inflight_n && egpu_inflight_stale(s, now)) { /* card_region.h: readers apply the same rule */
         s->inflight_n = 0;
         s->inflight_ns = 0;
     }

@@ -91,17 +91,41 @@ static uint64_t solo_bound_locked(const egpu_card_slot *s, const egpu_group *g)
  * of them; shorter ones rely on samples queued behind their own work. */
 #define ANCHOR_SLACK_NS 2000ULL
 
-/* The latest end of another share's measured work inside (start, end), or start. Kernels of
- * different contexts do not run at once: a single launch that ended at `end` began after it. */
-static uint64_t others_end_within_locked(const egpu_card_region *r, int self, uint64_t start, uint64_t end)
+/* Where the launch began, by other shares' measured ends inside (start, end): kernels of
+ * different contexts do not run at once, so a single launch that ended at `end` began after
+ * them. An end is the other share's word only (its busy_until_ns): written at every moment as
+ * "ended 1 ms ago", it moved every sample's start to 1 ms before its end, and a strict 30% share
+ * with 20 ms kernels ran at 100% charged 4.6%. So the interval up to each end is believed only
+ * as far as credit pays for it (card_region.h, other_credit_ns: work a share measured and
+ * counted as its own use, within its booking), and uses that credit up: the part up to a
+ * share's end is paid by that share or one whose end is later (its work may lie anywhere
+ * before its end), never by one whose end is earlier; the start moves as far as it is paid. */
+static uint64_t launch_start_locked(egpu_card_region *r, int self, uint64_t start, uint64_t end)
 {
-    uint64_t latest = start;
-    for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
-        const egpu_card_slot *o = &r->slot[j];
-        uint64_t e = o->busy_until_ns > ANCHOR_SLACK_NS ? o->busy_until_ns - ANCHOR_SLACK_NS : 0;
-        if (j != self && o->owner && e > latest && o->busy_until_ns < end) latest = e;
+    int who[EGPU_CARD_SLOTS], n = 0;
+    uint64_t at_end[EGPU_CARD_SLOTS]; /* the ends, read once (a refresh may rewrite the copies) */
+    for (int j = 0; j < EGPU_CARD_SLOTS; j++) { /* the others' ends inside, in order */
+        uint64_t e = __atomic_load_n(&r->slot[j].busy_until_ns, __ATOMIC_RELAXED);
+        if (j == self || !r->slot[j].owner || e >= end || e <= start + ANCHOR_SLACK_NS) continue;
+        int k = n++;
+        for (; k > 0 && at_end[k - 1] > e; k--) {
+            at_end[k] = at_end[k - 1];
+            who[k] = who[k - 1];
+        }
+        at_end[k] = e;
+        who[k] = j;
     }
-    return latest;
+    uint64_t at = start;
+    for (int i = 0; i < n; i++) {
+        uint64_t e = at_end[i] - ANCHOR_SLACK_NS;
+        for (int k = i; k < n && e > at; k++) { /* its own credit first, then later ones' */
+            uint64_t *credit = &r->other_credit_ns[who[k]];
+            uint64_t pay = u64min(e - at, __atomic_load_n(credit, __ATOMIC_RELAXED));
+            __atomic_sub_fetch(credit, pay, __ATOMIC_RELAXED);
+            at += pay;
+        }
+    }
+    return at;
 }
 
 /* The group's measured GPU time: from its first launch (or the share's previous measured end)
@@ -120,9 +144,10 @@ static uint64_t measured_charge_locked(egpu_card_region *r, int slot, const egpu
      * event completes when the GPU reaches it, not when the kernel ended; docs/compute.md,
      * Known limits) */
     int unresolved = single && g->rec_ns && !behind && end_ns <= g->rec_ns;
-    uint64_t unit = s->solo_ns[g->n[1] ? 1 : 0];
-    if (single && (unit ? unit : end_ns - start) >= 100 * ANCHOR_SLACK_NS)
-        start = others_end_within_locked(r, slot, start, end_ns);
+    int k = g->n[1] ? 1 : 0;
+    uint64_t unit = s->solo_ns[k];
+    if (single && !unresolved && (unit ? unit : end_ns - start) >= 100 * ANCHOR_SLACK_NS)
+        start = launch_start_locked(r, slot, start, end_ns);
     uint64_t span = end_ns > start ? end_ns - start : 0;
     if (end_ns > s->busy_until_ns) s->busy_until_ns = end_ns;
     if (!span) return 0;

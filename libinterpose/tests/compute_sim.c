@@ -49,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <ucontext.h>
@@ -234,6 +235,8 @@ struct share {
     uint64_t start_at, stop_at;
     int priority;
     driver_costs dc;
+    int lie;              /* LIE_*: a hostile process of the share writes its file (below) */
+    uint64_t kill_at;     /* >0: its process is SIGKILLed after this, with groups in flight */
     /* state */
     gate_lib lib;
     struct CUctx_st ctx;
@@ -246,6 +249,8 @@ struct share {
     int ndone;
     uint64_t *busy_ms; /* GPU time in each ms of the run (NBINS) */
     uint64_t last_launch, max_gap, launches, events;
+    int actor_first, actor_end, app_actor; /* its process's threads: poller(s), application */
+    uint64_t killed_inflight;              /* launches in flight in its file when it was killed */
 };
 
 static uint64_t g_card_clock;
@@ -451,6 +456,57 @@ static void load_gate(gate_lib *g, int i)
     }
 }
 
+/* Share s's file in the run's card folder. */
+static void share_file_path(const share *s, char *path, size_t n)
+{
+    snprintf(path, n, "%s/%s%016llx", g_card, EGPU_SHARE_FILE_PREFIX, (unsigned long long)s->lib.owner_id(s->key));
+}
+
+/* ---- hostile tenants ----------------------------------------------------------------- */
+
+/* What a hostile process of a share writes into its own share file (its container mounts it
+ * read-write), every LIE_PERIOD_NS, beside the share's own gate, launching nothing itself. */
+enum {
+    LIE_NONE,
+    LIE_FULL_USE,        /* use and demand 100%, launched just now */
+    LIE_WORK_JUST_ENDED, /* its measured work ended LIE_ENDED_AGO_NS ago, launched just now */
+    LIE_WORK_COUNTED     /* the same, and its busy_total_ns counts all the time since as its own */
+};
+#define LIE_PERIOD_NS (100 * US)
+#define LIE_ENDED_AGO_NS (1 * MS)
+
+/* A share's hostile process (lie), or its SIGKILL (kill_at): the application and the poller
+ * stop where they are, at the first moment after kill_at that its file shows groups in flight. */
+static void *hostile_main(void *arg)
+{
+    share *s = arg;
+    char path[PATH_MAX + 64];
+    share_file_path(s, path, sizeof path);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    egpu_card_slot *f = fd < 0 ? MAP_FAILED : mmap(NULL, sizeof *f, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (f == MAP_FAILED) {
+        fprintf(stderr, "compute_sim: cannot map %s\n", path);
+        _exit(3);
+    }
+    for (;;) {
+        if (s->lie == LIE_FULL_USE) {
+            f->use_ppm = f->demand_ppm = 1000000;
+            f->last_active_ns = g_now;
+        } else if (s->lie == LIE_WORK_JUST_ENDED || s->lie == LIE_WORK_COUNTED) {
+            if (s->lie == LIE_WORK_COUNTED) f->busy_total_ns += LIE_PERIOD_NS;
+            f->busy_until_ns = g_now - LIE_ENDED_AGO_NS;
+            f->last_active_ns = g_now;
+        }
+        if (s->kill_at && g_now >= s->kill_at && g_actors[s->app_actor].alive && f->inflight_n) {
+            s->killed_inflight = f->inflight_n;
+            g_actors[s->app_actor].alive = 0;
+            for (int a = s->actor_first; a < s->actor_end; a++) g_actors[a].alive = 0;
+        }
+        sim_sleep(LIE_PERIOD_NS);
+    }
+    return NULL;
+}
+
 /* In the run's child: each share's gate copy set up on the run's card folder as a process
  * of that share (its share file, its poller), its application thread made. */
 static void setup(share *sh, int n, const int *cores, const int *policy, int floor_pct)
@@ -478,10 +534,12 @@ static void setup(share *sh, int n, const int *cores, const int *policy, int flo
         egpu_ctl_params p;
         s->lib.defaults(&p);
         g_cur->ctx = &s->ctx; /* the process's context, as after cuInit */
+        s->actor_first = g_nactors;
         if (s->lib.init(&cfg, &p, &SIM_DRIVER) != 0) {
             fprintf(stderr, "compute_sim: share %d cannot join the card\n", i);
             _exit(3);
         }
+        s->actor_end = g_nactors;
     }
     g_cur->ctx = NULL;
     for (int i = 0; i < n; i++) {
@@ -489,7 +547,9 @@ static void setup(share *sh, int n, const int *cores, const int *policy, int flo
         pthread_attr_t a;
         pthread_attr_init(&a);
         pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        sh[i].app_actor = g_nactors;
         pthread_create(&th, &a, app_main, &sh[i]);
+        if (sh[i].lie || sh[i].kill_at) pthread_create(&th, &a, hostile_main, &sh[i]);
         pthread_attr_destroy(&a);
     }
 }
@@ -542,8 +602,7 @@ static double use_in(const share *s, uint64_t a, uint64_t b)
 static double measured_pct(const share *s, uint64_t len)
 {
     char path[PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/%s%016llx", g_card, EGPU_SHARE_FILE_PREFIX,
-             (unsigned long long)s->lib.owner_id(s->key));
+    share_file_path(s, path, sizeof path);
     uint64_t busy = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0 || pread(fd, &busy, sizeof busy, offsetof(egpu_card_slot, busy_total_ns)) != sizeof busy) busy = 0;
@@ -877,6 +936,97 @@ static void case_floor(void)
         }
 }
 
+/* ---- hostile co-tenants: a lie may cost the liar, never a co-tenant (docs/security.md) -- */
+
+/* A strict 10% share that never launches and writes use = demand = 100% (LIE_FULL_USE) is
+ * believed only within its booking (cores + 3 points): an elastic 30% neighbour takes the rest
+ * of the card (100 - 13 - 2 headroom = 85%), where it was held at 30% with the card 70% idle. */
+static double liar_use_body(const void *arg)
+{
+    (void)arg;
+    share sh[2] = {{.name = "e30", .kernel_ns = 1 * MS, .active = 1, .depth = 8},
+                   {.name = "liar", .kernel_ns = 1 * MS, .lie = LIE_FULL_USE}};
+    int cores[] = {30, 10}, pols[] = {EGPU_CARD_ELASTIC, EGPU_CARD_STRICT};
+    setup(sh, 2, cores, pols, 0);
+    run(11 * SEC);
+    check("liar-use", "elastic-30 beside a strict-10 claiming 100% use", use_in(&sh[0], SEC, 11 * SEC), 82, 88);
+    return 0;
+}
+
+static void case_liar_use(void) { in_child(liar_use_body, NULL); }
+
+/* A share whose only process is SIGKILLed with groups in flight (they never settle; its file
+ * keeps inflight_n > 0 and its last use) counts as idle for its co-tenants once its in-flight
+ * work is quiet for the owner's own expiry (250 ms): an elastic 30% neighbour takes the card
+ * (98%), where it was held at 38% for as long as the dead share stayed in the roster. */
+static double killed_body(const void *arg)
+{
+    (void)arg;
+    share sh[2] = {{.name = "e30", .kernel_ns = 1 * MS, .active = 1, .depth = 8},
+                   {.name = "killed", .kernel_ns = 1 * MS, .active = 1, .depth = 8, .kill_at = 3 * SEC}};
+    int cores[] = {30, 60}, pols[] = {EGPU_CARD_ELASTIC, EGPU_CARD_STRICT};
+    setup(sh, 2, cores, pols, 0);
+    run(11 * SEC);
+    check("killed", "strict-60 killed with launches in flight", (double)sh[1].killed_inflight, 1, 1e9);
+    check("killed", "elastic-30 after its co-tenant was killed", use_in(&sh[0], 5 * SEC, 11 * SEC), 95, 100);
+    return 0;
+}
+
+static void case_killed(void) { in_child(killed_body, NULL); }
+
+/* A co-tenant that writes "my work ended 1 ms ago" (LIE_WORK_JUST_ENDED, and launched just now)
+ * into its file at every moment moved every one-launch sample's start of its neighbours to
+ * 1 ms before its end: a strict 30% share with 20 ms kernels ran at 100% charged 4.6% (beside
+ * a strict 50% share: 50% each, charged 8% of it; with 50 us kernels the 50% share got 3.9%).
+ * Such an end is believed only as far as the liar counted that work as its own: not at all,
+ * and the caps and charges hold. One that also counts all that time as its own use
+ * (LIE_WORK_COUNTED: the node agent then reports it busy) is believed up to its booking
+ * (10% + 3 points of the time); what that still moves, through the solo estimate, to the
+ * share's other launches is reported (info lines), not checked: not bounded yet. */
+typedef struct { uint64_t third_kernel_ns; int lie; } shift_case;
+
+static double liar_shift_body(const void *arg)
+{
+    const shift_case *c = arg;
+    int third = c->third_kernel_ns > 0, counted = c->lie == LIE_WORK_COUNTED;
+    share sh[3] = {{.name = "s30", .kernel_ns = 20 * MS, .active = 1, .depth = 4},
+                   {.name = "liar", .kernel_ns = 1 * MS, .lie = c->lie},
+                   {.name = "s50", .kernel_ns = c->third_kernel_ns, .active = 1,
+                    .depth = c->third_kernel_ns > MS ? 4 : 64}};
+    int cores[] = {30, 10, 50}, pols[] = {EGPU_CARD_STRICT, EGPU_CARD_STRICT, EGPU_CARD_STRICT};
+    setup(sh, third ? 3 : 2, cores, pols, 0);
+    run(11 * SEC);
+    char tag[96], what[192];
+    snprintf(tag, sizeof tag, "%s", counted ? "counted" : "uncounted");
+    if (third) {
+        snprintf(tag + strlen(tag), sizeof tag - strlen(tag), " beside-strict-50 ");
+        tag_run(tag, sizeof tag, c->third_kernel_ns, 0, &NO_COSTS);
+    }
+    double a = use_in(&sh[0], SEC, 11 * SEC), charged = measured_pct(&sh[0], 11 * SEC) / use_in(&sh[0], 0, 11 * SEC);
+    double b = third ? use_in(&sh[2], SEC, 11 * SEC) : 0;
+    if (counted) {
+        printf("info liar-shift %s strict-30-20ms use value=%.2f\n", tag, a);
+        if (third) printf("info liar-shift %s strict-50 use value=%.2f\n", tag, b);
+        return 0;
+    }
+    snprintf(what, sizeof what, "%s strict-30-20ms use", tag);
+    check("liar-shift", what, a, 27, 33);
+    snprintf(what, sizeof what, "%s strict-30-20ms charged_over_true", tag);
+    check("liar-shift", what, charged, 0.95, 1.05);
+    if (third) {
+        snprintf(what, sizeof what, "%s strict-50 use", tag);
+        check("liar-shift", what, b, 47, 53);
+    }
+    return 0;
+}
+
+static void case_liar_shift(void)
+{
+    shift_case cs[] = {{0, LIE_WORK_JUST_ENDED}, {20 * MS, LIE_WORK_JUST_ENDED}, {50 * US, LIE_WORK_JUST_ENDED},
+                       {0, LIE_WORK_COUNTED}, {20 * MS, LIE_WORK_COUNTED}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) in_child(liar_shift_body, &cs[i]);
+}
+
 /* The program's folder: the gate copies (one file each, so that each loads as its own). */
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
@@ -907,6 +1057,7 @@ int main(int argc, char **argv)
         {"caps", case_caps}, {"split", case_split}, {"elastic", case_elastic},
         {"priority", case_priority}, {"floor", case_floor}, {"caps10us", case_caps10us},
         {"split10us", case_split10us}, {"gaps", case_gaps}, {"realistic", case_realistic},
+        {"liar-use", case_liar_use}, {"killed", case_killed}, {"liar-shift", case_liar_shift},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int want = argc < 2;

@@ -19,7 +19,10 @@ one log line per path and reason.
 
 Compute used by a share = its ``use_ppm`` (the controller's smoothed measured GPU time, ppm of
 wall time) while it is active (launches in flight, or one within ``IDLE_NS``), else 0: the
-controller only updates ``use_ppm`` on launches, so an idle share keeps its last value.
+controller only updates ``use_ppm`` on launches, so an idle share keeps its last value. Launches
+in flight count only until they are quiet for the interposer's own expiry (``inflight_stale``):
+a share whose last process was killed with groups in flight keeps ``inflight_n > 0`` in its file
+until a process of it launches again, which may never happen.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ IDLE_NS = 1_000_000_000  # a share with no launch for this long (and none in fli
 # A strict share with a cap uses at most its cap and a few points over it (FC-13: a 1 s window
 # within cap + 3): what its own file says above that is not believed.
 STRICT_CAP_SLACK_PCT = 3
+# Launches in flight are forgotten once nothing moved for INFLIGHT_QUIET_NS or
+# INFLIGHT_QUIET_ESTIMATES launch estimates, whichever is longer, since the last completion or
+# the start of the outstanding period: the interposer's own rule (libinterpose/src/card_region.h,
+# EGPU_INFLIGHT_QUIET_NS, EGPU_INFLIGHT_QUIET_ESTIMATES, egpu_inflight_stale).
+INFLIGHT_QUIET_NS = 250_000_000
+INFLIGHT_QUIET_ESTIMATES = 8
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -53,7 +62,8 @@ class SlotUse:
     """One share on a card: ``owner`` (FNV-1a of its region path), booked ``cores`` (%, the
     roster's), and the measurement (GPU ns, CLOCK_MONOTONIC ns, ppm) from its share file:
     ``reported_ppm`` as the file says it, ``use_ppm`` within what the roster lets the share
-    use (``use_bound_ppm``)."""
+    use (``use_bound_ppm``); ``last_complete_ns``, ``inflight_since_ns`` and ``est_ns`` (its
+    longer per-launch estimate) date its launches in flight (``inflight_stale``)."""
 
     owner: int
     cores: int
@@ -62,10 +72,20 @@ class SlotUse:
     use_ppm: int
     inflight_n: int
     reported_ppm: int = 0
+    last_complete_ns: int = 0
+    inflight_since_ns: int = 0
+    est_ns: int = 0
+
+    def inflight_stale(self, now_ns: int) -> bool:
+        """Whether its launches in flight have been quiet past the interposer's own expiry
+        (module docstring): its last process died with them."""
+        quiet = max(INFLIGHT_QUIET_NS, INFLIGHT_QUIET_ESTIMATES * self.est_ns)
+        last = max(self.last_complete_ns, self.inflight_since_ns)
+        return now_ns > last and now_ns - last > quiet
 
     def active(self, now_ns: int) -> bool:
-        """Launches in flight, or one within ``IDLE_NS``."""
-        return self.inflight_n > 0 or (
+        """Launches in flight (not stale), or one within ``IDLE_NS``."""
+        return (self.inflight_n > 0 and not self.inflight_stale(now_ns)) or (
             self.last_active_ns > 0 and now_ns - self.last_active_ns <= IDLE_NS)
 
     def used_percent(self, now_ns: int) -> float:
@@ -119,7 +139,9 @@ def read_card(card_fd: int, path: str) -> CardRegion:
             owner=entry.owner, cores=entry.cores, busy_total_ns=public["busy_total_ns"],
             last_active_ns=public["last_active_ns"],
             use_ppm=min(public["use_ppm"], use_bound_ppm(entry)), inflight_n=public["inflight_n"],
-            reported_ppm=public["use_ppm"])
+            reported_ppm=public["use_ppm"], last_complete_ns=public["last_complete_ns"],
+            inflight_since_ns=public["inflight_since_ns"],
+            est_ns=max(public["est_ns"], public["est_graph_ns"]))
     return CardRegion(roster.uuid or os.path.basename(path), slots)
 
 

@@ -130,6 +130,44 @@ def test_fc14_sim_starvation_floor() -> None:
 
 
 # --------------------------------------------------------------------------------------
+# Hostile co-tenants on the simulated clock: a lie may cost the liar, never a co-tenant
+# (docs/security.md). Each liar is a process of its share writing its own share file.
+
+
+def test_a_co_tenant_reporting_full_use_does_not_pin_an_elastic_neighbour() -> None:
+    """A strict 10% share that never launches and writes use = demand = 100% (and "launched
+    just now") into its share file. Catches co-tenants' use believed up to the whole card
+    (compute.c reserved it whatever the booking; card_region.c clamped it only to 100%): an
+    elastic 30% neighbour was held at 30% with the card 70% idle. Believed within its booking
+    (10% + 3 points), the neighbour takes the rest less the 2-point headroom: 85%."""
+    lines = sim("liar-use")
+    assert sum(line.startswith("ok liar-use ") for line in lines) == 1
+
+
+def test_a_share_killed_with_work_in_flight_stops_holding_its_co_tenants() -> None:
+    """A strict 60% share's only process is SIGKILLed with launches in flight: they never
+    settle, and its file keeps inflight_n > 0 and its last use. Catches readers that counted
+    such a share active until a process of it launched again (only its own launch path
+    expired stale in-flight work): its elastic 30% neighbour stayed at 38%. Readers apply the
+    owner's quiet rule (250 ms or 8 estimates without news): the neighbour gets 98%."""
+    lines = sim("killed")
+    assert sum(line.startswith("ok killed ") for line in lines) == 2
+
+
+def test_a_co_tenants_word_on_its_own_work_cannot_shrink_a_neighbours_measured_kernels() -> None:
+    """A strict 10% share writes "my measured work ended 1 ms ago" (busy_until_ns) and
+    "launched just now" at every moment. Catches one-launch samples whose start moved to any
+    co-tenant's end inside them (compute_settle.c): a strict 30% share with 20 ms kernels ran
+    at 100% charged 4.6%, and beside a strict 50% share with 50 us kernels took 96% of the card
+    (the 50% share got 3.9%). A co-tenant's end now moves a start only as far as work it
+    measured and counted as its own pays for: the caps, the charges (within 5% of the truth)
+    and the third share's 50% hold. A liar that also counts that time as its own use (which
+    the node agent then reports) is only reported (info lines): not bounded yet."""
+    lines = sim("liar-shift")
+    assert sum(line.startswith("ok liar-shift ") for line in lines) == 2 + 3 + 3
+
+
+# --------------------------------------------------------------------------------------
 # The region layout that docs/compute.md gives the node agent
 
 

@@ -67,8 +67,36 @@ def test_slot_use_is_zero_when_idle() -> None:
                       use_ppm=300_000, inflight_n=0)
     assert slot.used_percent(NOW) == 30.0
     assert slot.used_percent(NOW + 2 * cr.IDLE_NS) == 0.0
-    busy = cr.SlotUse(1, 30, 0, 1, 2_000_000, 1)
-    assert busy.used_percent(NOW + 10 * cr.IDLE_NS) == 100.0
+    # launches in flight, the last completed just now: active, however long ago it launched
+    later = NOW + 10 * cr.IDLE_NS
+    busy = cr.SlotUse(1, 30, 0, 1, 2_000_000, 1, last_complete_ns=later - 10**6)
+    assert busy.used_percent(later) == 100.0
+
+
+def test_a_share_killed_with_work_in_flight_reads_idle_after_the_quiet_time(
+        tmp_path: Path) -> None:
+    """A share whose last process was SIGKILLed with groups in flight keeps inflight_n > 0 and
+    its last use_ppm in its file until a process of it launches again: the exporter counted it
+    active, at that use, forever (the bug). It counts its launches in flight only until they
+    are quiet for the interposer's own expiry (libinterpose/src/card_region.h,
+    egpu_inflight_stale): 250 ms, or 8 launch estimates when longer, since the last completion
+    or the start of the outstanding period."""
+    QUIET_NS = 250_000_000  # the interposer's EGPU_INFLIGHT_QUIET_NS
+    killed, slow = (RosterEntry(card_roster.share_owner(f"u{n}_main"), cores=60,
+                                name=f"u{n}_main") for n in range(2))
+    dead = {"use_ppm": 600_000, "inflight_n": 3, "last_active_ns": NOW - 2 * cr.IDLE_NS,
+            "inflight_since_ns": NOW - 2 * cr.IDLE_NS, "est_ns": 1_000_000,
+            "last_complete_ns": NOW - QUIET_NS - 1}
+    # 200 ms kernels: 8 estimates (1.6 s) without news before they are forgotten
+    long_kernels = {**dead, "est_ns": 1_000, "est_graph_ns": 200_000_000}
+    make_card(tmp_path, U0, [(killed, dead), (slow, long_kernels)])
+    slots = cr.scan_cards(str(tmp_path))[U0].slots
+    assert slots[killed.owner].inflight_n == 3
+    assert slots[killed.owner].used_percent(NOW) == 0.0
+    assert slots[killed.owner].used_percent(NOW - 2) == 60.0  # quiet 1 ns short of the expiry
+    assert slots[slow.owner].used_percent(NOW) == 60.0
+    assert slots[slow.owner].used_percent(NOW + 8 * 200_000_000) == 0.0
+    assert cr.scan_cards(str(tmp_path))[U0].used_percent(NOW) == 60.0
 
 
 def test_cores_come_from_the_roster_and_a_lying_share_counts_as_idle(tmp_path: Path) -> None:
@@ -223,9 +251,10 @@ int main(void)
     R(magic) R(version) R(nslots) R(entry_size) R(header_size) R(generation) R(uuid) R(entry)
     E(owner) E(priority) E(policy) E(cores) E(floor_pct) E(flags) E(reserved) E(name)
     S(owner) S(priority) S(policy) S(cores) S(flags) S(floor_pct) S(rate_ppm) S(level_ns)
-    S(busy_total_ns) S(launches_total) S(wait_total_ns) S(last_active_ns) S(busy_until_ns)
-    S(use_ppm) S(demand_ppm) S(inflight_n) S(overlapped_total) S(last_complete_ns)
-    S(events_total) S(queued_until_ns) S(hi_mark_ns) S(mu)
+    S(est_ns) S(busy_total_ns) S(launches_total) S(wait_total_ns) S(last_active_ns)
+    S(busy_until_ns) S(use_ppm) S(demand_ppm) S(inflight_n) S(inflight_since_ns)
+    S(est_graph_ns) S(overlapped_total) S(last_complete_ns) S(events_total) S(queued_until_ns)
+    S(hi_mark_ns) S(mu)
     return 0;
 }
 """
