@@ -316,17 +316,27 @@ class PodRegistry:
             self._consumed = {c for c in self._consumed if c[0] != uid}
         remove_pod_files(self.private_dir, self.runtime_dir, uid)
 
-    def resync(self, pods: list[Mapping[str, Any]]) -> None:
+    def mark(self) -> int:
+        """A point in the registry's history, taken before a LIST is asked for: ``resync``
+        then leaves alone the pods first seen after it (the LIST may be older than they)."""
+        with self._lock:
+            return self._counter
+
+    def resync(self, pods: list[Mapping[str, Any]], listed_at: int | None = None) -> None:
         """Replace the registry's content by a full list of the node's pods (at start and
         after a watch restart). Pods gone meanwhile lose their files, also those deleted
-        while the agent was down (found by their allocation files)."""
+        while the agent was down (found by their allocation files). ``listed_at``: the
+        ``mark()`` taken before the LIST was asked for; a pod first seen after it (a catch-up
+        LIST or the old watch delivered it meanwhile) is newer than the list, not gone."""
         uids = set()
         for pod in pods:
             if self.update(pod) is not None:
                 uids.add(KubePod(pod).uid)
         with self._lock:
-            gone = {u for u in self._pods if u not in uids}
-        gone.update(u for u in self._files_on_disk() if u not in uids
+            newer = {u for u, seen in self._seen.items()
+                     if listed_at is not None and seen > listed_at}
+            gone = {u for u in self._pods if u not in uids and u not in newer}
+        gone.update(u for u in self._files_on_disk() if u not in uids and u not in newer
                     and not (self.owned_elsewhere is not None and self.owned_elsewhere(u)))
         for uid in sorted(gone):
             self.delete(uid)
@@ -345,12 +355,14 @@ class PodRegistry:
         """Containers with a share whose devices the kubelet has not yet allocated, in the
         order it allocates them: pods as the agent first saw them, each pod's containers as
         its record lists them (init containers, then app containers, each in spec order).
-        A pod the kubelet has admitted (``KubePod.admitted``) has none left."""
+        A pod the kubelet has admitted (``KubePod.admitted``) has none left. A deleting pod
+        keeps its place until it is gone or admitted: a kubelet that saw it before its
+        deletion still admits it, and its Allocate must not take another pod's share."""
         out: list[Pending] = []
         with self._lock:
             for uid, (pod, shares) in sorted(self._pods.items(), key=lambda i: self._seen[i[0]]):
                 view = KubePod(pod)
-                if view.finished or view.deleting or view.admitted:
+                if view.finished or view.admitted:
                     continue
                 started = started_containers(pod)
                 for entry in shares.allocation.containers:
@@ -429,8 +441,9 @@ def watch_pods(core_v1: Any, registry: PodRegistry, stop: threading.Event) -> No
     serialize = core_v1.api_client.sanitize_for_serialization
     while not stop.is_set():
         try:
+            listed_at = registry.mark()
             listing = core_v1.list_pod_for_all_namespaces(field_selector=selector)
-            registry.resync([serialize(p) for p in listing.items])
+            registry.resync([serialize(p) for p in listing.items], listed_at)
             stream = watch.Watch().stream(
                 core_v1.list_pod_for_all_namespaces, field_selector=selector,
                 resource_version=listing.metadata.resource_version, timeout_seconds=60)

@@ -139,6 +139,26 @@ def test_fc12_same_cards_ambiguous_defers_to_the_hook(rig: Rig) -> None:
     assert "EGPU_POD_UID" not in envs and "EGPU_MEMORY_LIMIT_MIB" not in envs
 
 
+@pytest.mark.parametrize("order", ["a-then-b", "b-then-a"])
+def test_a_replica_deleted_before_its_admission_takes_no_other_replicas_share(
+        rig: Rig, order: str) -> None:
+    """A ReplicaSet scaled down deletes its not-yet-admitted pods first, and a kubelet that
+    saw such a pod before its deletion still admits it (its Allocate comes). Bug caught: the
+    agent dropped a deleting pod from the pending list at once, so its Allocate took the
+    share of the replica beside it (same card, same shape) and that replica's own Allocate
+    was refused (FAILED_PRECONDITION): a Deployment's surviving replica never started."""
+    first = pod_manifest("web-a", NODE, {"app": [(0, 4096, 20)]}, uid="uid-a")
+    rig.registry.update(first)
+    rig.registry.update(pod_manifest("web-b", NODE, {"app": [(0, 4096, 20)]}, uid="uid-b"))
+    first["metadata"]["deletionTimestamp"] = "2026-12-05T20:00:00Z"
+    rig.registry.update(first)
+    slots = [slot_id(CARD_UUIDS[0], 0), slot_id(CARD_UUIDS[0], 1)]
+    for device in (slots if order == "a-then-b" else slots[::-1]):
+        envs = rig.kubelet.allocate([device])  # refused: raises
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == CARD_UUIDS[0]
+    assert rig.registry.pending() == []
+
+
 def test_preferred_allocation_follows_the_first_seen_pod(rig: Rig) -> None:
     rig.registry.update(pod_manifest("a", NODE, {"main": [(6, 1000, 10)]}, uid="uid-a"))
     rig.registry.update(pod_manifest("b", NODE, {"main": [(3, 1000, 10)]}, uid="uid-b"))

@@ -297,3 +297,27 @@ def test_an_agent_upgraded_under_a_running_pod_keeps_its_file_without_a_warning(
     with caplog.at_level(logging.WARNING, logger="node_agent.pods"):
         assert registry.update(pod) == old_file  # an edit is still an edit
     assert len(caplog.records) == 1 and "ignored" in caplog.records[0].getMessage()
+
+
+def test_a_resync_from_an_older_list_keeps_a_pod_a_catch_up_list_added_meanwhile(
+        tmp_path: Path) -> None:
+    """The watch's re-LIST is asked for; before its answer is read, a catch-up LIST (an
+    Allocate for a pod the watch has not delivered) adds pod X and the kubelet's Allocate
+    takes X's share. Bug caught: the older list, without X, then made resync delete X: its
+    allocation file went, its hand-out mark was lost, and X was marked deleted, so no later
+    catch-up brought it back; the hook refused X's containers."""
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    first = _pod()
+    registry.update(first)
+    late = _pod()
+    late["metadata"].update(name="x", uid="uid-X")
+    listed_at = registry.mark()  # the re-LIST is asked for: X is bound right after
+    assert registry.add_listed([first, late]) == 1
+    registry.consume("uid-X", "c0")
+    registry.resync([first], listed_at)  # the older list reaches resync
+    files = sorted(p.name for p in (tmp_path / "private" / "allocations").iterdir())
+    assert files == ["uid-A.json", "uid-X.json"]
+    assert set(registry.shares()) == {"uid-A", "uid-X"}
+    assert [p.pod for p in registry.pending()] == ["a"]  # X's share stays handed out
+    registry.resync([first], registry.mark())  # a list taken after X: X is gone now
+    assert set(registry.shares()) == {"uid-A"}
