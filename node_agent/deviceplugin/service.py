@@ -151,13 +151,13 @@ class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
             self._changed.notify_all()
 
     def device_list(self) -> api_pb2.ListAndWatchResponse:
-        """The current slots as a ListAndWatchResponse."""
-        devices = []
-        for slot in slots(self._cards(), self._shares_per_card):
-            topology = (api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=slot.numa_node)])
-                        if slot.numa_node >= 0 else None)
-            devices.append(api_pb2.Device(ID=slot.id, health=HEALTHY if slot.healthy
-                                          else UNHEALTHY, topology=topology))
+        """The current slots as a ListAndWatchResponse, without NUMA topology: with the
+        kubelet's Topology Manager on, a slot's NUMA node makes the kubelet offer only the
+        slots of the NUMA node it picked (the lowest of equal ones), which need not hold the
+        card the extender booked, and the pod's Allocate is then refused. Which card a share
+        gets is the extender's decision, made before the kubelet's."""
+        devices = [api_pb2.Device(ID=slot.id, health=HEALTHY if slot.healthy else UNHEALTHY)
+                   for slot in slots(self._cards(), self._shares_per_card)]
         return api_pb2.ListAndWatchResponse(devices=devices)
 
     # --- DevicePlugin RPCs (names as the v1beta1 service defines them) ---------------------
