@@ -42,6 +42,7 @@ from egpu.contract import (
     HOOK_SUBDIR,
     LABEL_PRIORITY,
     allocation_file_name,
+    container_dir_name,
 )
 from egpu.kube import KubePod
 from egpu.policies import ComputePolicy, Priority
@@ -110,6 +111,23 @@ def started_containers(pod: Mapping[str, Any]) -> set[str]:
     return names
 
 
+def completed_init_containers(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(name, containerID)`` of the pod's plain init containers (not sidecars: those have
+    ``restartPolicy: Always`` and run on) whose status says they succeeded (exit code 0)."""
+    spec = pod.get("spec") or {}
+    sidecars = {c.get("name") for c in spec.get("initContainers") or ()
+                if isinstance(c, dict) and c.get("restartPolicy") == "Always"}
+    out = []
+    for entry in (pod.get("status") or {}).get("initContainerStatuses") or ():
+        if not isinstance(entry, dict) or entry.get("name") in sidecars:
+            continue
+        terminated = (entry.get("state") or {}).get("terminated") or {}
+        cid = terminated.get("containerID") or entry.get("containerID")
+        if terminated.get("exitCode") == 0 and isinstance(cid, str) and cid:
+            out.append((str(entry.get("name")), cid))
+    return out
+
+
 def _pod_changed(kept: PodShares, seen: PodShares) -> bool:
     """Whether what the pod says (allocation, priority, policies) differs from the file. The
     floor is the node's config, not the pod's: a new lowPriorityFloorPercent reaches new pods
@@ -147,12 +165,14 @@ def release_pod_shares(private_dir: str, runtime_dir: str, uid: str) -> None:
 _CARD_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def unregister_pod_shares(runtime_dir: str, uid: str, dir_names: set[str]) -> int:
+def unregister_pod_shares(runtime_dir: str, uid: str, dir_names: set[str],
+                          whole_pod: bool = True) -> int:
     """Free pod ``uid``'s shares in every card roster under ``<runtime_dir>/cards`` and remove
     their share files: the entries named ``<uid>_...`` (a name is cut to 31 bytes: egpu
-    .card_roster.name_matches_prefix) and those of the folders ``dir_names`` (``<uid>_<c>``,
-    by owner), never an entry the interposer registered itself (FLAG_RAW). Returns how many
-    entries were freed. Never follows a link; a card it cannot change is logged."""
+    .card_roster.name_matches_prefix; ``whole_pod`` False: not these) and those of the
+    folders ``dir_names`` (``<uid>_<c>``, by owner), never an entry the interposer registered
+    itself (FLAG_RAW). Returns how many entries were freed. Never follows a link; a card it
+    cannot change is logged."""
     folder = os.path.join(runtime_dir, CARDS_SUBDIR)
     known = {card_roster.share_owner(name) for name in dir_names}
     prefix = f"{uid}_"
@@ -175,8 +195,8 @@ def unregister_pod_shares(runtime_dir: str, uid: str, dir_names: set[str]) -> in
                 roster = card_roster.read_roster(card_fd, where=path)
                 owners = {e.owner for e in roster.shares().values()
                           if not e.flags & card_roster.FLAG_RAW
-                          and (e.owner in known or card_roster.name_matches_prefix(e.name,
-                                                                                   prefix))}
+                          and (e.owner in known or (whole_pod and card_roster
+                                                    .name_matches_prefix(e.name, prefix)))}
                 if owners or known:
                     freed += len(card_roster.unregister(card_fd, owners | known, where=path))
             except FileNotFoundError:
@@ -214,6 +234,9 @@ class PodRegistry:
         self._warned: dict[str, str] = {}  # uid -> the ignored shares last logged
         self._deleted: dict[str, None] = {}  # uids of deleted pods, oldest first (bounded)
         self._released: set[str] = set()  # finished pods whose shares were freed
+        # pod uid -> container ids of its succeeded init containers whose roster entries
+        # were freed (a new sandbox runs its init containers again, each a new id)
+        self._released_inits: dict[str, set[str]] = {}
 
     # --- feeding ------------------------------------------------------------------------
     def update(self, pod: Mapping[str, Any], *, only_new: bool = False) -> PodShares | None:
@@ -248,11 +271,22 @@ class PodRegistry:
             release = view.finished and uid not in self._released
             if release:
                 self._released.add(uid)
+            freed = self._released_inits.setdefault(uid, set())
+            done_inits = [] if release else [
+                (name, cid) for name, cid in completed_init_containers(pod) if cid not in freed]
+            freed.update(cid for _, cid in done_inits)
         if release:
             # Succeeded or Failed is final: no container of it runs again. A Job's finished
             # pods stay until they are deleted, and their roster entries with them would
             # fill the card's roster (CardFullError for every new container on it).
             release_pod_shares(self.private_dir, self.runtime_dir, uid)
+        if done_inits:
+            # An init container that succeeded never runs again in this sandbox; its entry
+            # held a roster entry beside the app containers for the pod's life, though the
+            # pod books its slot once (egpu.booking): at 32 shares a card, the 17th pod
+            # with an init container found the roster full.
+            unregister_pod_shares(self.runtime_dir, uid, {
+                container_dir_name(uid, name) for name, _ in done_inits}, whole_pod=False)
         return shares
 
     def add_listed(self, pods: list[Mapping[str, Any]]) -> int:
@@ -310,6 +344,7 @@ class PodRegistry:
             self._seen.pop(uid, None)
             self._warned.pop(uid, None)
             self._released.discard(uid)
+            self._released_inits.pop(uid, None)
             self._deleted[uid] = None
             while len(self._deleted) > DELETED_UIDS_KEPT:
                 del self._deleted[next(iter(self._deleted))]

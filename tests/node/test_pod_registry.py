@@ -321,3 +321,60 @@ def test_a_resync_from_an_older_list_keeps_a_pod_a_catch_up_list_added_meanwhile
     assert [p.pod for p in registry.pending()] == ["a"]  # X's share stays handed out
     registry.resync([first], registry.mark())  # a list taken after X: X is gone now
     assert set(registry.shares()) == {"uid-A"}
+
+
+def test_a_succeeded_init_container_gives_its_roster_entry_back_and_the_app_keeps_its(
+        tmp_path: Path) -> None:
+    """A pod with a share in an init container and in its app container books one slot on
+    the card (they never run together: egpu.booking), but the hook gave each its roster
+    entry. Bug caught: the init container's entry stayed for the pod's life, so at 32 shares
+    a card (the roster holds 32) the 17th such pod failed to start with CardFullError. A
+    sidecar (restartPolicy Always) keeps its entry; a failed init container (it runs again)
+    too."""
+    registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
+    card = tmp_path / "run" / "cards" / "GPU-0"
+    card.mkdir(parents=True)
+    for i in range(card_roster.NSLOTS):  # twice what the roster would hold, init + app each
+        pod = _pod()
+        uid = f"uid-{i}"
+        pod["metadata"].update(name=f"p-{i}", uid=uid)
+        card_share = (CardShare("GPU-0", 0, 4096, 30),)
+        pod["metadata"]["annotations"]["egpu.io/allocation"] = Allocation(containers=(
+            ContainerAllocation("warmup", True, card_share),
+            ContainerAllocation("c0", False, card_share)), node="n1").encode()
+        pod["spec"]["initContainers"] = [
+            {"name": "warmup", "resources": pod["spec"]["containers"][0]["resources"]},
+            {"name": "proxy", "restartPolicy": "Always"}]
+        assert registry.update(pod) is not None
+
+        def started(name: str, uid: str = uid) -> None:  # the hook, as a container starts
+            card_roster.register(str(card), "GPU-0", RosterEntry(
+                card_roster.share_owner(f"{uid}_{name}"), name=f"{uid}_{name}"))
+
+        started("warmup")
+        pod["status"] = {"phase": "Running", "startTime": "2026-01-01T00:00:00Z",
+                         "initContainerStatuses": [
+                             {"name": "warmup", "containerID": f"containerd://w{i}",
+                              "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                                                       "containerID": f"containerd://w{i}"}}},
+                             {"name": "proxy", "containerID": f"containerd://p{i}",
+                              "state": {"terminated": {"exitCode": 0,
+                                                       "containerID": f"containerd://p{i}"}}}]}
+        registry.update(pod)
+        started("c0")  # the app container, once the init container is done
+    names = sorted(e.name for e in card_roster.read_roster(str(card)).shares().values())
+    assert names == sorted(f"uid-{i}_c0" for i in range(card_roster.NSLOTS))
+    failed = _pod()
+    failed["metadata"].update(name="f", uid="uid-f")
+    failed["metadata"]["annotations"]["egpu.io/allocation"] = pod["metadata"]["annotations"][
+        "egpu.io/allocation"]
+    failed["spec"]["initContainers"] = pod["spec"]["initContainers"][:1]
+    assert registry.update(failed) is not None
+    registry.delete("uid-0")  # room for it
+    card_roster.register(str(card), "GPU-0", RosterEntry(
+        card_roster.share_owner("uid-f_warmup"), name="uid-f_warmup"))
+    failed["status"] = {"phase": "Pending", "initContainerStatuses": [{
+        "name": "warmup", "state": {"terminated": {"exitCode": 1,
+                                                   "containerID": "containerd://x"}}}]}
+    registry.update(failed)
+    assert "uid-f_warmup" in {e.name for e in card_roster.read_roster(str(card)).shares().values()}
