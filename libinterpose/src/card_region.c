@@ -581,11 +581,12 @@ static uint64_t past_or_none(uint64_t t, uint64_t now)
 }
 
 /* What a co-tenant's file says, bounded by what the roster booked and by the clock: a lie
- * may cost the liar (its work unseen, its reservation gone), never a co-tenant. Its use and
- * demand are believed up to its booking (card_region.h, egpu_claim_bound_ppm): believed up to
- * the card, a strict 10% share that never launched and wrote use = demand = 100% held an
- * elastic 30% neighbour at 30% with the card 70% idle, and made its strict co-tenants' card
- * look booked whole (their PI trim held). */
+ * may cost the liar (its work unseen, its reservation gone), never a co-tenant. A strict
+ * share's use and demand are believed up to its booking (card_region.h, egpu_use_bound_ppm):
+ * believed up to the card, a strict 10% share that never launched and wrote use = demand =
+ * 100% held an elastic 30% neighbour at 30% with the card 70% idle, and made its strict
+ * co-tenants' card look booked whole (their PI trim held). An elastic share's, up to the card
+ * (it may use idle compute; docs/security.md's known gaps). */
 static void sanitise(egpu_card_slot *o, const egpu_roster_entry *e, uint64_t now)
 {
     o->owner = e->owner;
@@ -593,8 +594,8 @@ static void sanitise(egpu_card_slot *o, const egpu_roster_entry *e, uint64_t now
     o->policy = e->policy;
     o->cores = e->cores;
     o->floor_pct = e->floor_pct;
-    o->use_ppm = u64min(o->use_ppm, egpu_claim_bound_ppm(e->cores));
-    o->demand_ppm = u64min(o->demand_ppm, egpu_claim_bound_ppm(e->cores));
+    o->use_ppm = u64min(o->use_ppm, egpu_use_bound_ppm(e));
+    o->demand_ppm = u64min(o->demand_ppm, egpu_use_bound_ppm(e));
     o->last_active_ns = past_or_none(o->last_active_ns, now);
     o->busy_until_ns = past_or_none(o->busy_until_ns, now);
     o->inflight_since_ns = past_or_none(o->inflight_since_ns, now);

@@ -222,6 +222,16 @@ static inline uint64_t egpu_claim_bound_ppm(uint32_t cores)
     return b < EGPU_CARD_PPM ? b : EGPU_CARD_PPM;
 }
 
+/* The most of the card a co-tenant's claimed use and demand are believed, ppm: a strict share
+ * never runs past its cap (its claim bound); an elastic share (or one with nothing booked) may
+ * take idle compute, so up to the whole card. Bounding an elastic co-tenant's claim to its
+ * booking too starved elastic neighbours: in an elastic 30/35/35 mix of 2 ms / 1 ms / 50 us
+ * kernels, the 50 us share got 2% of the card (compute_sim elastic-mix). */
+static inline uint64_t egpu_use_bound_ppm(const egpu_roster_entry *e)
+{
+    return e->policy == EGPU_CARD_STRICT && e->cores ? egpu_claim_bound_ppm(e->cores) : EGPU_CARD_PPM;
+}
+
 /* The most of the card a co-tenant's measured work is believed to have taken, ppm, when it
  * explains a wait of ours (compute_settle.c): its claim bound, and for a share that may use
  * idle compute (elastic, or nothing booked) the part of the card nobody booked (unbooked_ppm):
