@@ -5,7 +5,10 @@ Examples:
   egpu run --gpu-memory-percentage 25 --priority low --name batch -- ./job
 
 The share applies to every card the command sees (CUDA_VISIBLE_DEVICES as usual). Processes
-started with the same --name share one accounting region, so their memory adds up to one cap.
+started with the same --name share one accounting region, so their memory adds up to one cap,
+and the command replaces egpu (exec). Without --name the region is the run's own
+(``raw_run-<pid>``): egpu waits for the command, passes it SIGTERM and SIGHUP, removes the
+folder when it ends and exits with its status (128 + N after signal N).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,6 +42,12 @@ HELP = "run a command under the interposer with a GPU share (raw nodes)"
 REPO = Path(__file__).resolve().parent.parent
 REPO_LIBRARY = REPO / "libinterpose" / "build" / INTERPOSER_LIBRARY
 PRELOAD_SEPARATORS = (" ", ":", "\t", "\n")  # where ld.so splits LD_PRELOAD
+END_OF_OPTIONS = "--"
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # sent to egpu alone: passed on
+# The terminal sends these to the command too: egpu only outlives it, to remove its folder
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
+SIGNAL_EXIT_BASE = 128  # exit status of a command killed by signal N: 128 + N (as a shell)
+EXEC_FAILED = 127
 
 
 MAX_MIB = 1 << 40  # the interposer's bound on a share's MiB (libinterpose config)
@@ -124,7 +136,8 @@ def share_environment(args: argparse.Namespace, base: dict[str, str]) -> dict[st
 
 def run(args: argparse.Namespace) -> int:
     """Exec the command with the interposer preloaded; 2 when it cannot."""
-    command = [c for c in args.command if c != "--"] if args.command[:1] == ["--"] else args.command
+    # only the "--" that ends egpu's own options: the command's own are its arguments
+    command = args.command[1:] if args.command[:1] == [END_OF_OPTIONS] else args.command
     if not command:
         print("egpu run: no command given; usage: egpu run [share options] -- CMD...",
               file=sys.stderr)
@@ -151,9 +164,37 @@ def run(args: argparse.Namespace) -> int:
         return 2
     preload = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = f"{library} {preload}".strip()
+    if args.name is None:  # the run's own folder: nobody else will remove it
+        return run_and_remove(command, env, region_dir)
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
         print(f"egpu run: cannot run {command[0]}: {exc}", file=sys.stderr)
-        return 127
+        return EXEC_FAILED
     return 0  # not reached
+
+
+def run_and_remove(command: list[str], env: dict[str, str], region_dir: Path) -> int:
+    """Run ``command`` to its end, then remove ``region_dir`` (the run's own accounting
+    folder); returns its exit status (module docstring)."""
+    try:
+        try:
+            child = subprocess.Popen(command, env=env)
+        except OSError as exc:
+            print(f"egpu run: cannot run {command[0]}: {exc}", file=sys.stderr)
+            return EXEC_FAILED
+
+        def forward(signum: int, _frame: object) -> None:
+            child.send_signal(signum)
+
+        # set after the start: an ignored signal would stay ignored in the command
+        previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+        previous.update({s: signal.signal(s, lambda _n, _f: None) for s in TERMINAL_SIGNALS})
+        try:
+            status = child.wait()
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+        return status if status >= 0 else SIGNAL_EXIT_BASE - status
+    finally:
+        shutil.rmtree(region_dir, ignore_errors=True)

@@ -148,18 +148,23 @@ class RuncWorld:
         shutil.copytree(self.rootfs, bundle / "rootfs", symlinks=True)
         return bundle
 
-    def hook_entry(self) -> dict[str, Any]:
+    def hook_entry(self, stage: str = "createRuntime") -> dict[str, Any]:
         return {"path": str(HOOK), "args": [
-            "egpu-hook", "createRuntime", "--runtime-dir", str(self.runtime_dir),
+            "egpu-hook", stage, "--runtime-dir", str(self.runtime_dir),
             "--private-dir", str(self.private_dir), "--interposer", str(self.interposer),
             "--log", str(self.log)]}
 
     def _spec(self, args: list[str], env: dict[str, str] | None,
               annotations: dict[str, str] | None, hooks: int,
-              mounts: Sequence[Mount] = (), devices: Sequence[str] = ()) -> dict[str, Any]:
+              mounts: Sequence[Mount] = (), devices: Sequence[str] = (),
+              poststop: bool = False) -> dict[str, Any]:
         """The OCI config.json of a container running ``args``; ``mounts`` come after /proc
         and /dev; ``devices``: device node paths, each a copy of /dev/null (what a CDI
-        device's deviceNodes edit with that hostPath gives)."""
+        device's deviceNodes edit with that hostPath gives); ``poststop``: egpu-hook is its
+        poststop hook too (as egpu's CDI spec installs it)."""
+        stages: dict[str, Any] = {"createRuntime": [self.hook_entry()] * hooks}
+        if poststop:
+            stages["poststop"] = [self.hook_entry("poststop")]
         return {
             "ociVersion": "1.0.2",
             "process": {
@@ -178,7 +183,7 @@ class RuncWorld:
                 *(m.spec() for m in mounts),
             ],
             "annotations": annotations or {},
-            "hooks": {"createRuntime": [self.hook_entry()] * hooks},
+            "hooks": stages,
             "linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount")],
                       "maskedPaths": ["/proc/kcore"], "readonlyPaths": ["/proc/sys"],
                       "devices": [{"path": d, "type": "c", "major": NULL_MAJOR,
@@ -188,13 +193,14 @@ class RuncWorld:
 
     def run(self, args: list[str], env: dict[str, str] | None = None,
             annotations: dict[str, str] | None = None, hooks: int = 1,
-            bundle: Path | None = None, devices: Sequence[str] = ()) -> tuple[Result, Path]:
+            bundle: Path | None = None, devices: Sequence[str] = (),
+            poststop: bool = False) -> tuple[Result, Path]:
         """Run ``args`` in a new container; ``hooks``: how many times egpu-hook is listed;
-        ``devices``: as ``_spec``. Returns the result and the bundle folder."""
+        ``devices``, ``poststop``: as ``_spec``. Returns the result and the bundle folder."""
         self.counter += 1
         name = f"egpu-test-{os.getpid()}-{self.counter}"
         bundle = bundle or self.new_rootfs(name)
-        spec = self._spec(args, env, annotations, hooks, devices=devices)
+        spec = self._spec(args, env, annotations, hooks, devices=devices, poststop=poststop)
         (bundle / "config.json").write_text(json.dumps(spec))
         proc = subprocess.run(["runc", "--root", str(self.runc_root), "run", "--bundle",
                                str(bundle), name], capture_output=True, text=True, timeout=60)

@@ -82,6 +82,8 @@ ENV_RUNTIME_DIR: Final = "EGPU_RUNTIME_DIR"  # overrides RUNTIME_DIR (tests, egp
 ENV_CONFIG_PATH: Final = "EGPU_CONFIG_PATH"  # tests only: where the interposer looks for config
 
 NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+# Set by egpu's CDI device egpu.io/gpu=<i> (node_agent.cdi): EGPU_CDI_CARD_<i>=<uuid>
+ENV_CDI_CARD_PREFIX: Final = "EGPU_CDI_CARD_"
 
 # --- Files -------------------------------------------------------------------------------
 # On the node. Never mounted whole into a pod: the runtime hook bind-mounts, at the same

@@ -371,17 +371,27 @@ class Allocation(_Record):
 
 
 class ConfigCard(_Record):
-    """One card in the interposer's config: limit in MiB, cores in % (0 = none booked)."""
+    """One card in the interposer's config: limit in MiB, cores in % (0 = none booked).
+    memory_percentage (1..100): a raw container's limit as a % of the card, whose size the
+    hook does not know; then memory_mib is 0 and the file holds only the percentage."""
 
-    __slots__ = ("card_region", "cores", "memory_mib", "uuid")
-    _FIELDS = ("uuid", "memory_mib", "cores", "card_region")
+    __slots__ = ("card_region", "cores", "memory_mib", "memory_percentage", "uuid")
+    _FIELDS = ("uuid", "memory_mib", "cores", "card_region", "memory_percentage")
     uuid: str
     memory_mib: int
     cores: int
     card_region: str
+    memory_percentage: int
 
-    def __init__(self, uuid: str, memory_mib: int, cores: int, card_region: str) -> None:
-        super().__init__(uuid, memory_mib, cores, card_region)
+    def __init__(self, uuid: str, memory_mib: int, cores: int, card_region: str,
+                 memory_percentage: int = 0) -> None:
+        super().__init__(uuid, memory_mib, cores, card_region, memory_percentage)
+
+    def to_json(self) -> dict[str, Any]:
+        """The file's object: ``memory_mib``, or ``memory_percentage`` instead when set."""
+        body = {name: getattr(self, name) for name in self._FIELDS}
+        body.pop("memory_mib" if self.memory_percentage else "memory_percentage")
+        return body
 
 
 class ContainerConfig(_Record):
@@ -417,8 +427,7 @@ class ContainerConfig(_Record):
         body: dict[str, Any] = {"version": RECORD_VERSION}
         for name in self._FIELDS:
             body[name] = getattr(self, name)
-        body["cards"] = [{name: getattr(c, name) for name in ConfigCard._FIELDS}
-                         for c in self.cards]
+        body["cards"] = [c.to_json() for c in self.cards]
         return json.dumps(body, indent=1)
 
     @classmethod
@@ -438,12 +447,15 @@ class ContainerConfig(_Record):
             where = f"config.cards[{i}]"
             if not isinstance(c, dict):
                 raise RecordError(f"{where}: expected an object, got {c!r}")
+            by_percentage = "memory_percentage" in c
             cards.append(
                 ConfigCard(
                     uuid=_field(c, "uuid", str, where),
-                    memory_mib=_field(c, "memory_mib", int, where),
+                    memory_mib=0 if by_percentage else _field(c, "memory_mib", int, where),
                     cores=_field(c, "cores", int, where),
                     card_region=_field(c, "card_region", str, where),
+                    memory_percentage=(_field(c, "memory_percentage", int, where)
+                                       if by_percentage else 0),
                 )
             )
         return cls(

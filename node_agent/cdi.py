@@ -7,7 +7,8 @@ Pure (used by ``egpu cdi generate`` and by the node agent):
   ``egpu.io/gpu=GPU-...``); its edits add its device node ``/dev/nvidia<i>`` and
   ``EGPU_CDI_CARD_<i>=<uuid>`` to the environment. The spec-wide edits, applied whenever one
   of its devices is injected, add the control device nodes and egpu-hook as a
-  ``createRuntime`` hook, which installs the interposer and the container's share. A device
+  ``createRuntime`` hook, which installs the interposer and the container's share, and as a
+  ``poststop`` hook, which frees a raw container's share (runtime_hook.main). A device
   node for which ``present(path)`` is False is left out (the runtime fails a container whose
   CDI device names a node missing on the host), with a warning; a card whose own node or
   /dev/nvidiactl is missing is also marked unhealthy by the agent (``node_agent.devnodes``).
@@ -37,7 +38,7 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from egpu.contract import CDI_KIND, CLAIM_MARK_HOST_DEVICE, CLAIM_MARK_PREFIX
+from egpu.contract import CDI_KIND, CLAIM_MARK_HOST_DEVICE, CLAIM_MARK_PREFIX, ENV_CDI_CARD_PREFIX
 from egpu.records import Card
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ SPEC_EXTENSIONS = (".json", ".yaml", ".yml")  # the files a CDI registry reads
 # the hook refuses the container at creation with EGPU_ALLOCATION_ERROR's message (FC-05,
 # FC-12) instead of the container starting without a card.
 UNALLOCATED_DEVICE = "unallocated"
+HOOK_STAGES = ("createRuntime", "poststop")  # egpu-hook's: install the share, free a raw one
 CLAIM_SPEC_PREFIX = "egpu-claim-"  # its spec file: <spec-dir>/egpu-claim-<claim-uid>.json
 
 
@@ -71,7 +73,7 @@ def cdi_spec(cards: Sequence[Card], hook_path: str,
     devices = []
     for card in sorted(cards, key=lambda c: c.index):
         # CDI rejects a device without edits: each names its card in the environment too.
-        edits: dict[str, Any] = {"env": [f"EGPU_CDI_CARD_{card.index}={card.uuid}"]}
+        edits: dict[str, Any] = {"env": [f"{ENV_CDI_CARD_PREFIX}{card.index}={card.uuid}"]}
         node = CARD_DEVICE_NODE.format(index=card.index)
         if present(node):
             edits["deviceNodes"] = [{"path": node}]
@@ -79,9 +81,11 @@ def cdi_spec(cards: Sequence[Card], hook_path: str,
             devices.append({"name": name, "containerEdits": edits})
     devices.append({"name": UNALLOCATED_DEVICE,
                     "containerEdits": {"env": ["EGPU_CDI_UNALLOCATED=1"]}})
+    # poststop: the hook frees a raw container's share (no pod, so no agent cleans up)
     common: dict[str, Any] = {
-        "hooks": [{"hookName": "createRuntime", "path": hook_path,
-                   "args": [os.path.basename(hook_path), *hook_args, "createRuntime"]}],
+        "hooks": [{"hookName": stage, "path": hook_path,
+                   "args": [os.path.basename(hook_path), *hook_args, stage]}
+                  for stage in HOOK_STAGES],
     }
     nodes = [{"path": p} for p in CONTROL_DEVICE_NODES if present(p)]
     if nodes:

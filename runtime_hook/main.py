@@ -31,6 +31,12 @@ passes the container state JSON on stdin. The hook reads the bundle's config.jso
   limit for the container's cgroup to the share's memory, a second wall under the interposer
   (not for a share with memory oversubscription: its overflow is the interposer's to place).
 
+As a ``poststop`` hook (stage argument ``poststop``; egpu's CDI spec installs it beside
+``createRuntime``) it frees what a raw container's share held (runtime_hook.plan rule 6: no
+pod, so no node agent cleans up after it): its entry in each card's roster and its share
+files, and its folders ``<runtime>/containers/<oci-id>_raw`` and ``<private>/hook/<oci-id>_raw``
+(``release_raw_share``). A pod's are the node agent's, at the pod's deletion.
+
 Other containers pass untouched. Reruns are idempotent (existing mount points are kept).
 Exit status: 0 done or untouched; 1 refused (the message on stderr names the container and
 why; the runtime fails the container's creation with it); 2 the hook could not do its work
@@ -59,10 +65,12 @@ from egpu.contract import (
     OCI_ANN_CONTAINER_TYPE,
     RUNTIME_DIR,
     allocation_file_name,
+    container_dir_name,
     is_file_name,
 )
 from runtime_hook.oci import OciError, Spec, State, load_spec, parse_state
 from runtime_hook.plan import (
+    RAW_CONTAINER,
     Apply,
     Inputs,
     Refuse,
@@ -83,13 +91,17 @@ ENV_INTERPOSER: str = "EGPU_INTERPOSER"  # host path of the interposer library (
 ENV_HOOK_LOG: str = "EGPU_HOOK_LOG"  # file to append one line per run to (hook option)
 ENV_NVML_LIBRARY: str = "EGPU_NVML_LIBRARY"  # the host's NVML, for the driver's memory limit
 DEFAULT_NVML_LIBRARY: str = "libnvidia-ml.so.1"
+POSTSTOP_STAGE: str = "poststop"  # the stage argument that frees a raw container's share
+CONFIG_FILE_NAME: str = "config.json"  # in <private>/hook/<dir>/
+MAX_CONFIG_BYTES = 1 << 16  # the interposer reads at most 64 KiB of it (config.c)
 
 USAGE = ("usage: egpu-hook [-h] [--runtime-dir RUNTIME_DIR] [--private-dir PRIVATE_DIR]\n"
          "                 [--interposer INTERPOSER] [--nvml-library NVML_LIBRARY]\n"
          "                 [--log LOG] [stage]\n")
 OPTIONS = """
 positional arguments:
-  stage                 hook stage, for the log only (createRuntime, prestart, ...)
+  stage                 hook stage (createRuntime, prestart, ...; poststop frees a raw
+                        container's share)
 
 options:
   -h, --help            show this help message and exit
@@ -226,7 +238,7 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
         raise FileNotFoundError(f"interposer library {args.interposer} is missing on the node")
     root = spec.rootfs
     runtime, private = args.runtime_dir, args.private_dir
-    shares = card_shares(plan, spec.env, spec.uid)
+    shares = card_shares(plan)
 
     def inside() -> None:
         # In the container's mount namespace (a copy of the host's, not yet pivoted): the
@@ -261,7 +273,7 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
             hook_path = os.path.join(private, HOOK_SUBDIR, plan.dir_name)
             config_fd = -1
             if plan.config is not None:
-                config_fd = hostfs.write_file(hook_dir, hook_path, "config.json",
+                config_fd = hostfs.write_file(hook_dir, hook_path, CONFIG_FILE_NAME,
                                               plan.config.encode().encode(), PRIVATE_FILE_MODE)
                 fds.append(config_fd)
             preload = preload_text(rootfs.read_in_root(root, LD_SO_PRELOAD))
@@ -274,7 +286,7 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
             if config_fd >= 0:
                 rootfs.make_file_in_root(root, CONTAINER_CONFIG_PATH)
                 mounts.bind(config_fd, root, CONTAINER_CONFIG_PATH, read_only=True,
-                            label=os.path.join(hook_path, "config.json"))
+                            label=os.path.join(hook_path, CONFIG_FILE_NAME))
             rootfs.make_file_in_root(root, LD_SO_PRELOAD)
             mounts.bind(preload_fd, root, LD_SO_PRELOAD, read_only=True,
                         label=os.path.join(hook_path, "ld.so.preload"))
@@ -321,7 +333,8 @@ def set_driver_limits(plan: Apply, state: State, args: Args) -> int:
 
     try:
         walled = driver_limits.decode_cards(text)
-        cards = [c for c in config.cards if c.uuid in walled]
+        # a raw share's percentage of a card: the interposer's wall alone (no size known here)
+        cards = [c for c in config.cards if c.uuid in walled and c.memory_mib > 0]
         if not cards:
             return 0
         namespace = driver_limits.cgroup_dir(state.pid)
@@ -334,6 +347,51 @@ def set_driver_limits(plan: Apply, state: State, args: Args) -> int:
     except driver_limits.DriverLimitError as exc:
         raise DriverLimitRefused(f"the driver's memory limit: {exc}") from None
     return len(cards)
+
+
+def release_raw_share(container_id: str, args: Args) -> bool:
+    """Poststop: free raw container ``container_id``'s share (module docstring): the roster
+    entries of the owner its config file names on the cards it names, their share files, and
+    its region and hook folders. Returns whether it had one. A container without one costs
+    one lstat. The hook folder is root's (never mounted), so its config is the hook's own;
+    the region folder, which the container could write, goes with shutil.rmtree, which never
+    follows a link on Linux. Raises OSError (RosterError) when a roster cannot be changed."""
+    name = container_dir_name(container_id, RAW_CONTAINER)
+    if not is_file_name(name):
+        return False
+    hook_path = os.path.join(args.private_dir, HOOK_SUBDIR, name)
+    if not os.path.lexists(hook_path):
+        return False
+    import shutil
+
+    from egpu import card_roster
+    from egpu.records import ContainerConfig, RecordError
+
+    try:
+        fd = os.open(os.path.join(hook_path, CONFIG_FILE_NAME),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        config = None
+    else:
+        try:
+            config = ContainerConfig.decode(os.pread(fd, MAX_CONFIG_BYTES, 0))
+        except RecordError:
+            config = None  # not the hook's: nothing to unregister, the folders still go
+        finally:
+            os.close(fd)
+    if config is not None:
+        owner = card_roster.region_owner(config.container_region)
+        for card in config.cards:
+            if not is_file_name(card.uuid):
+                continue
+            card_path = os.path.join(args.runtime_dir, CARDS_SUBDIR, card.uuid)
+            try:  # noqa: SIM105 - contextlib costs the hook's startup
+                card_roster.unregister(card_path, [owner], where=card_path)
+            except FileNotFoundError:
+                pass  # the card folder is gone: nothing to free
+    shutil.rmtree(os.path.join(args.runtime_dir, CONTAINERS_SUBDIR, name), ignore_errors=True)
+    shutil.rmtree(hook_path, ignore_errors=True)
+    return True
 
 
 def _log(path: str, line: str) -> None:
@@ -353,6 +411,8 @@ def run(argv: Sequence[str] | None = None, stdin: bytes | None = None) -> int:
     decision: Decision
     try:
         state = parse_state(stdin if stdin is not None else sys.stdin.buffer.read())
+        if args.stage == POSTSTOP_STAGE:
+            return _poststop(state, args, started)
         if state.annotations.get(OCI_ANN_CONTAINER_TYPE) == "sandbox":
             decision = Skip("sandbox container")  # the pause container: not even its bundle
             spec = None
@@ -393,6 +453,23 @@ def run(argv: Sequence[str] | None = None, stdin: bytes | None = None) -> int:
     if args.log:
         took = (time.monotonic() - started) * 1000
         what = decision.reason if isinstance(decision, Skip) else type(decision).__name__.lower()
+        _log(args.log, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {args.stage} {state.id} "
+                       f"{what} status={status} {took:.1f}ms")
+    return status
+
+
+def _poststop(state: State, args: Args, started: float) -> int:
+    """The poststop stage: ``release_raw_share``; 2 when it failed (the runtime logs it)."""
+    status, what = 0, "no raw share"
+    try:
+        if release_raw_share(state.id, args):
+            what = "released raw share"
+    except OSError as exc:
+        print(f"egpu-hook: container {state.id}: cannot free its raw share: {exc}",
+              file=sys.stderr)
+        status, what = 2, "release failed"
+    if args.log:
+        took = (time.monotonic() - started) * 1000
         _log(args.log, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {args.stage} {state.id} "
                        f"{what} status={status} {took:.1f}ms")
     return status

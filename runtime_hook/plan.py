@@ -18,13 +18,22 @@
    those requests (else Refuse); then as 4.
    Named, not listed, and the device plugin gave it devices (``EGPU_DEVICES``) -> Refuse.
    Named, not listed, no devices -> Skip.
+   Named and given egpu's CDI card devices (``EGPU_CDI_CARD_<i>``) that are not its share's
+   cards (or with no share) -> Refuse: egpu's card device always comes with a share.
 5. Not named but given devices -> Refuse (ambiguous: never guess a share).
 6. Not named, no devices, ``EGPU_MEMORY_LIMIT_MIB`` / ``EGPU_MEMORY_PERCENTAGE`` /
-   ``EGPU_CORES`` in the env -> a raw-node share (``egpu run``): the interposer reads the env;
-   no config file is written; its cards are the UUIDs ``NVIDIA_VISIBLE_DEVICES`` names.
+   ``EGPU_CORES`` in the env -> a raw-node share (containerd without Kubernetes): its terms
+   are those variables (and ``EGPU_PRIORITY``, ``EGPU_COMPUTE_POLICY``,
+   ``EGPU_MEMORY_OVERSUBSCRIPTION``; a bad value -> Refuse); its cards are those egpu's CDI
+   devices name (``EGPU_CDI_CARD_<i>``) and the UUIDs ``NVIDIA_VISIBLE_DEVICES`` names (both
+   there: the same set, else Refuse; none, or an entry that is no UUID -> Refuse). Like a pod's
+   share, the hook writes its config file (``raw_config``), region folder ``<oci-id>_raw``:
+   each raw container is its own share, whatever its uid.
+6b. Not named, given egpu's CDI card devices, no share variables -> Refuse naming them (fail
+   closed: egpu's card device never comes without a cap).
 7. Anything else -> Skip: the container is left untouched.
 
-``card_shares(plan, env, uid)`` gives the roster entry of an applied share on each of its
+``card_shares(plan)`` gives the roster entry of an applied share on each of its
 cards (egpu.card_roster; docs/security.md, "Node-side state").
 """
 
@@ -35,17 +44,17 @@ from egpu.contract import (
     CONTAINER_REGION_FILE,
     CONTAINERS_SUBDIR,
     ENV_ALLOCATION_ERROR,
+    ENV_CDI_CARD_PREFIX,
     ENV_CLAIM_SHARE_PREFIX,
     ENV_COMPUTE_POLICY,
     ENV_CONTAINER,
-    ENV_CONTAINER_REGION,
     ENV_CORES,
     ENV_DEVICES,
     ENV_MEMORY_LIMIT_MIB,
+    ENV_MEMORY_OVERSUBSCRIPTION,
     ENV_MEMORY_PERCENTAGE,
     ENV_POD_UID,
     ENV_PRIORITY,
-    ENV_RUNTIME_DIR,
     INTERPOSER_PATH_IN_CONTAINER,
     NVIDIA_VISIBLE_DEVICES,
     OCI_ANN_CONTAINER_NAME,
@@ -67,6 +76,8 @@ if TYPE_CHECKING:
     from egpu.records import ContainerAllocation, ContainerConfig, PodShares
 
 RAW_CONTAINER: str = "raw"  # container part of a raw share's folder name: <oci-id>_raw
+RAW_SHARE_VARIABLES = (ENV_MEMORY_LIMIT_MIB, ENV_MEMORY_PERCENTAGE, ENV_CORES)
+MAX_SHARE_MIB = 1 << 40  # the interposer's bound on a share's MiB (libinterpose config.c)
 
 
 class _Value:
@@ -132,7 +143,7 @@ class Apply(_Value):
     """Give the container its share. dir_name: ``<pod-uid>_<container>`` (the hook's private
     folder). region_name: the accounting region's folder (the container's own ``dir_name``,
     or a claim's, shared: ``claim-<uid>_<requests>``). config: the interposer's config file
-    (None for a raw share: the interposer reads the environment)."""
+    (a raw share's too: ``raw_config``)."""
 
     __slots__ = ("config", "dir_name", "region_name")
 
@@ -263,6 +274,7 @@ def decide(inputs: Inputs) -> Decision:
     if env.get(ENV_ALLOCATION_ERROR):
         return Refuse(f"egpu: no share for this container: {env[ENV_ALLOCATION_ERROR]}")
     given_devices = bool(env.get(ENV_DEVICES))
+    cdi_cards = cdi_card_uuids(env)
     pod_uid, container = identify(env, annotations)
     if pod_uid and container:
         where = f"pod {pod_uid} container {container!r}"
@@ -289,6 +301,10 @@ def decide(inputs: Inputs) -> Decision:
                     f"egpu: {where} was given egpu devices but the pod's allocation has no "
                     "entry for it"
                 )
+            if cdi_cards:
+                return Refuse(f"egpu: {where} was given egpu's CDI card devices "
+                              f"({','.join(cdi_cards)}) but has no share in a pod's allocation: "
+                              "egpu's card device comes only with a share")
             return Skip(f"{where}: no share in the pod's allocation" if inputs.shares
                         else f"{where}: no egpu allocation")
         region = entry.share or container_dir_name(pod_uid, container)
@@ -303,6 +319,9 @@ def decide(inputs: Inputs) -> Decision:
                 "did not match the scheduler's (see docs/node.md, FC-12); refusing rather than "
                 "running with another pod's share"
             )
+        if not set(cdi_cards) <= set(wanted):  # e.g. a pod's own cdi.k8s.io annotation
+            return Refuse(f"egpu: {where} was given egpu's CDI card devices "
+                          f"{','.join(cdi_cards)}, beyond its allocation {','.join(wanted)}")
         if (pod_name and pod_name != config.pod) or (pod_ns and pod_ns != config.namespace):
             return Refuse(f"egpu: {where}: pod name/namespace differ from its allocation file")
         return Apply(container_dir_name(pod_uid, container), config, region)
@@ -312,70 +331,146 @@ def decide(inputs: Inputs) -> Decision:
             "annotations (io.kubernetes.cri.sandbox-uid/container-name) nor the device "
             "plugin named its pod: the share is ambiguous, refusing to guess"
         )
-    if any(env.get(k) for k in (ENV_MEMORY_LIMIT_MIB, ENV_MEMORY_PERCENTAGE, ENV_CORES)):
-        return Apply(container_dir_name(inputs.container_id, RAW_CONTAINER), None)
+    if any(env.get(k) for k in RAW_SHARE_VARIABLES):
+        return raw_share(inputs.container_id, env, cdi_cards)
+    if cdi_cards:
+        return Refuse(
+            f"egpu: container {inputs.container_id} was given egpu's CDI card devices "
+            f"({','.join(cdi_cards)}) but no share: set {ENV_MEMORY_LIMIT_MIB} (MiB per card) "
+            f"or {ENV_MEMORY_PERCENTAGE} (% of each card), and optionally {ENV_CORES}, "
+            f"{ENV_PRIORITY}, {ENV_COMPUTE_POLICY}, {ENV_MEMORY_OVERSUBSCRIPTION} in its "
+            "environment (docs/containerd.md); egpu never gives a card without a cap")
     return Skip("no egpu share")
 
 
-def raw_card_uuids(env: Mapping[str, str]) -> tuple[str, ...]:
-    """The cards of a raw share (``Apply`` without a config): the card UUIDs that
-    ``NVIDIA_VISIBLE_DEVICES`` names; ``all``, ``none``, ``void``, indexes and entries that
-    are no file name are left out (the hook cannot tell which card they are)."""
-    return tuple(v for v in visible_uuids(env.get(NVIDIA_VISIBLE_DEVICES, ""))
-                 if v not in ("all", "none", "void") and not v.replace(":", "").isdigit()
-                 and is_file_name(v))
+_NOT_A_CARD = ("all", "none", "void")
 
 
-def raw_container_region(env: Mapping[str, str], uid: int) -> str:
-    """The accounting region path the interposer of a raw share computes (config.c,
-    load_env): ``EGPU_CONTAINER_REGION``, else ``<EGPU_RUNTIME_DIR or RUNTIME_DIR>/containers/
-    local-uid<uid>/region`` with the uid its processes run as (the spec's process.user.uid)."""
-    region = env.get(ENV_CONTAINER_REGION, "")
-    if region:
-        return region
-    runtime = env.get(ENV_RUNTIME_DIR, "") or RUNTIME_DIR
-    return (f"{runtime}/{CONTAINERS_SUBDIR}/local-uid{uid & 0xFFFFFFFF}/"
-            f"{CONTAINER_REGION_FILE}")
+def cdi_card_uuids(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The cards egpu's CDI devices gave the container (``EGPU_CDI_CARD_<index>=<uuid>``,
+    node_agent.cdi), by index."""
+    found = sorted((int(name[len(ENV_CDI_CARD_PREFIX):]), value.strip())
+                   for name, value in env.items()
+                   if name.startswith(ENV_CDI_CARD_PREFIX)
+                   and name[len(ENV_CDI_CARD_PREFIX):].isascii()
+                   and name[len(ENV_CDI_CARD_PREFIX):].isdigit() and value.strip())
+    return tuple(dict.fromkeys(uuid for _, uuid in found))
 
 
-def _env_choice(env: Mapping[str, str], name: str, codes: dict[str, int]) -> int:
-    return codes.get(env.get(name, ""), 0)
+def raw_card_uuids(env: Mapping[str, str], cdi_cards: tuple[str, ...]) -> tuple[str, ...] | str:
+    """The cards of a raw share (rule 6), or why there are none the hook can name: the CDI
+    cards and ``NVIDIA_VISIBLE_DEVICES``'s UUIDs (``none``/``void``/unset: no entry), the
+    same set when both are given; ``all``, an index or anything not a file name is refused
+    (the hook cannot tell which card it is, and a card without a booking is uncapped)."""
+    variable = NVIDIA_VISIBLE_DEVICES
+    visible = tuple(v for v in visible_uuids(env.get(variable, "")) if v not in ("none", "void"))
+    unnamed = [v for v in (*visible, *cdi_cards) if v in _NOT_A_CARD
+               or v.replace(":", "").isdigit() or not is_file_name(v)]
+    if unnamed:
+        return (f"{variable}={env.get(variable, '')}: {unnamed[0]!r} names no card by UUID; "
+                "a raw container's cards are named by UUID (or through egpu's CDI devices)")
+    if cdi_cards and visible and set(cdi_cards) != set(visible):
+        return (f"egpu's CDI devices gave cards {','.join(cdi_cards)} but {variable} names "
+                f"{','.join(visible)}; set {variable} to the same cards or leave it out")
+    cards = cdi_cards or tuple(dict.fromkeys(visible))
+    if not cards:
+        return (f"it names no card: give it egpu's CDI device egpu.io/gpu=<index or uuid>, or "
+                f"set {variable} to its cards' UUIDs")
+    return cards
 
 
-def _env_cores(env: Mapping[str, str]) -> int:
-    """``EGPU_CORES`` as the interposer reads it (strtoll: blanks, a sign, decimal digits),
-    0 when unset or invalid (the interposer then keeps CUDA off anyway)."""
-    text = env.get(ENV_CORES, "").lstrip(" \t\n\v\f\r")
+def _env_number(env: Mapping[str, str], name: str, low: int, high: int) -> int | str | None:
+    """``name`` as the interposer reads it (strtoll: blanks, a sign, decimal digits): the
+    number, None when unset, or why it is refused."""
+    raw = env.get(name, "")
+    if not raw:
+        return None
+    text = raw.lstrip(" \t\n\v\f\r")
     digits = text[1:] if text[:1] in ("+", "-") else text
-    if not digits.isascii() or not digits.isdigit():
-        return 0
-    cores = int(text)
-    return cores if 0 <= cores <= 100 else 0
+    if digits.isascii() and digits.isdigit() and low <= int(text) <= high:
+        return int(text)
+    return f"{name}={raw}: must be an integer in {low}..{high}"
 
 
-def card_shares(plan: Apply, env: Mapping[str, str], uid: int) -> list[tuple[str, RosterEntry]]:
+def _env_choice(env: Mapping[str, str], name: str, choices: tuple[str, str]) -> str:
+    """``name``'s value (the first of ``choices`` when unset), or ``""`` when not a choice."""
+    value = env.get(name, "") or choices[0]
+    return value if value in choices else ""
+
+
+def raw_share(container_id: str, env: Mapping[str, str],
+              cdi_cards: tuple[str, ...]) -> Apply | Refuse:
+    """Rule 6: a raw container's share, with its config file (``raw_config``)."""
+    where = f"egpu: raw container {container_id}"
+    cards = raw_card_uuids(env, cdi_cards)
+    if isinstance(cards, str):
+        return Refuse(f"{where}: {cards}")
+    mib = _env_number(env, ENV_MEMORY_LIMIT_MIB, 1, MAX_SHARE_MIB)
+    percentage = _env_number(env, ENV_MEMORY_PERCENTAGE, 1, 100)
+    cores = _env_number(env, ENV_CORES, 0, 100)
+    for value in (mib, percentage, cores):
+        if isinstance(value, str):
+            return Refuse(f"{where}: {value}")
+    assert not isinstance(mib, str) and not isinstance(percentage, str)  # narrowed for mypy
+    assert not isinstance(cores, str)  # narrowed for mypy
+    if (mib is None) == (percentage is None):
+        return Refuse(f"{where}: set one of {ENV_MEMORY_LIMIT_MIB} (MiB per card) and "
+                      f"{ENV_MEMORY_PERCENTAGE} (% of each card)"
+                      + (", not both" if mib is not None else ""))
+    choices = {ENV_PRIORITY: ("high", "low"), ENV_COMPUTE_POLICY: ("strict", "elastic"),
+               ENV_MEMORY_OVERSUBSCRIPTION: ("false", "true")}
+    terms = {name: _env_choice(env, name, allowed) for name, allowed in choices.items()}
+    for name, value in terms.items():
+        if not value:
+            return Refuse(f"{where}: {name}={env[name]}: must be "
+                          f"{' or '.join(choices[name])}")
+    if not is_file_name(container_id):
+        return Refuse(f"{where}: the container id is no file name")
+    dir_name = container_dir_name(container_id, RAW_CONTAINER)
+    config = raw_config(container_id, dir_name, cards, mib or 0, percentage or 0, cores or 0,
+                        terms[ENV_PRIORITY], terms[ENV_COMPUTE_POLICY],
+                        terms[ENV_MEMORY_OVERSUBSCRIPTION] == "true")
+    return Apply(dir_name, config)
+
+
+def raw_config(container_id: str, dir_name: str, cards: tuple[str, ...], mib: int,
+               percentage: int, cores: int, priority: str, compute_policy: str,
+               oversubscription: bool) -> ContainerConfig:
+    """A raw container's interposer config: the same file as a pod's (``container_config``),
+    so that its interposer uses the folder the hook mounted (``<oci-id>_raw``) and the node's
+    terms, never the environment the container could change; each card ``mib`` MiB, or
+    ``percentage`` % of the card (the hook does not know its size), and ``cores`` %."""
+    from egpu.records import ConfigCard, ContainerConfig  # only a container with a share
+
+    return ContainerConfig(
+        namespace="", pod="", pod_uid=container_id, container=RAW_CONTAINER,
+        priority=priority, compute_policy=compute_policy,
+        memory_oversubscription=oversubscription,
+        container_region=f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{dir_name}/{CONTAINER_REGION_FILE}",
+        cards=tuple(ConfigCard(uuid=uuid, memory_mib=mib, cores=cores,
+                               card_region=f"{RUNTIME_DIR}/{CARDS_SUBDIR}/{uuid}",
+                               memory_percentage=percentage)
+                    for uuid in cards),
+    )
+
+
+def card_shares(plan: Apply) -> list[tuple[str, RosterEntry]]:
     """(card UUID, its roster entry) for each card of the share, in order: what the node
     says of the share (docs/security.md, "Node-side state"). Owner: the share's key as its
-    interposer computes it (its config's ``container_region``; raw: ``raw_container_region``);
-    name: ``plan.region_name``. Terms: the config's priority, compute policy, card cores and
-    low-priority floor; a raw share's from its environment (``EGPU_PRIORITY``,
-    ``EGPU_COMPUTE_POLICY``, ``EGPU_CORES``: what its interposer reads; high, strict and 0
-    when unset or invalid), floor 0, on the cards ``raw_card_uuids`` names."""
+    interposer computes it (its config's ``container_region``: a raw container's is its own,
+    ``<oci-id>_raw``); name: ``plan.region_name``. Terms: the config's priority, compute
+    policy, card cores and low-priority floor."""
     from egpu.card_roster import POLICY_CODES, PRIORITY_CODES, RosterEntry, region_owner
 
     config = plan.config
-    if config is not None:
-        owner = region_owner(config.container_region)
-        priority = PRIORITY_CODES[config.priority]
-        policy = POLICY_CODES[config.compute_policy]
-        return [(c.uuid, RosterEntry(owner, priority, policy, c.cores,
-                                     config.low_priority_floor, 0, plan.region_name))
-                for c in config.cards]
-    entry = RosterEntry(region_owner(raw_container_region(env, uid)),
-                        _env_choice(env, ENV_PRIORITY, PRIORITY_CODES),
-                        _env_choice(env, ENV_COMPUTE_POLICY, POLICY_CODES), _env_cores(env),
-                        0, 0, plan.dir_name)
-    return [(uuid, entry) for uuid in raw_card_uuids(env)]
+    if config is None:
+        return []
+    owner = region_owner(config.container_region)
+    priority = PRIORITY_CODES[config.priority]
+    policy = POLICY_CODES[config.compute_policy]
+    return [(c.uuid, RosterEntry(owner, priority, policy, c.cores,
+                                 config.low_priority_floor, 0, plan.region_name))
+            for c in config.cards]
 
 
 def preload_text(existing: bytes | None) -> bytes:

@@ -29,7 +29,8 @@ enum { EGPU_SRC_FILE = 1, EGPU_SRC_ENV = 2 };
 
 typedef struct {
     char uuid[EGPU_UUID_LEN];
-    uint64_t memory_bytes;
+    uint64_t memory_bytes; /* 0: memory_percent of the card instead */
+    int memory_percent;    /* 1..100 (a raw container's EGPU_MEMORY_PERCENTAGE), 0: memory_bytes */
     int cores; /* 0 = no compute booked */
     char card_region[256];
 } egpu_card_cfg;

@@ -278,16 +278,25 @@ int egpu_config_parse_json(const char *text, size_t len, egpu_config *c, char *e
         if (c->ncards >= EGPU_REGION_MAX_CARDS) { snprintf(err, errlen, "config: more than %d cards", EGPU_REGION_MAX_CARDS); goto out; }
         if (k->t != J_OBJ) { snprintf(err, errlen, "config: cards[%d] must be an object", c->ncards); goto out; }
         egpu_card_cfg *cc = &c->cards[c->ncards];
-        long long mib = 0, cores = 0;
+        long long mib = 0, pct = 0, cores = 0;
+        /* memory_mib, or memory_percentage (a raw container's share: the hook does not know
+         * the card's size): exactly one of them */
+        int by_pct = member(k, "memory_percentage") != NULL;
         if (get_str(k, "uuid", cc->uuid, sizeof cc->uuid, 1, err, errlen) ||
-            get_int(k, "memory_mib", 1, 1ll << 40, &mib, 1, err, errlen) ||
+            (by_pct ? get_int(k, "memory_percentage", 1, 100, &pct, 1, err, errlen)
+                    : get_int(k, "memory_mib", 1, 1ll << 40, &mib, 1, err, errlen)) ||
             get_int(k, "cores", 0, 100, &cores, 0, err, errlen) ||
             get_str(k, "card_region", cc->card_region, sizeof cc->card_region, 0, err, errlen))
             goto out;
+        if (by_pct && member(k, "memory_mib")) {
+            snprintf(err, errlen, "config: cards[%d]: set memory_mib or memory_percentage, not both", c->ncards);
+            goto out;
+        }
         if (!cc->uuid[0]) { snprintf(err, errlen, "config: cards[%d].uuid is empty", c->ncards); goto out; }
         for (int i = 0; i < c->ncards; i++)
             if (!strcmp(c->cards[i].uuid, cc->uuid)) { snprintf(err, errlen, "config: card %s listed twice", cc->uuid); goto out; }
         cc->memory_bytes = (uint64_t)mib * MIB;
+        cc->memory_percent = (int)pct;
         cc->cores = (int)cores;
         c->ncards++;
     }
@@ -419,6 +428,8 @@ uint64_t egpu_config_limit(const egpu_config *c, const char *uuid, uint64_t tota
     if (c->source == EGPU_SRC_ENV)
         return c->env_limit_bytes ? c->env_limit_bytes : (total / MIB) * (uint64_t)c->env_percent / 100 * MIB; /* whole MiB, as booked */
     for (int i = 0; i < c->ncards; i++)
-        if (!strcmp(c->cards[i].uuid, uuid)) return c->cards[i].memory_bytes;
+        if (!strcmp(c->cards[i].uuid, uuid))
+            return c->cards[i].memory_percent ? (total / MIB) * (uint64_t)c->cards[i].memory_percent / 100 * MIB
+                                              : c->cards[i].memory_bytes;
     return 0;
 }

@@ -158,6 +158,9 @@ static void test_config(void)
     CHECK(c.low_priority_floor == -1); /* absent: the file does not say */
     CHECK(parse("{\"version\":1,\"container_region\":\"/r\",\"low_priority_floor\":15,"
                 "\"cards\":[{\"uuid\":\"G\",\"memory_mib\":1}]}", &c) == 0 && c.low_priority_floor == 15);
+    /* a raw container's share: a percentage of the card, whole MiB as booked */
+    CHECK(parse("{\"version\":1,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\",\"memory_percentage\":25}]}", &c) == 0);
+    CHECK(egpu_config_limit(&c, "G", 24577 * MIB) == 6144 * MIB && egpu_config_limit(&c, "H", 24576 * MIB) == 0);
     /* whitespace, order, unknown keys, escapes */
     CHECK(parse(" \n{ \"cards\" : [ { \"memory_mib\" : 1 , \"uuid\" : \"GPU-\\u0041\", \"x\": {\"y\": [1, 2.5e3, null]} } ] ,"
                 "\t\"container_region\":\"/a\\/b\", \"future\": false, \"version\" : 1 }\n", &c) == 0);
@@ -167,6 +170,9 @@ static void test_config(void)
         "", "{", "[]", "{\"version\":1}", "{\"version\":2,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\",\"memory_mib\":1}]}",
         "{\"version\":1,\"container_region\":\"/r\",\"cards\":[]}",
         "{\"version\":1,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\",\"memory_mib\":0}]}",
+        "{\"version\":1,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\",\"memory_percentage\":0}]}",
+        "{\"version\":1,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\",\"memory_percentage\":101}]}",
+        "{\"version\":1,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\",\"memory_percentage\":5,\"memory_mib\":1}]}",
         "{\"version\":1,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\",\"memory_mib\":1.5}]}",
         "{\"version\":1,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\",\"memory_mib\":\"1\"}]}",
         "{\"version\":1,\"container_region\":\"/r\",\"cards\":[{\"uuid\":\"G\",\"memory_mib\":1,\"cores\":101}]}",

@@ -37,7 +37,9 @@ def test_each_card_is_a_device_by_index_and_uuid_and_the_hook_runs_for_any() -> 
         "env": [f"EGPU_CDI_CARD_1={CARD_UUIDS[1]}"], "deviceNodes": [{"path": "/dev/nvidia1"}]}
     common = spec["containerEdits"]
     assert common["hooks"] == [{"hookName": "createRuntime", "path": HOOK,
-                                "args": ["egpu-hook", "createRuntime"]}]
+                                "args": ["egpu-hook", "createRuntime"]},
+                               {"hookName": "poststop", "path": HOOK,  # frees a raw share
+                                "args": ["egpu-hook", "poststop"]}]
     assert [n["path"] for n in common["deviceNodes"]] == [
         "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
 

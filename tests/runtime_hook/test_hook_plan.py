@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from egpu import card_roster
 from egpu.card_roster import RosterEntry, owner_id, share_owner
 from egpu.contract import (
     ENV_ALLOCATION_ERROR,
@@ -27,7 +28,6 @@ from runtime_hook.plan import (
     decide,
     identify,
     preload_text,
-    raw_card_uuids,
 )
 
 U0, U1 = "GPU-aaaa", "GPU-bbbb"
@@ -108,9 +108,13 @@ def test_unreadable_allocation_file_is_refused() -> None:
     assert isinstance(result, Refuse) and "bad json" in result.message
 
 
-def test_raw_share_from_env_has_no_config_file() -> None:
-    result = decide(Inputs("abc", {ENV_MEMORY_LIMIT_MIB: "1024"}, {}))
-    assert isinstance(result, Apply) and result.config is None and result.dir_name == "abc_raw"
+def test_a_raw_share_gets_a_config_file_like_a_pods() -> None:
+    result = decide(Inputs("abc", {ENV_MEMORY_LIMIT_MIB: "1024", "NVIDIA_VISIBLE_DEVICES": U0},
+                           {}))
+    assert isinstance(result, Apply) and result.dir_name == result.region_name == "abc_raw"
+    assert result.config is not None
+    assert result.config.container_region == "/var/run/egpu/containers/abc_raw/region"
+    assert [(c.uuid, c.memory_mib, c.cores) for c in result.config.cards] == [(U0, 1024, 0)]
 
 
 def test_pod_name_mismatch_is_refused() -> None:
@@ -136,39 +140,120 @@ def test_a_pods_share_is_registered_with_its_configs_terms() -> None:
     assert isinstance(plan, Apply)
     owner = share_owner("uid-a_main")
     assert owner == owner_id("/var/run/egpu/containers/uid-a_main/region")
-    assert card_shares(plan, env, 1000) == [
+    assert card_shares(plan) == [
         (U0, RosterEntry(owner, 1, 1, 30, 15, 0, "uid-a_main")),
         (U1, RosterEntry(owner, 1, 1, 40, 15, 0, "uid-a_main"))]
 
 
-@pytest.mark.parametrize(("env", "uid", "terms"), [
-    ({}, 0, (0, 0, 0)),
-    ({"EGPU_PRIORITY": "low", "EGPU_COMPUTE_POLICY": "elastic", "EGPU_CORES": "25"}, 7,
-     (1, 1, 25)),
-    ({"EGPU_PRIORITY": "urgent", "EGPU_COMPUTE_POLICY": "x", "EGPU_CORES": "101"}, 0,
-     (0, 0, 0)),  # invalid: the interposer keeps CUDA off; the roster says the defaults
-    ({"EGPU_CORES": " +40"}, 0, (0, 0, 40)),  # as strtoll reads it
-    ({"EGPU_CORES": "4_0"}, 0, (0, 0, 0)),
+@pytest.mark.parametrize(("env", "terms"), [
+    ({}, (0, 0, 0)),
+    ({"EGPU_PRIORITY": "low", "EGPU_COMPUTE_POLICY": "elastic", "EGPU_CORES": "25"}, (1, 1, 25)),
+    ({"EGPU_CORES": " +40"}, (0, 0, 40)),  # as strtoll reads it
 ])
-def test_a_raw_share_is_registered_with_its_envs_terms_and_region(
-        env: dict[str, str], uid: int, terms: tuple[int, int, int]) -> None:
-    env = {ENV_MEMORY_LIMIT_MIB: "1024", "NVIDIA_VISIBLE_DEVICES": f"{U0},all,0,1:0", **env}
+def test_a_raw_share_is_registered_with_its_envs_terms_and_own_region(
+        env: dict[str, str], terms: tuple[int, int, int]) -> None:
+    env = {ENV_MEMORY_LIMIT_MIB: "1024", "NVIDIA_VISIBLE_DEVICES": U0, **env}
     plan = decide(Inputs("abc", env, {}))
-    assert isinstance(plan, Apply) and plan.config is None
-    owner = owner_id(f"/var/run/egpu/containers/local-uid{uid}/region")
-    assert card_shares(plan, env, uid) == [(U0, RosterEntry(owner, *terms, 0, 0, "abc_raw"))]
+    assert isinstance(plan, Apply)
+    owner = owner_id("/var/run/egpu/containers/abc_raw/region")
+    assert card_shares(plan) == [(U0, RosterEntry(owner, *terms, 0, 0, "abc_raw"))]
 
 
-def test_a_raw_shares_owner_follows_the_interposers_region_path() -> None:
-    plan = Apply("abc_raw", None)
-    env = {ENV_MEMORY_LIMIT_MIB: "1", "NVIDIA_VISIBLE_DEVICES": U0}
-    ((_, entry),) = card_shares(plan, {**env, "EGPU_RUNTIME_DIR": "/rt"}, 5)
-    assert entry.owner == owner_id("/rt/containers/local-uid5/region")
-    ((_, entry),) = card_shares(plan, {**env, "EGPU_CONTAINER_REGION": "/my/region"}, 5)
-    assert entry.owner == owner_id("/my/region")
-    assert card_shares(plan, {ENV_MEMORY_LIMIT_MIB: "1"}, 0) == []  # no card named: none
-    assert raw_card_uuids({"NVIDIA_VISIBLE_DEVICES": "none"}) == ()
-    assert raw_card_uuids({"NVIDIA_VISIBLE_DEVICES": f" {U0} , ../x, {U1}"}) == (U0, U1)
+@pytest.mark.parametrize(("env", "words"), [
+    ({"EGPU_PRIORITY": "urgent"}, "EGPU_PRIORITY=urgent"),
+    ({"EGPU_COMPUTE_POLICY": "x"}, "EGPU_COMPUTE_POLICY=x"),
+    ({"EGPU_CORES": "101"}, "EGPU_CORES=101"),
+    ({"EGPU_CORES": "4_0"}, "EGPU_CORES=4_0"),
+    ({"EGPU_MEMORY_PERCENTAGE": "5"}, "not both"),
+    ({"EGPU_MEMORY_OVERSUBSCRIPTION": "yes"}, "EGPU_MEMORY_OVERSUBSCRIPTION=yes"),
+    ({"NVIDIA_VISIBLE_DEVICES": f"{U0},all"}, "'all' names no card by UUID"),
+    ({"NVIDIA_VISIBLE_DEVICES": "0"}, "'0' names no card by UUID"),
+    ({"NVIDIA_VISIBLE_DEVICES": "none"}, "names no card"),
+])
+def test_a_raw_share_the_interposer_would_not_run_is_refused_at_creation(
+        env: dict[str, str], words: str) -> None:
+    """Bad terms (the interposer kept CUDA off) or cards the hook cannot name (the share ran
+    uncapped on them) are refused at creation, with the variable."""
+    env = {ENV_MEMORY_LIMIT_MIB: "1024", "NVIDIA_VISIBLE_DEVICES": U0, **env}
+    result = decide(Inputs("abc", env, {}))
+    assert isinstance(result, Refuse) and words in result.message, result
+
+
+def test_a_raw_share_by_percentage_names_no_mib() -> None:
+    env = {"EGPU_MEMORY_PERCENTAGE": "25", "NVIDIA_VISIBLE_DEVICES": U0}
+    plan = decide(Inputs("abc", env, {}))
+    assert isinstance(plan, Apply) and plan.config is not None
+    (card,) = plan.config.cards
+    assert (card.memory_mib, card.memory_percentage) == (0, 25)
+    text = plan.config.encode()
+    assert '"memory_percentage": 25' in text and "memory_mib" not in text
+
+
+# --- raw containers through egpu's CDI device (docs/containerd.md) ------------------------
+CDI_ENV = {"PATH": "/usr/bin", "EGPU_CDI_CARD_0": U0}  # what egpu.io/gpu=0 injects
+
+
+def test_a_cdi_card_without_share_variables_is_refused_naming_them() -> None:
+    """Bug: a container given egpu.io/gpu=<n> through CDI without EGPU_* passed untouched
+    (Skip), with /dev/nvidia<n> and no interposer: the whole card, no cap."""
+    result = decide(Inputs("ctr1", CDI_ENV, {}))
+    assert isinstance(result, Refuse), result
+    for name in ("EGPU_MEMORY_LIMIT_MIB", "EGPU_MEMORY_PERCENTAGE", "EGPU_CORES"):
+        assert name in result.message
+
+
+def test_a_raw_shares_cards_come_from_its_cdi_devices() -> None:
+    """Bug: CDI sets only EGPU_CDI_CARD_<i>, not NVIDIA_VISIBLE_DEVICES: the hook registered
+    no card and mounted no card folder."""
+    env = {**CDI_ENV, "EGPU_CDI_CARD_1": U1, ENV_MEMORY_LIMIT_MIB: "4096", "EGPU_CORES": "30"}
+    plan = decide(Inputs("ctr2", env, {}))
+    assert isinstance(plan, Apply), plan
+    assert [uuid for uuid, _ in card_shares(plan)] == [U0, U1]
+    agreeing = decide(Inputs("ctr2", {**env, "NVIDIA_VISIBLE_DEVICES": f"{U1},{U0}"}, {}))
+    assert agreeing == plan
+    for visible in (U0, f"{U0},GPU-cccc", "all"):
+        other = decide(Inputs("ctr2", {**env, "NVIDIA_VISIBLE_DEVICES": visible}, {}))
+        assert isinstance(other, Refuse), (visible, other)
+
+
+def test_a_raw_containers_interposer_uses_the_folder_the_hook_mounts() -> None:
+    """Bug: the hook mounted containers/<id>_raw but the interposer opened
+    containers/local-uid<uid>/region (not there: a non-root container could not create it, a
+    root one wrote it in its own filesystem)."""
+    env = {**CDI_ENV, ENV_MEMORY_LIMIT_MIB: "4096"}
+    plan = decide(Inputs("ctr3", env, {}))
+    assert isinstance(plan, Apply) and plan.config is not None
+    assert plan.config.container_region == (
+        f"/var/run/egpu/containers/{plan.region_name}/region")
+
+
+def test_two_raw_containers_of_one_uid_on_one_card_are_two_shares(tmp_path) -> None:
+    """Bug: both mapped to one roster owner (local-uid<uid>): the second hook run overwrote
+    the first's terms and one share file served both."""
+    card = tmp_path / U0
+    card.mkdir()
+    env = {**CDI_ENV, ENV_MEMORY_LIMIT_MIB: "4096"}
+    a = decide(Inputs("ctrA", {**env, "EGPU_CORES": "30"}, {}))
+    b = decide(Inputs("ctrB", {**env, "EGPU_CORES": "50"}, {}))
+    assert isinstance(a, Apply) and isinstance(b, Apply)
+    ((_, ea),), ((_, eb),) = card_shares(a), card_shares(b)
+    assert ea.owner != eb.owner
+    card_roster.register(str(card), U0, ea)
+    card_roster.register(str(card), U0, eb)
+    roster = card_roster.read_roster(str(card))
+    assert sorted((e.cores, e.name) for e in roster.shares().values()) == [
+        (30, "ctrA_raw"), (50, "ctrB_raw")]
+
+
+def test_a_named_container_with_cdi_cards_beyond_its_share_is_refused() -> None:
+    """egpu's card device comes only with a share: a pod's own CDI annotation for another
+    card, or for a card without an allocation, is refused."""
+    env = {"NVIDIA_VISIBLE_DEVICES": U0, ENV_DEVICES: "x", "EGPU_CDI_CARD_0": U0}
+    assert isinstance(decide(Inputs("c1", env, ANN, shares(U0))), Apply)
+    extra = decide(Inputs("c1", {**env, "EGPU_CDI_CARD_1": U1}, ANN, shares(U0)))
+    assert isinstance(extra, Refuse) and U1 in extra.message
+    alone = decide(Inputs("c1", {"EGPU_CDI_CARD_1": U1}, ANN, None))
+    assert isinstance(alone, Refuse) and "no share" in alone.message
 
 
 # --- issue 24: a pod that joins a claim prepared for another pod --------------------------------
@@ -204,7 +289,7 @@ def test_a_joining_pod_gets_the_claims_share_and_folder_of_its_requests() -> Non
         "pa", "uid-a", "main")
     assert (result.config.priority, result.config.compute_policy,
             result.config.low_priority_floor) == ("low", "elastic", 5)
-    ((uuid, entry),) = card_shares(result, {}, 0)
+    ((uuid, entry),) = card_shares(result)
     assert (uuid, entry.owner, entry.cores) == (U0, share_owner(f"claim-{CLAIM}_gpu"), 25)
 
 

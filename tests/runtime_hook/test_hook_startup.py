@@ -231,11 +231,11 @@ def test_installed_hook_help_and_source_fallback(tmp_path: Path) -> None:
 SHARE_PATH = """
 import sys
 from runtime_hook import hostfs, mounts, rootfs
-from runtime_hook.plan import Apply, card_shares
+from runtime_hook.plan import card_shares, raw_share
 from egpu import card_roster
-shares = card_shares(Apply("c_raw", None), {"EGPU_MEMORY_LIMIT_MIB": "1",
-                                            "NVIDIA_VISIBLE_DEVICES": "GPU-a"}, 0)
-assert shares[0][1].owner == card_roster.owner_id("/var/run/egpu/containers/local-uid0/region")
+shares = card_shares(raw_share("c", {"EGPU_MEMORY_LIMIT_MIB": "1",
+                                     "NVIDIA_VISIBLE_DEVICES": "GPU-a"}, ()))
+assert shares[0][1].owner == card_roster.owner_id("/var/run/egpu/containers/c_raw/region")
 print(card_roster.__spec__.origin)
 """
 

@@ -8,7 +8,11 @@ interposer's bound was accepted and refused only once CUDA started."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,3 +67,40 @@ def test_a_good_name_and_the_largest_share_are_taken() -> None:
     args = parse("--name", "job-1.a_b", "--gpu-memory", str(1 << 40), "--", "true")
     assert args.name == "job-1.a_b" and args.gpu_memory == 1 << 40
     assert shutil.which("true")
+
+
+ARGV_PRINTER = "import json, sys; print(json.dumps(sys.argv[1:]))"
+
+
+def _egpu_run(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``egpu run`` in its own process (it may exec), with a stand-in library (ld.so skips a
+    file it cannot preload) and the runtime folder in ``tmp_path``."""
+    library = tmp_path / "libstand_in.so"
+    library.write_bytes(b"")
+    env = {**os.environ, "EGPU_RUNTIME_DIR": str(tmp_path)}
+    return subprocess.run([sys.executable, "-c", "import sys; from cli.main import main; "
+                           "sys.exit(main())", "run", "--gpu-memory", "100", "--library",
+                           str(library), *argv], capture_output=True, text=True, env=env,
+                          cwd=run_cmd.REPO, timeout=60)
+
+
+def test_the_command_gets_its_own_dashes(tmp_path: Path) -> None:
+    """Bug: ``egpu run --gpu-memory 100 -- python3 -c CODE -- a -- b`` passed
+    ['-c', 'a', 'b']: every "--" was dropped, not only the one ending egpu's options."""
+    done = _egpu_run(tmp_path, "--", sys.executable, "-c", ARGV_PRINTER, "--", "a", "--", "b")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == ["--", "a", "--", "b"]
+
+
+def test_a_run_without_a_name_removes_its_folder_and_keeps_the_status(tmp_path: Path) -> None:
+    """Bug: each run without --name left <runtime>/containers/raw_run-<pid>/ behind."""
+    done = _egpu_run(tmp_path, "--", sys.executable, "-c",
+                     "import os, sys; print(os.environ['EGPU_CONTAINER_REGION']); sys.exit(3)")
+    assert done.returncode == 3, done.stderr
+    region = Path(done.stdout.splitlines()[-1])
+    assert region.parent.parent == tmp_path / "containers"
+    assert region.parent.name.startswith("raw_run-")
+    assert list((tmp_path / "containers").iterdir()) == []
+    named = _egpu_run(tmp_path, "--name", "batch", "--", sys.executable, "-c", "pass")
+    assert named.returncode == 0, named.stderr
+    assert (tmp_path / "containers" / "raw_batch").is_dir()  # a group's: kept for the next run
