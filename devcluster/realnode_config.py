@@ -240,8 +240,9 @@ def guard_ruleset() -> str:
 
 def hook_base_spec() -> dict[str, Any]:
     """The base OCI spec of the ``egpu-hook`` runtime handler: containerd's defaults plus the
-    egpu hook at createRuntime (docs/containerd.md, the OCI-hook route)."""
-    return {"hooks": {"createRuntime": [{
-        "path": "/usr/local/egpu/bin/egpu-hook", "args": ["egpu-hook", "createRuntime"],
-        "timeout": 10}]}}
+    egpu hook at createRuntime and poststop (docs/containerd.md, the OCI-hook route: poststop
+    frees a raw container's share)."""
+    return {"hooks": {stage: [{
+        "path": "/usr/local/egpu/bin/egpu-hook", "args": ["egpu-hook", stage],
+        "timeout": 10}] for stage in ("createRuntime", "poststop")}}
 
