@@ -51,9 +51,13 @@ struct CUgraphNode_st {
     uint32_t magic; int type; /* CUgraphNodeType */
     int dev; uint64_t dptr, size; /* memory nodes: the device, the address, its size */
     int freed; /* an allocation node freed by a free node of the same graph */
+    struct CUgraph_st *child; /* a child graph node: its embedded graph, the node's own */
     struct CUgraphNode_st *next;
 };
-struct CUgraph_st { uint32_t magic; uint64_t work_ns; unsigned nkernels; struct CUgraphNode_st *nodes, *last; size_t nnodes; };
+/* owned: the embedded graph of a child graph node (cloned into it, or moved there with
+ * CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): not destroyed, instantiated or given memory nodes
+ * on its own (cuGraphChildGraphNodeGetGraph; CUgraphChildGraphNodeOwnership). */
+struct CUgraph_st { uint32_t magic; uint64_t work_ns; unsigned nkernels; struct CUgraphNode_st *nodes, *last; size_t nnodes; int owned; };
 /* An executable graph. Its allocation nodes' memory (mem, per device, each node rounded up to
  * the granularity) is reserved on the card at its first launch or upload and kept until it
  * is destroyed or trimmed while idle (cuDeviceGraphMemTrim). */
@@ -1211,7 +1215,7 @@ static struct CUgraphNode_st *graph_add_node(struct CUgraph_st *g, int type, int
 {
     struct CUgraphNode_st *n = calloc(1, sizeof *n);
     if (!n) return NULL;
-    *n = (struct CUgraphNode_st){GNODE_MAGIC, type, dev, dptr, size, 0, NULL};
+    *n = (struct CUgraphNode_st){GNODE_MAGIC, type, dev, dptr, size, 0, NULL, NULL};
     if (g->last) g->last->next = n;
     else g->nodes = n;
     g->last = n;
@@ -1528,6 +1532,11 @@ static void graph_free_nodes(struct CUgraph_st *g)
 {
     for (struct CUgraphNode_st *n = g->nodes, *next; n; n = next) {
         next = n->next;
+        if (n->child) { /* a child graph node's embedded graph goes with it */
+            graph_free_nodes(n->child);
+            n->child->magic = 0;
+            free(n->child);
+        }
         n->magic = 0;
         free(n);
     }
@@ -1538,7 +1547,7 @@ static void graph_free_nodes(struct CUgraph_st *g)
 FG_EXPORT CUresult cuGraphDestroy(CUgraph g)
 {
     NEED_INIT();
-    if (!g || g->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    if (!g || g->magic != GRAPH_MAGIC || g->owned) return CUDA_ERROR_INVALID_VALUE;
     g->magic = 0;
     graph_free_nodes(g);
     free(g);
@@ -1578,7 +1587,8 @@ FG_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *pn, CUgraph g, const CUgr
 {
     (void)deps;
     NEED_INIT();
-    if (!pn || !graph_ok(g) || !params || !params->bytesize || (ndeps && !deps)) return CUDA_ERROR_INVALID_VALUE;
+    if (!pn || !graph_ok(g) || g->owned || !params || !params->bytesize || (ndeps && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
     const CUmemPoolProps *pp = &params->poolProps;
     if (pp->allocType != CU_MEM_ALLOCATION_TYPE_PINNED || pp->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1611,7 +1621,7 @@ FG_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *pn, CUgraph g, const CUgra
 {
     (void)deps;
     NEED_INIT();
-    if (!pn || !graph_ok(g) || (ndeps && !deps)) return CUDA_ERROR_INVALID_VALUE;
+    if (!pn || !graph_ok(g) || g->owned || (ndeps && !deps)) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
     CUresult r = graph_free_node(g, dptr, pn);
     pthread_mutex_unlock(&g_mu);
@@ -1637,6 +1647,125 @@ FG_EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode n, CUdeviceptr *dptr)
     if (!node_ok(n) || !dptr || n->type != CU_GRAPH_NODE_TYPE_MEM_FREE) return CUDA_ERROR_INVALID_VALUE;
     *dptr = n->dptr;
     return CUDA_SUCCESS;
+}
+
+/* ---- child graph nodes (cuGraphAddChildGraphNode, cuGraphAddNode with a graph) -------- */
+/* g_mu held: whether g or a graph nested in it has a memory allocation or free node. */
+static int graph_has_mem_nodes(const struct CUgraph_st *g)
+{
+    for (const struct CUgraphNode_st *n = g->nodes; n; n = n->next)
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->type == CU_GRAPH_NODE_TYPE_MEM_FREE ||
+            (n->child && graph_has_mem_nodes(n->child)))
+            return 1;
+    return 0;
+}
+
+/* g_mu held: a copy of g (child graphs copied too), or NULL when out of host memory. */
+static struct CUgraph_st *graph_clone(const struct CUgraph_st *g)
+{
+    struct CUgraph_st *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    *c = (struct CUgraph_st){GRAPH_MAGIC, g->work_ns, g->nkernels, NULL, NULL, 0, 0};
+    for (const struct CUgraphNode_st *n = g->nodes; n; n = n->next) {
+        struct CUgraphNode_st *m = graph_add_node(c, n->type, n->dev, n->dptr, n->size);
+        if (m && n->child && !(m->child = graph_clone(n->child))) m = NULL;
+        if (!m) {
+            graph_free_nodes(c);
+            free(c);
+            return NULL;
+        }
+        m->freed = n->freed;
+        if (m->child) m->child->owned = 1;
+    }
+    return c;
+}
+
+#define FG_CHILD_GRAPH_OWNERSHIP_CLONE 0 /* CUgraphChildGraphNodeOwnership */
+#define FG_CHILD_GRAPH_OWNERSHIP_MOVE 1
+/* A child graph node in g embedding child: cloned (no memory nodes allowed in it), or, MOVE,
+ * the child itself, memory nodes allowed (CUDA_CHILD_GRAPH_NODE_PARAMS). */
+static CUresult add_child_graph_node(CUgraphNode *pn, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                     CUgraph child, int ownership)
+{
+    NEED_INIT();
+    if (!pn || !graph_ok(g) || !graph_ok(child) || child == g || child->owned || (ndeps && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ownership != FG_CHILD_GRAPH_OWNERSHIP_CLONE && ownership != FG_CHILD_GRAPH_OWNERSHIP_MOVE)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = CUDA_SUCCESS;
+    struct CUgraph_st *embedded = child;
+    if (ownership == FG_CHILD_GRAPH_OWNERSHIP_CLONE) {
+        if (graph_has_mem_nodes(child)) r = CUDA_ERROR_INVALID_VALUE;
+        else if (!(embedded = graph_clone(child))) r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct CUgraphNode_st *n = NULL;
+    if (r == CUDA_SUCCESS && !(n = graph_add_node(g, CU_GRAPH_NODE_TYPE_GRAPH, 0, 0, 0))) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        if (embedded != child) {
+            graph_free_nodes(embedded);
+            free(embedded);
+        }
+    }
+    if (n) {
+        n->child = embedded;
+        embedded->owned = 1;
+        *pn = n;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+FG_EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *pn, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUgraph child)
+{
+    return add_child_graph_node(pn, g, deps, ndeps, child, FG_CHILD_GRAPH_OWNERSHIP_CLONE);
+}
+
+/* CUgraphNodeParams (CUDA 12.2): the node's type, then a union of each type's parameters at
+ * offset 16; 256 bytes. The fake makes child graph nodes only. */
+typedef struct {
+    CUgraphNodeType type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        struct { CUgraph graph; int ownership; } graph; /* CUDA_CHILD_GRAPH_NODE_PARAMS */
+    };
+    long long reserved2;
+} fg_graph_node_params;
+_Static_assert(sizeof(fg_graph_node_params) == 256, "CUgraphNodeParams is 256 bytes");
+
+FG_EXPORT CUresult cuGraphAddNode(CUgraphNode *pn, CUgraph g, const CUgraphNode *deps, size_t ndeps, fg_graph_node_params *p)
+{
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    if (p->type != CU_GRAPH_NODE_TYPE_GRAPH) return CUDA_ERROR_NOT_SUPPORTED; /* not modelled */
+    return add_child_graph_node(pn, g, deps, ndeps, p->graph.graph, p->graph.ownership);
+}
+FG_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *pn, CUgraph g, const CUgraphNode *deps, const void *edge_data,
+                                     size_t ndeps, fg_graph_node_params *p)
+{
+    (void)edge_data;
+    return cuGraphAddNode(pn, g, deps, ndeps, p);
+}
+
+/* The node's embedded graph itself, not a copy (it stays the node's). */
+FG_EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph *pg)
+{
+    NEED_INIT();
+    if (!node_ok(n) || !pg || n->type != CU_GRAPH_NODE_TYPE_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+    *pg = n->child;
+    return CUDA_SUCCESS;
+}
+
+/* g_mu held: adds g's allocation nodes (child graphs' included, each rounded up to the
+ * granularity) to mem[] and its kernels' time to e. */
+static void graph_sum(const struct CUgraph_st *g, struct CUgraphExec_st *e)
+{
+    e->work_ns += g->work_ns;
+    e->nkernels += g->nkernels;
+    for (const struct CUgraphNode_st *n = g->nodes; n; n = n->next) {
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) e->mem[n->dev] += (n->size + GRAN - 1) / GRAN * GRAN;
+        if (n->child) graph_sum(n->child, e);
+    }
 }
 
 /* g_mu held: reserve the executable graph's memory on its cards (all or nothing). */
@@ -1692,15 +1821,12 @@ static CUresult gexec_run(struct CUgraphExec_st *e, CUstream s, int launch)
 static CUresult instantiate(CUgraphExec *pe, CUgraph g)
 {
     NEED_INIT();
-    if (!pe || !graph_ok(g)) return CUDA_ERROR_INVALID_VALUE;
+    if (!pe || !graph_ok(g) || g->owned) return CUDA_ERROR_INVALID_VALUE;
     struct CUgraphExec_st *e = calloc(1, sizeof *e);
     if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
     e->magic = GEXEC_MAGIC;
     pthread_mutex_lock(&g_mu);
-    e->work_ns = g->work_ns;
-    e->nkernels = g->nkernels;
-    for (struct CUgraphNode_st *n = g->nodes; n; n = n->next)
-        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) e->mem[n->dev] += (n->size + GRAN - 1) / GRAN * GRAN;
+    graph_sum(g, e);
     e->next = g_execs;
     g_execs = e;
     pthread_mutex_unlock(&g_mu);

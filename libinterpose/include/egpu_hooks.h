@@ -83,6 +83,14 @@
     X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams, 12000, 1, (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)) \
     X(cuGraphExecDestroy, cuGraphExecDestroy, 10000, 0, (CUgraphExec hGraphExec))
 
+/* Names whose cuGetProcAddress meaning moved, at a version, to a hooked function of another
+ * name (cuda.h's versioned #defines; an X entry's name is its own function, so these cannot
+ * be X entries). A(base, version, perThread, name): from `version`, cuGetProcAddress(base)
+ * means `name`. From CUDA 12.0, cuda.h #defines cuGraphInstantiate to
+ * cuGraphInstantiateWithFlags (3 arguments), not the 5-argument cuGraphInstantiate_v2. */
+#define EGPU_CU_PROC_ALIASES(A) \
+    A(cuGraphInstantiate, 12000, 0, cuGraphInstantiateWithFlags)
+
 #define EGPU_NVML_HOOKS(X) \
     X(nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo, 0, 0, (nvmlDevice_t device, nvmlMemory_t *memory)) \
     X(nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetMemoryInfo_v2, 0, 0, (nvmlDevice_t device, nvmlMemory_v2_t *memory)) \
@@ -177,7 +185,8 @@ extern const int egpu_hook_count;
 
 /* Our hook for an exported name, or NULL when we do not interpose it. */
 const egpu_hook_ent *egpu_hook_by_name(const char *name);
-/* Our hook for what cuGetProcAddress(base, version, flags) names, or NULL. */
+/* Our hook for what cuGetProcAddress(base, version, flags) names (EGPU_CU_HOOKS and
+ * EGPU_CU_PROC_ALIASES), or NULL when that is a function we do not interpose. */
 const egpu_hook_ent *egpu_hook_by_proc(const char *base, int version, cuuint64_t flags);
 /* Our hook whose real counterpart is at `real`, or NULL. */
 const egpu_hook_ent *egpu_hook_by_real(const void *real);

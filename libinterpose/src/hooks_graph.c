@@ -9,12 +9,19 @@
  * each node rounded up to the allocation granularity, as the driver maps it) is charged
  * against the cap BEFORE the driver is called (over the cap: CUDA_ERROR_OUT_OF_MEMORY, and no
  * executable graph), and given back at cuGraphExecDestroy. The sum is an upper bound: the
- * driver may reuse one physical range for allocations that are never live together. */
+ * driver may reuse one physical range for allocations that are never live together.
+ * A graph the walk cannot see whole (child graphs nested deeper than CHILD_GRAPH_DEPTH_MAX,
+ * or a driver that cannot hand out a child graph node's graph) is refused with
+ * CUDA_ERROR_NOT_SUPPORTED: allocation nodes are allowed in child graphs moved into their
+ * node (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE), and an unseen one would be booked as 0 bytes. */
 #define _GNU_SOURCE
 #include <stdlib.h>
+#include "egpu_log.h"
 #include "share.h"
 
-#define CHILD_GRAPH_DEPTH_MAX 16 /* deeper nesting than any framework builds: not followed */
+/* child graph levels the walk follows (the top graph is level 0); deeper than any framework
+ * builds, and a bound on the walk's stack. A deeper graph is refused, never booked short. */
+#define CHILD_GRAPH_DEPTH_MAX 16
 
 static uint64_t gexec_key(CUgraphExec e, int dev) { return (uint64_t)(uintptr_t)e ^ ((uint64_t)dev << 56); }
 
@@ -28,7 +35,8 @@ static uint64_t granularity(int dev)
 }
 
 /* Adds the bytes of graph g's allocation nodes to mem[device]. The driver's error, if it
- * cannot be asked (the caller then refuses: an unknown graph is booked as nothing). */
+ * cannot be asked, or CUDA_ERROR_NOT_SUPPORTED where a child graph cannot be followed (the
+ * caller then refuses: a graph not seen whole would be booked short). */
 static CUresult graph_mem(CUgraph g, uint64_t mem[EGPU_MAX_DEVS], int depth)
 {
     size_t n = 0;
@@ -50,11 +58,20 @@ static CUresult graph_mem(CUgraph g, uint64_t mem[EGPU_MAX_DEVS], int depth)
             uint64_t gran = granularity(dev);
             uint64_t bytes = p.bytesize > UINT64_MAX - gran ? UINT64_MAX : (p.bytesize + gran - 1) / gran * gran;
             mem[dev] = mem[dev] > UINT64_MAX - bytes ? UINT64_MAX : mem[dev] + bytes; /* saturating */
-        } else if (type == CU_GRAPH_NODE_TYPE_GRAPH && R.cuGraphChildGraphNodeGetGraph &&
-                   depth < CHILD_GRAPH_DEPTH_MAX) {
-            CUgraph child = NULL;
-            if ((r = R.cuGraphChildGraphNodeGetGraph(nodes[i], &child)) == CUDA_SUCCESS)
-                r = graph_mem(child, mem, depth + 1);
+        } else if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
+            if (!R.cuGraphChildGraphNodeGetGraph) {
+                EGPU_ERR("graph instantiation refused: the driver cannot show a child graph's "
+                         "memory nodes (no cuGraphChildGraphNodeGetGraph)");
+                r = CUDA_ERROR_NOT_SUPPORTED;
+            } else if (depth >= CHILD_GRAPH_DEPTH_MAX) {
+                EGPU_ERR("graph instantiation refused: child graphs nested deeper than %d levels; "
+                         "their memory nodes cannot be booked", CHILD_GRAPH_DEPTH_MAX);
+                r = CUDA_ERROR_NOT_SUPPORTED;
+            } else {
+                CUgraph child = NULL;
+                if ((r = R.cuGraphChildGraphNodeGetGraph(nodes[i], &child)) == CUDA_SUCCESS)
+                    r = graph_mem(child, mem, depth + 1);
+            }
         }
     }
     free(nodes);
