@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,32 @@ def test_final_line_format() -> None:
     )
 
 
+def test_driver_path_judges_skip_what_the_driver_cannot_do_and_name_what_broke() -> None:
+    no_vmm = {"skip": "the card has no VMM"}
+    assert figures.judge_vmm_import(no_vmm, {})["status"] == "skip"
+    refused = {"import_rc": 801}
+    assert figures.judge_vmm_import(refused, {})["status"] == "skip"
+    plain = {"import_rc": 0, "reserve_rc": 0, "map_part_rc": 0, "map_whole_rc": 0, "map_over_rc": 1}
+    shared = {"size_mib": 512, "free_start": 1792, "free_created": 1280, "free_exported": 1280,
+              "import_rc": 0, "free_imported": 1278, "release_rc": 0, "free_end": 1792}  # fmt: skip
+    v = figures.judge_vmm_import(plain, shared)
+    assert v["status"] == "fail" and "charged 2 MiB, not the whole 512 MiB" in v["why"], v
+    v = figures.judge_vmm_import({**plain, "map_over_rc": 0}, {**shared, "free_imported": 768})
+    assert v["status"] == "fail" and "mapped past the end" in v["why"], v
+    assert figures.judge_vmm_import(plain, {"error": "rc=1"})["status"] == "fail"
+    lister = {"self": 10, "list_rc": 0, "pids": [10, 11, 12]}
+    namespaced = {"self": 20, "list_rc": 0, "pids": [1010, 1011]}
+    assert figures.judge_nvml_procs(lister, namespaced, 11, 12)["status"] == "skip"
+    v = figures.judge_nvml_procs(
+        lister, {"self": 20, "list_rc": 0, "pids": [10, 11, 12, 20]}, 11, 12
+    )
+    assert v["status"] == "fail" and "outside the share is listed" in v["why"], v
+    heap = {"base_mib": 8, "limit_grown_mib": 264, "free_start": 768, "free_grown": 768,
+            "grow_rc": 0, "past_rc": 0, "limit_after_past_mib": 2048}  # fmt: skip
+    v = figures.judge_heap_limit(heap, 256)
+    assert v["status"] == "fail" and "charged 0 MiB" in v["why"], v
+
+
 def test_run_sh_syntax() -> None:
     subprocess.run(["bash", "-n", str(GPU / "run.sh")], check=True)
 
@@ -69,7 +96,8 @@ def test_whole_script_against_the_fake_gpu(tmp_path: Path) -> None:
         OUT=str(tmp_path / "out"),
         LD_LIBRARY_PATH=str(ROOT / "fakegpu" / "build"),
         FAKEGPU_STATE_DIR=str(tmp_path / "fake"),
-        EGPU_GPU_SUITE_ARGS="--fake --scale 0.25 --only fc15,fc16,split_ptx,overhead,graphs",
+        EGPU_GPU_SUITE_ARGS="--fake --scale 0.25 --only "
+        "fc15,fc16,split_ptx,overhead,graphs,driver_paths",
         PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
     )
     subprocess.run(["make", "-s", "-C", str(ROOT / "fakegpu")], check=True, capture_output=True)
@@ -86,3 +114,8 @@ def test_whole_script_against_the_fake_gpu(tmp_path: Path) -> None:
     assert fig["overhead"]["watched_overhead_pct"] is not None, fig["overhead"]
     assert fig["graphs"]["ptx"]["capture_rc"] == 0, fig["graphs"]
     assert fig["graphs"]["ptx_cap_error_pts"] <= 3, fig["graphs"]
+    dp = fig["driver_paths"]
+    assert dp["statuses"] == dict.fromkeys(
+        ("vmm_import", "pool_cap", "pool_destroy", "heap_limit", "nvml_procs"), "pass"
+    ), {k: v for k, v in dp.items() if isinstance(v, dict) and v.get("status") != "pass"}
+    assert re.search(r"driver paths pass/fail/skip +5/0/0", p.stdout), p.stdout

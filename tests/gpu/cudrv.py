@@ -191,3 +191,221 @@ class Driver:
         b = bytes(u)
         h = b.hex()
         return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+# ---- the interposer's driver assumptions (suite.py's driver_paths checks) -------------
+# Layouts as cuda.h and nvml.h give them (libinterpose/include/egpu_cuda.h, the same).
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_NOT_SUPPORTED = 801
+CU_MEM_ALLOCATION_TYPE_PINNED = 1
+CU_MEM_LOCATION_TYPE_DEVICE = 1
+CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
+CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
+CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103
+CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
+CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
+CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5
+CU_LIMIT_MALLOC_HEAP_SIZE = 2
+
+
+class MemLocation(C.Structure):
+    _fields_ = [("type", C.c_int), ("id", C.c_int)]
+
+
+class AllocFlags(C.Structure):
+    _fields_ = [
+        ("compressionType", C.c_ubyte),
+        ("gpuDirectRDMACapable", C.c_ubyte),
+        ("usage", C.c_ushort),
+        ("reserved", C.c_ubyte * 4),
+    ]
+
+
+class MemAllocationProp(C.Structure):
+    _fields_ = [
+        ("type", C.c_int),
+        ("requestedHandleTypes", C.c_int),
+        ("location", MemLocation),
+        ("win32HandleMetaData", C.c_void_p),
+        ("allocFlags", AllocFlags),
+    ]
+
+
+class MemPoolProps(C.Structure):
+    _fields_ = [
+        ("allocType", C.c_int),
+        ("handleTypes", C.c_int),
+        ("location", MemLocation),
+        ("win32SecurityAttributes", C.c_void_p),
+        ("maxSize", C.c_size_t),
+        ("usage", C.c_ushort),
+        ("reserved", C.c_ubyte * 54),
+    ]
+
+
+class ProcessInfo(C.Structure):  # nvmlProcessInfo_t, the _v2/_v3 lists' element
+    _fields_ = [
+        ("pid", C.c_uint),
+        ("usedGpuMemory", C.c_ulonglong),
+        ("gpuInstanceId", C.c_uint),
+        ("computeInstanceId", C.c_uint),
+    ]
+
+
+NVML_VALUE_NOT_AVAILABLE = (1 << 64) - 1
+
+
+class Vmm:
+    """cuMemCreate / export / import / trial mappings on one device, every call's CUresult
+    returned (not raised): the checks report what the driver answered."""
+
+    def __init__(self, d: Driver) -> None:
+        self.d, self.lib = d, d.lib
+        self.prop = MemAllocationProp()
+        self.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
+        self.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        self.prop.location = MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, d.dev)
+
+    def attr(self, a: int) -> int | None:
+        v = C.c_int()
+        return v.value if self.lib.cuDeviceGetAttribute(C.byref(v), a, self.d.dev) == 0 else None
+
+    def granularity(self) -> tuple[int, int]:
+        g = C.c_size_t()
+        rc = self.lib.cuMemGetAllocationGranularity(C.byref(g), C.byref(self.prop), 0)
+        return rc, g.value
+
+    def create(self, nbytes: int) -> tuple[int, int]:
+        h = C.c_ulonglong()
+        rc = self.lib.cuMemCreate(
+            C.byref(h), C.c_size_t(nbytes), C.byref(self.prop), C.c_ulonglong(0)
+        )
+        return rc, h.value
+
+    def export_fd(self, h: int) -> tuple[int, int]:
+        fd = C.c_int(-1)
+        rc = self.lib.cuMemExportToShareableHandle(
+            C.byref(fd),
+            C.c_ulonglong(h),
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            C.c_ulonglong(0),
+        )
+        return rc, fd.value
+
+    def import_fd(self, fd: int) -> tuple[int, int]:
+        h = C.c_ulonglong()
+        rc = self.lib.cuMemImportFromShareableHandle(
+            C.byref(h), C.c_void_p(fd), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        )
+        return rc, h.value
+
+    def release(self, h: int) -> int:
+        return self.lib.cuMemRelease(C.c_ulonglong(h))
+
+    def reserve(self, nbytes: int) -> tuple[int, int]:
+        va = C.c_uint64()
+        rc = self.lib.cuMemAddressReserve(
+            C.byref(va), C.c_size_t(nbytes), C.c_size_t(0), C.c_uint64(0), C.c_ulonglong(0)
+        )
+        return rc, va.value
+
+    def address_free(self, va: int, nbytes: int) -> int:
+        return self.lib.cuMemAddressFree(C.c_uint64(va), C.c_size_t(nbytes))
+
+    def map(self, va: int, nbytes: int, h: int) -> int:
+        return self.lib.cuMemMap(
+            C.c_uint64(va), C.c_size_t(nbytes), C.c_size_t(0), C.c_ulonglong(h), C.c_ulonglong(0)
+        )
+
+    def unmap(self, va: int, nbytes: int) -> int:
+        return self.lib.cuMemUnmap(C.c_uint64(va), C.c_size_t(nbytes))
+
+
+class Pools:
+    """Stream-ordered allocation on the driver's stream, CUresults returned."""
+
+    def __init__(self, d: Driver) -> None:
+        self.d, self.lib = d, d.lib
+
+    def current(self) -> tuple[int, C.c_void_p]:
+        p = C.c_void_p()
+        return self.lib.cuDeviceGetMemPool(C.byref(p), self.d.dev), p
+
+    def create(self) -> tuple[int, C.c_void_p]:
+        props = MemPoolProps()
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED
+        props.location = MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, self.d.dev)
+        p = C.c_void_p()
+        return self.lib.cuMemPoolCreate(C.byref(p), C.byref(props)), p
+
+    def set_threshold(self, pool: C.c_void_p, nbytes: int) -> int:
+        v = C.c_uint64(nbytes)
+        return self.lib.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, C.byref(v))
+
+    def reserved(self, pool: C.c_void_p) -> int | None:
+        v = C.c_uint64()
+        rc = self.lib.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, C.byref(v))
+        return v.value if rc == 0 else None
+
+    def alloc(self, nbytes: int, pool: C.c_void_p | None = None) -> tuple[int, int]:
+        p = C.c_uint64()
+        if pool is None:
+            rc = self.lib.cuMemAllocAsync(C.byref(p), C.c_size_t(nbytes), self.d.stream)
+        else:
+            rc = self.lib.cuMemAllocFromPoolAsync(
+                C.byref(p), C.c_size_t(nbytes), pool, self.d.stream
+            )
+        return rc, p.value
+
+    def free(self, p: int) -> int:
+        return self.lib.cuMemFreeAsync(C.c_uint64(p), self.d.stream)
+
+    def trim(self, pool: C.c_void_p, keep: int = 0) -> int:
+        return self.lib.cuMemPoolTrimTo(pool, C.c_size_t(keep))
+
+    def destroy(self, pool: C.c_void_p) -> int:
+        return self.lib.cuMemPoolDestroy(pool)
+
+
+def ctx_limit(d: Driver, limit: int) -> tuple[int, int]:
+    v = C.c_size_t()
+    rc = d.lib.cuCtxGetLimit(C.byref(v), limit)
+    return rc, v.value
+
+
+def set_ctx_limit(d: Driver, limit: int, value: int) -> int:
+    return d.lib.cuCtxSetLimit(limit, C.c_size_t(value))
+
+
+class Nvml:
+    """NVML's compute process list of card 0 (what nvidia-smi shows; under the interposer,
+    the share's view)."""
+
+    def __init__(self, index: int = 0) -> None:
+        self.lib = C.CDLL("libnvidia-ml.so.1")
+        rc = self.lib.nvmlInit_v2()
+        if rc != 0:
+            raise RuntimeError(f"nvmlInit_v2: {rc}")
+        self.h = C.c_void_p()
+        rc = self.lib.nvmlDeviceGetHandleByIndex_v2(index, C.byref(self.h))
+        if rc != 0:
+            raise RuntimeError(f"nvmlDeviceGetHandleByIndex_v2: {rc}")
+
+    def procs(self) -> tuple[int, dict[int, int | None]]:
+        """(nvmlReturn_t, {pid: used bytes or None where NVML has no figure})."""
+        room = 256
+        buf = (ProcessInfo * room)()
+        n = C.c_uint(room)
+        rc = self.lib.nvmlDeviceGetComputeRunningProcesses_v3(self.h, C.byref(n), buf)
+        out: dict[int, int | None] = {}
+        for k in range(min(n.value, room) if rc == 0 else 0):
+            used = buf[k].usedGpuMemory
+            out[buf[k].pid] = None if used == NVML_VALUE_NOT_AVAILABLE else used
+        return rc, out
+
+    def held(self) -> int | None:
+        """What the driver says this process holds on the card; None when NVML does not list
+        it (another PID namespace) or gives no figure."""
+        rc, ps = self.procs()
+        return ps.get(os.getpid()) if rc == 0 else None

@@ -25,6 +25,21 @@
 #          capped share on a loop of the smallest kernels (the gated path, issue 17)
 #   graphs CUDA graph capture under a 30% share (GLOBAL mode, the gate's poller running) and
 #          capped replay; torch.cuda.graph likewise
+#   driver paths (seconds): what the interposer assumes of the real driver, each printed and
+#          recorded (figures.json "driver_paths") as pass / fail / skip with why:
+#          vmm_import   cuMemCreate (POSIX fd) under a share, two exports, the second imported
+#                       in the same process: charged the whole size (the interposer sizes it by
+#                       trial mappings, cuMemAddressReserve + partial cuMemMap, which a process
+#                       without the interposer also tries: part maps, past the end fails), and
+#                       all of it given back at release
+#          pool_cap     cuMemAllocAsync past a 1024 MiB share, release threshold at max: refused
+#                       with OUT_OF_MEMORY within the share; NVML's figure for the process too
+#          pool_destroy a pool destroyed with a live allocation keeps its charge (and the driver
+#                       its memory) until the allocation is freed
+#          heap_limit   cuCtxSetLimit(MALLOC_HEAP_SIZE) growth charged; past the share
+#                       OUT_OF_MEMORY with the limit unchanged; lowered: given back
+#          nvml_procs   nvmlDeviceGetComputeRunningProcesses_v3 inside a share lists itself and
+#                       its share's other process, not a co-tenant's that the driver lists
 # Writes $OUT/figures.json (OUT defaults to ./out), prints a table, and ends with
 #   cap_error_pts=N split_30_70=N:N hiprio_p99_ratio=N uncapped_overhead_pct=N
 set -u -o pipefail

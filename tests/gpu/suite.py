@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -274,8 +275,11 @@ class Suite:
         ours = max(rates["uncapped"], default=None)
         # an uncapped high-priority share beside a (sleeping) low-priority one is watched:
         # every launch records an event so that the low share knows when it may run
-        idle = self.spawn("workload.py", ["idle", secs * 2 + 5],
-                          self.share_env("ovhlow", priority="low", kernel="tiny"))
+        idle = self.spawn(
+            "workload.py",
+            ["idle", secs * 2 + 5],
+            self.share_env("ovhlow", priority="low", kernel="tiny"),
+        )
         time.sleep(3)  # its slot is claimed; the high share's poller sees it within 12.5 ms
         watched = self.run(
             "workload.py", ["launchrate", secs, it], self.share_env("ovh", kernel="tiny")
@@ -376,6 +380,123 @@ class Suite:
         out["fc02"] = self.run("torch_work.py", ["fc02", 12, 512], env)
         return out
 
+    # ---- the interposer's driver assumptions -----------------------------------------
+    DP_TIMEOUT_S = 30  # each process; the group takes a few seconds on a card
+
+    def driver_paths(self) -> dict:
+        """Real-driver checks of what the interposer's pool, VMM import, cuCtxSetLimit and
+        NVML process-list paths assume: each small, its own processes and shares, reported
+        pass / fail / skip (with why)."""
+        out: dict = {}
+        for name, fn in (
+            ("vmm_import", self._dp_vmm_import),
+            ("pool_cap", self._dp_pool_cap),
+            ("pool_destroy", self._dp_pool_destroy),
+            ("heap_limit", self._dp_heap_limit),
+            ("nvml_procs", self._dp_nvml_procs),
+        ):
+            try:
+                out[name] = fn()
+            except Exception as e:  # one broken check must not lose the others
+                out[name] = {"status": "fail", "why": f"{type(e).__name__}: {e}"}
+            print(f"    {name:<13} {out[name]['status'].upper():<5} {out[name]['why']}", flush=True)
+        out["statuses"] = {k: v["status"] for k, v in out.items()}
+        return out
+
+    def _dp_vmm_import(self) -> dict:
+        mib = 512
+        plain = self.run(
+            "workload.py",
+            ["vmm_trial", mib],
+            self.share_env("vmmplain", preload=False),
+            self.DP_TIMEOUT_S,
+        )
+        shared = self.run(
+            "workload.py",
+            ["vmm_import", mib],
+            self.share_env("vmm", memory_mib=2048),
+            self.DP_TIMEOUT_S,
+        )
+        return {**figures.judge_vmm_import(plain, shared), "driver": plain, "share": shared}
+
+    def _dp_pool_cap(self) -> dict:
+        share, step = 1024, 64
+        r = self.run(
+            "workload.py",
+            ["pool_cap", step, share],
+            self.share_env("poolcap", memory_mib=share),
+            self.DP_TIMEOUT_S,
+        )
+        return {**figures.judge_pool_cap(r, share, step), "share_mib": share, "run": r}
+
+    def _dp_pool_destroy(self) -> dict:
+        mib = 256
+        r = self.run(
+            "workload.py",
+            ["pool_destroy", mib],
+            self.share_env("pooldead", memory_mib=1024),
+            self.DP_TIMEOUT_S,
+        )
+        return {**figures.judge_pool_destroy(r, mib), "run": r}
+
+    def _dp_heap_limit(self) -> dict:
+        share, grow = 1024, 256
+        r = self.run(
+            "workload.py",
+            ["heap_limit", grow, 2 * share],
+            self.share_env("heap", memory_mib=share),
+            self.DP_TIMEOUT_S,
+        )
+        return {**figures.judge_heap_limit(r, grow), "share_mib": share, "run": r}
+
+    def _holding(self, mib: int, env: dict) -> subprocess.Popen:
+        """A process holding mib on the card, once it says so (or has failed)."""
+        p = self.spawn("workload.py", ["hold", mib, self.DP_TIMEOUT_S * 2], env)
+        assert p.stdout is not None
+        end = time.monotonic() + self.DP_TIMEOUT_S
+        while time.monotonic() < end and p.poll() is None:
+            if select.select([p.stdout], [], [], 0.2)[0]:
+                line = p.stdout.readline()
+                if line.startswith("holding"):
+                    return p
+                if line.startswith("failed") or not line:
+                    break
+        p.kill()
+        p.wait()
+        raise RuntimeError(f"a holder of {mib} MiB did not start (rc {p.returncode})")
+
+    def _dp_nvml_procs(self) -> dict:
+        held: list[subprocess.Popen] = []
+        try:
+            # outside the share: another share's process (a co-tenant) holding 512 MiB
+            held.append(self._holding(512, self.share_env("npother", memory_mib=4096)))
+            # the share's other process, holding 128 MiB
+            held.append(self._holding(128, self.share_env("np", memory_mib=4096)))
+            lister = self.run(
+                "workload.py",
+                ["procs"],
+                self.share_env("np", memory_mib=4096),
+                self.DP_TIMEOUT_S,
+            )
+            plain = self.run(
+                "workload.py",
+                ["procs"],
+                self.share_env("npplain", preload=False),
+                self.DP_TIMEOUT_S,
+            )
+        finally:
+            for p in held:
+                p.kill()
+                p.communicate()
+        other, peer = held[0].pid, held[1].pid
+        return {
+            **figures.judge_nvml_procs(lister, plain, peer, other),
+            "other_pid": other,
+            "peer_pid": peer,
+            "share": lister,
+            "driver": plain,
+        }
+
     # ---- summary -----------------------------------------------------------------
     def summary(self) -> dict:
         r = self.res
@@ -453,12 +574,31 @@ class Suite:
                 "a 90% share, smallest kernels (the gated launch path)",
             ),
             ("uncapped matmul overhead %", g("torch", "matmul_overhead_pct"), "torch"),
+            (
+                "driver paths pass/fail/skip",
+                _tally(g("driver_paths", "statuses")),
+                _not_passed(g("driver_paths", "statuses")),
+            ),
         ]
         print(figures.table(rows), flush=True)
         return fig
 
     def cleanup(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _tally(st: object) -> str | None:
+    if not isinstance(st, dict) or not st:
+        return None
+    v = list(st.values())
+    return f"{v.count('pass')}/{v.count('fail')}/{v.count('skip')}"
+
+
+def _not_passed(st: object) -> str:
+    if not isinstance(st, dict):
+        return "VMM import, pools, heap limit, NVML lists"
+    bad = [f"{k} {v}" for k, v in st.items() if v != "pass"]
+    return "not passed: " + ", ".join(bad) if bad else "VMM import, pools, heap limit, NVML lists"
 
 
 def _pair(v: object) -> str | None:
@@ -496,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(s.res["calibration"]), file=sys.stderr)
         else:
             for name, fn in (
+                ("driver_paths", s.driver_paths),
                 ("overhead", s.overhead),
                 ("caps", s.caps),
                 ("split_ptx", s.split_ptx),
