@@ -58,14 +58,25 @@ struct CUgraphNode_st {
  * CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): not destroyed, instantiated or given memory nodes
  * on its own (cuGraphChildGraphNodeGetGraph; CUgraphChildGraphNodeOwnership). */
 struct CUgraph_st { uint32_t magic; uint64_t work_ns; unsigned nkernels; struct CUgraphNode_st *nodes, *last; size_t nnodes; int owned; };
+/* An allocation node that its graph does not free (esc: escaping): each launch leaves it
+ * live (graph_live below). */
+struct gexec_esc { uint64_t dptr, bytes; int dev; };
 /* An executable graph. Its allocation nodes' memory (mem, per device, each node rounded up to
- * the granularity) is reserved on the card at its first launch or upload and kept until it
- * is destroyed or trimmed while idle (cuDeviceGraphMemTrim). */
+ * the granularity) is mapped from the device's graph memory pool (reserved) at its first
+ * launch or upload and kept until it is destroyed or trimmed while idle
+ * (cuDeviceGraphMemTrim). */
 struct CUgraphExec_st {
     uint32_t magic; uint64_t work_ns; unsigned nkernels;
     uint64_t mem[FG_MAX_CARDS]; int reserved; uint64_t end_ns; /* its last launch's simulated end */
+    struct gexec_esc *esc; size_t nesc, cap_esc; /* its escaping allocation nodes */
     struct CUgraphExec_st *next;
 };
+/* A graph allocation a launch left live (its node not freed in its graph). As the driver
+ * (programming guide, "Graph Memory Nodes"): it keeps its memory in the graph memory pool
+ * after its executable graph is destroyed (owner NULL), until cuMemFree / cuMemFreeAsync;
+ * its memory then stays reserved, unused, until cuDeviceGraphMemTrim (or a launch reuses
+ * it). While its owner is mapped it is part of the owner's mapping. */
+struct graph_live { uint64_t dptr, bytes; int dev; struct CUgraphExec_st *owner; struct graph_live *next; };
 struct CUstream_st {
     uint32_t magic; struct CUctx_st *ctx; uint64_t end_ns; struct CUstream_st *next;
     unsigned flags;
@@ -138,7 +149,11 @@ static void graph_free_nodes(struct CUgraph_st *g);
 static void pool_put_back(struct CUmemPoolHandle_st *p, uint64_t bytes, int ordered, uint64_t key, struct CUctx_st *ctx,
                           uint64_t end_ns);
 static struct CUgraphExec_st *g_execs; /* live executable graphs (cuDeviceGraphMemTrim) */
-static uint64_t g_graph_reserved[FG_MAX_CARDS], g_graph_reserved_high[FG_MAX_CARDS];
+/* the graph memory pool of each device: what it holds on the card (CU_GRAPH_MEM_ATTR_
+ * RESERVED_MEM_*); what is in use is graph_used() */
+static uint64_t g_graph_reserved[FG_MAX_CARDS], g_graph_reserved_high[FG_MAX_CARDS], g_graph_used_high[FG_MAX_CARDS];
+static struct graph_live *g_graph_live;
+static int graph_live_free(uint64_t ptr);
 
 static __thread struct CUctx_st *t_stack[32];
 static __thread int t_depth;
@@ -813,7 +828,13 @@ FG_EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
     if (tab_take(p, K_DEV, &e) != 0) {
         /* CUDA driver API, cuMemFree: memory of cuMemAllocAsync / cuMemAllocFromPoolAsync too,
          * back to its pool at once (no implicit synchronisation) */
-        if (tab_take(p, K_POOL, &e) != 0) return CUDA_ERROR_INVALID_VALUE;
+        if (tab_take(p, K_POOL, &e) != 0) {
+            /* a graph allocation left live (its graph does not free it) */
+            pthread_mutex_lock(&g_mu);
+            int found = graph_live_free(p) == 0;
+            pthread_mutex_unlock(&g_mu);
+            return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+        }
         pthread_mutex_lock(&g_mu);
         pool_put_back(e.pool, e.size, 0, 0, NULL, 0);
         pthread_mutex_unlock(&g_mu);
@@ -1757,45 +1778,111 @@ FG_EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph *pg)
 }
 
 /* g_mu held: adds g's allocation nodes (child graphs' included, each rounded up to the
- * granularity) to mem[] and its kernels' time to e. */
-static void graph_sum(const struct CUgraph_st *g, struct CUgraphExec_st *e)
+ * granularity) to mem[], its kernels' time to e, and the nodes g does not free to e->esc.
+ * -1 when out of host memory. */
+static int graph_sum(const struct CUgraph_st *g, struct CUgraphExec_st *e)
 {
     e->work_ns += g->work_ns;
     e->nkernels += g->nkernels;
     for (const struct CUgraphNode_st *n = g->nodes; n; n = n->next) {
-        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) e->mem[n->dev] += (n->size + GRAN - 1) / GRAN * GRAN;
-        if (n->child) graph_sum(n->child, e);
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+            uint64_t bytes = (n->size + GRAN - 1) / GRAN * GRAN;
+            e->mem[n->dev] += bytes;
+            if (!n->freed) {
+                if (e->nesc == e->cap_esc) {
+                    size_t cap = e->cap_esc ? 2 * e->cap_esc : 4;
+                    struct gexec_esc *a = realloc(e->esc, cap * sizeof *a);
+                    if (!a) return -1;
+                    e->esc = a;
+                    e->cap_esc = cap;
+                }
+                e->esc[e->nesc++] = (struct gexec_esc){n->dptr, bytes, n->dev};
+            }
+        }
+        if (n->child && graph_sum(n->child, e) != 0) return -1;
     }
+    return 0;
 }
 
-/* g_mu held: reserve the executable graph's memory on its cards (all or nothing). */
+/* g_mu held: the graph memory of device d in use: mapped executable graphs' memory, and live
+ * allocations outside a mapped owner (their owner trimmed or destroyed). */
+static uint64_t graph_used(int d)
+{
+    uint64_t u = 0;
+    for (const struct CUgraphExec_st *e = g_execs; e; e = e->next)
+        if (e->reserved) u += e->mem[d];
+    for (const struct graph_live *a = g_graph_live; a; a = a->next)
+        if (a->dev == d && !(a->owner && a->owner->reserved)) u += a->bytes;
+    return u;
+}
+
+static void graph_highs(int d)
+{
+    uint64_t u = graph_used(d);
+    if (u > g_graph_used_high[d]) g_graph_used_high[d] = u;
+    if (g_graph_reserved[d] > g_graph_reserved_high[d]) g_graph_reserved_high[d] = g_graph_reserved[d];
+}
+
+/* g_mu held: map the executable graph's memory on its cards (all or nothing): the pool's
+ * unused reserve serves first, the rest grows the reserve (taken from the card). */
 static CUresult gexec_reserve(struct CUgraphExec_st *e)
 {
     if (e->reserved) return CUDA_SUCCESS;
+    uint64_t grow[FG_MAX_CARDS] = {0};
     for (int d = 0; d < g_nvis; d++) {
-        if (!e->mem[d] || fg_charge(card_of(d), e->mem[d]) == 0) continue;
+        if (!e->mem[d]) continue;
+        uint64_t held = 0; /* its live allocations, in use already: its mapping covers them */
+        for (const struct graph_live *a = g_graph_live; a; a = a->next)
+            if (a->owner == e && a->dev == d) held += a->bytes;
+        uint64_t used = graph_used(d) + (e->mem[d] > held ? e->mem[d] - held : 0);
+        grow[d] = used > g_graph_reserved[d] ? used - g_graph_reserved[d] : 0;
+        if (!grow[d] || fg_charge(card_of(d), grow[d]) == 0) continue;
         while (--d >= 0)
-            if (e->mem[d]) fg_uncharge(card_of(d), e->mem[d]);
+            if (grow[d]) fg_uncharge(card_of(d), grow[d]);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    for (int d = 0; d < g_nvis; d++) {
-        g_graph_reserved[d] += e->mem[d];
-        if (g_graph_reserved[d] > g_graph_reserved_high[d]) g_graph_reserved_high[d] = g_graph_reserved[d];
-    }
     e->reserved = 1;
+    for (int d = 0; d < g_nvis; d++) {
+        g_graph_reserved[d] += grow[d];
+        graph_highs(d);
+    }
     return CUDA_SUCCESS;
 }
 
-/* g_mu held */
-static void gexec_release(struct CUgraphExec_st *e)
+/* g_mu held: a launch of e leaves its escaping allocations live (one already live stays). */
+static void gexec_leave_live(struct CUgraphExec_st *e)
 {
-    if (!e->reserved) return;
-    for (int d = 0; d < g_nvis; d++) {
-        if (!e->mem[d]) continue;
-        fg_uncharge(card_of(d), e->mem[d]);
-        g_graph_reserved[d] -= e->mem[d];
+    for (size_t i = 0; i < e->nesc; i++) {
+        struct graph_live *a = g_graph_live;
+        while (a && a->dptr != e->esc[i].dptr) a = a->next;
+        if (a || !(a = calloc(1, sizeof *a))) continue;
+        *a = (struct graph_live){e->esc[i].dptr, e->esc[i].bytes, e->esc[i].dev, e, g_graph_live};
+        g_graph_live = a;
     }
-    e->reserved = 0;
+    for (int d = 0; d < g_nvis; d++) graph_highs(d);
+}
+
+/* g_mu held: frees the live graph allocation at ptr (cuMemFree, cuMemFreeAsync): its memory
+ * stays in the pool, unused (a mapped owner keeps it mapped). 0, or -1 when ptr is none. */
+static int graph_live_free(uint64_t ptr)
+{
+    for (struct graph_live **pp = &g_graph_live; *pp; pp = &(*pp)->next)
+        if ((*pp)->dptr == ptr) {
+            struct graph_live *a = *pp;
+            *pp = a->next;
+            free(a);
+            return 0;
+        }
+    return -1;
+}
+
+/* g_mu held: the device's unused graph memory goes back to the card. */
+static void graph_pool_trim(int d)
+{
+    uint64_t used = graph_used(d);
+    if (g_graph_reserved[d] <= used) return;
+    fg_uncharge(card_of(d), g_graph_reserved[d] - used);
+    g_graph_reserved[d] = used;
 }
 
 /* Launches (or, work_ns 0, uploads) e on s: its memory first, then its work on the timeline. */
@@ -1813,6 +1900,7 @@ static CUresult gexec_run(struct CUgraphExec_st *e, CUstream s, int launch)
     if (r == CUDA_SUCCESS) {
         pthread_mutex_lock(&g_mu);
         if (*end > e->end_ns) e->end_ns = *end;
+        gexec_leave_live(e);
         pthread_mutex_unlock(&g_mu);
     }
     return r;
@@ -1826,7 +1914,12 @@ static CUresult instantiate(CUgraphExec *pe, CUgraph g)
     if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
     e->magic = GEXEC_MAGIC;
     pthread_mutex_lock(&g_mu);
-    graph_sum(g, e);
+    if (graph_sum(g, e) != 0) {
+        pthread_mutex_unlock(&g_mu);
+        free(e->esc);
+        free(e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     e->next = g_execs;
     g_execs = e;
     pthread_mutex_unlock(&g_mu);
@@ -1879,14 +1972,27 @@ FG_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
     NEED_INIT();
     if (!e || e->magic != GEXEC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
-    gexec_release(e);
+    /* its live allocations stay (the driver keeps them until they are freed); the rest of its
+     * mapping goes back to the card (a simplification: the driver keeps it reserved until a
+     * trim) */
+    uint64_t before[FG_MAX_CARDS];
+    for (int d = 0; d < g_nvis; d++) before[d] = graph_used(d);
+    for (struct graph_live *a = g_graph_live; a; a = a->next)
+        if (a->owner == e) a->owner = NULL;
+    e->reserved = 0;
     for (struct CUgraphExec_st **pp = &g_execs; *pp; pp = &(*pp)->next)
         if (*pp == e) {
             *pp = e->next;
             break;
         }
+    for (int d = 0; d < g_nvis; d++) {
+        uint64_t back = before[d] - graph_used(d);
+        fg_uncharge(card_of(d), back);
+        g_graph_reserved[d] -= back;
+    }
     e->magic = 0;
     pthread_mutex_unlock(&g_mu);
+    free(e->esc);
     free(e);
     return CUDA_SUCCESS;
 }
@@ -1908,8 +2014,9 @@ FG_EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s)
 }
 FG_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s) { return cuGraphUpload(e, s ? s : STREAM_PER_THREAD); }
 
-/* Gives back the memory of every executable graph on the device whose launches have all
- * finished on the simulated timeline (they reserve it again at their next launch). */
+/* Unmaps every executable graph on the device whose launches have all finished on the
+ * simulated timeline (they map it again at their next launch), then gives the pool's unused
+ * reserve back to the card; live allocations (not freed yet) are in use and stay. */
 FG_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 {
     NEED_INIT();
@@ -1917,12 +2024,14 @@ FG_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
     uint64_t now = fg_now_ns();
     pthread_mutex_lock(&g_mu);
     for (struct CUgraphExec_st *e = g_execs; e; e = e->next)
-        if (e->reserved && e->mem[dev] && e->end_ns <= now) gexec_release(e);
+        if (e->reserved && e->mem[dev] && e->end_ns <= now) e->reserved = 0;
+    graph_pool_trim(dev);
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
 
-/* The fake reuses no memory between a graph's allocations: used is what is reserved. */
+/* The fake reuses no memory between a graph's allocations: used is what mapped executable
+ * graphs and live allocations outside them hold; reserved adds the pool's unused memory. */
 FG_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value)
 {
     NEED_INIT();
@@ -1931,9 +2040,9 @@ FG_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribu
     pthread_mutex_lock(&g_mu);
     CUresult r = CUDA_SUCCESS;
     switch (attr) {
-    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = graph_used(dev); break;
     case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = g_graph_reserved[dev]; break;
-    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = g_graph_used_high[dev]; break;
     case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = g_graph_reserved_high[dev]; break;
     default: r = CUDA_ERROR_INVALID_VALUE;
     }
@@ -2022,7 +2131,14 @@ FG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s)
     }
     alloc_ent e;
     if (tab_take(ptr, K_POOL, &e) != 0) {
-        if (tab_take(ptr, K_DEV, &e) != 0) return CUDA_ERROR_INVALID_VALUE;
+        if (tab_take(ptr, K_DEV, &e) != 0) {
+            /* a graph allocation left live: back to the graph memory pool, unused (the fake
+             * frees it at the call, not when the stream reaches it) */
+            pthread_mutex_lock(&g_mu);
+            int found = graph_live_free(ptr) == 0;
+            pthread_mutex_unlock(&g_mu);
+            return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+        }
         /* cuMemAlloc'd (or managed) memory freed stream-ordered */
         if (!(e.kind == K_MANAGED && managed_host())) fg_uncharge(card_of(e.dev), e.size);
         return CUDA_SUCCESS;

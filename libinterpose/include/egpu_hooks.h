@@ -81,7 +81,10 @@
     X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, 0, (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)) \
     X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 12000, 0, (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)) \
     X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams, 12000, 1, (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)) \
-    X(cuGraphExecDestroy, cuGraphExecDestroy, 10000, 0, (CUgraphExec hGraphExec))
+    X(cuGraphExecDestroy, cuGraphExecDestroy, 10000, 0, (CUgraphExec hGraphExec)) \
+    X(cuGraphUpload, cuGraphUpload, 11010, 0, (CUgraphExec hGraphExec, CUstream hStream)) \
+    X(cuGraphUpload_ptsz, cuGraphUpload, 11010, 1, (CUgraphExec hGraphExec, CUstream hStream)) \
+    X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, 11040, 0, (CUdevice device))
 
 /* Names whose cuGetProcAddress meaning moved, at a version, to a hooked function of another
  * name (cuda.h's versioned #defines; an X entry's name is its own function, so these cannot
@@ -144,6 +147,8 @@
     X(cuGraphNodeGetType, O, (CUgraphNode hNode, CUgraphNodeType *type)) \
     X(cuGraphMemAllocNodeGetParams, O, (CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out)) \
     X(cuGraphChildGraphNodeGetGraph, O, (CUgraphNode hNode, CUgraph *phGraph)) \
+    /* the graph memory pool's reserve and use, followed by the share (hooks_graph.c) */ \
+    X(cuDeviceGetGraphMemAttribute, O, (CUdevice device, CUgraphMem_attribute attr, void *value)) \
     X(cuMemGetAllocationGranularity, O, (size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option))
 
 #define EGPU_NVML_CALLS(X) \

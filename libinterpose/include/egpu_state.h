@@ -101,4 +101,8 @@ void egpu_real_init(void);      /* pthread_once'd: libcuda + symbols */
 void egpu_real_nvml_init(void); /* pthread_once'd: libnvidia-ml + symbols */
 void *egpu_real_dlsym(void *handle, const char *name);
 int egpu_config_ready(void);    /* 0 ok, -1 refused (message printed once) */
+/* hooks_graph.c: launch (fn: the driver's cuGraphLaunch or _ptsz) an executable graph with
+ * the share's graph memory check around it (the cuGraphLaunch hooks, hooks_compute.c). */
+CUresult egpu_graph_run(CUresult (*fn)(CUgraphExec, CUstream), CUgraphExec e, CUstream s)
+    __attribute__((visibility("hidden")));
 #endif

@@ -166,7 +166,7 @@ CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
     NEED_REAL(cuGraphLaunch);
     egpu_launch_ticket tk;
     EGPU_COMPUTE_BEFORE(s, EGPU_LAUNCH_GRAPH, &tk);
-    CUresult r = R.cuGraphLaunch(g, s);
+    CUresult r = egpu_graph_run(R.cuGraphLaunch, g, s);
     EGPU_COMPUTE_AFTER(s, &tk, r);
     return r;
 }
@@ -176,7 +176,7 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
     NEED_REAL(cuGraphLaunch_ptsz);
     egpu_launch_ticket tk;
     EGPU_COMPUTE_BEFORE(s, EGPU_LAUNCH_GRAPH | EGPU_LAUNCH_PTSZ, &tk);
-    CUresult r = R.cuGraphLaunch_ptsz(g, s);
+    CUresult r = egpu_graph_run(R.cuGraphLaunch_ptsz, g, s);
     EGPU_COMPUTE_AFTER(s, &tk, r);
     return r;
 }

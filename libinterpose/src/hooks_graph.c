@@ -2,14 +2,23 @@
  * stream captures; CUDA programming guide, "Graph Memory Nodes").
  *
  * The driver gives an allocation node its address when the node is made, and takes the
- * memory behind it for the executable graph: at its launch (or upload), kept between
- * launches until the executable graph is destroyed or the device's graph memory is trimmed.
- * The share books it earlier and for longer, so that no launch can take the share past its
- * cap: when a graph is instantiated, the sum of its allocation nodes (child graphs included,
- * each node rounded up to the allocation granularity, as the driver maps it) is charged
- * against the cap BEFORE the driver is called (over the cap: CUDA_ERROR_OUT_OF_MEMORY, and no
- * executable graph), and given back at cuGraphExecDestroy. The sum is an upper bound: the
- * driver may reuse one physical range for allocations that are never live together.
+ * memory behind it from the device's graph memory pool for the executable graph: at its
+ * launch (or upload), kept between launches until the executable graph is destroyed or the
+ * device's graph memory is trimmed (cuDeviceGraphMemTrim). An allocation the graph does not
+ * free stays allocated after the launch, and after cuGraphExecDestroy too, until it is freed
+ * (cuMemFree, cuMemFreeAsync, or a free node of another graph); its memory then stays in the
+ * pool until a trim gives the pool's unused memory back.
+ *
+ * The share is charged, per device, what the graph memory pool holds
+ * (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), as the stream-ordered pools follow their reserve
+ * (hooks_pool.c), and, as an up-front reservation, what the live executable graphs may map:
+ * when a graph is instantiated (cuGraphInstantiate*), the sum of its allocation nodes (child
+ * graphs included, each node rounded up to the allocation granularity, as the driver maps it)
+ * is booked against the cap BEFORE the driver is called (over the cap:
+ * CUDA_ERROR_OUT_OF_MEMORY, and no executable graph). See gm_dev for how the two combine.
+ * A launch or upload that could grow the pool past what is charged is charged its growth
+ * first; where the cap cannot hold it, the device's graph memory is trimmed and, if it still
+ * does not fit, the launch is refused with CUDA_ERROR_OUT_OF_MEMORY (nothing runs).
  * A graph the walk cannot see whole (child graphs nested deeper than CHILD_GRAPH_DEPTH_MAX,
  * or a driver that cannot hand out a child graph node's graph) is refused with
  * CUDA_ERROR_NOT_SUPPORTED: allocation nodes are allowed in child graphs moved into their
@@ -78,50 +87,207 @@ static CUresult graph_mem(CUgraph g, uint64_t mem[EGPU_MAX_DEVS], int depth)
     return r;
 }
 
-static void unbook(const uint64_t mem[EGPU_MAX_DEVS])
+/* ---- the graph memory pools' charge -------------------------------------------------
+ * Per device, under gm_mu:
+ *   reserve: the graph memory pool's CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT as last read:
+ *            memory mapped to executable graphs, held by allocations graphs left live (their
+ *            executable graph destroyed or not), and cached unused until a trim;
+ *   booked:  the sum of the live executable graphs' bookings (their allocation nodes);
+ *   charged: what the share is charged for graph memory, max(reserve, booked).
+ * How the two combine: a launched graph's memory is both in the reserve and in its booking,
+ * so their sum would count it twice; the maximum counts each byte once and is never less than
+ * either: what the pool holds now, what the live executable graphs may map. The booking does
+ * not cover what the pool holds besides them (allocations left live by destroyed executable
+ * graphs, cached memory), so a launch or upload is checked first (gm_run_check_locked): it
+ * can grow the reserve to at most max(reserve, used + B_e) (used: USED_MEM_CURRENT; B_e: the
+ * graph's booking, counted only where it may not be mapped now), and `charged` is raised to
+ * max(that, booked) before the driver is called, then settles on the reserve after it.
+ * epoch counts the trims that unmapped something on the device: an executable graph whose map
+ * entry's aux is epoch + 1 was launched or uploaded since, so it is still mapped. */
+typedef struct { uint64_t reserve, booked, charged, epoch; } gm_dev;
+static gm_dev gm[EGPU_MAX_DEVS];
+static pthread_mutex_t gm_mu = PTHREAD_MUTEX_INITIALIZER;
+static int gm_active; /* atomic: a graph with allocation nodes was booked in this process */
+
+static uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+/* The device's graph memory pool figure a (0 when the driver cannot say). */
+static uint64_t gm_attr(int d, CUgraphMem_attribute a)
 {
-    for (int d = 0; d < S->ndev; d++)
-        if (mem[d]) uncharge(d, mem[d]);
+    cuuint64_t v = 0;
+    if (!R.cuDeviceGetGraphMemAttribute || R.cuDeviceGetGraphMemAttribute(d, a, &v) != CUDA_SUCCESS) return 0;
+    return v;
 }
 
-/* Charges mem[] on every device, all or nothing. */
-static CUresult book(const uint64_t mem[EGPU_MAX_DEVS])
+/* gm_mu held: device d charged up to target (never down). 0, or -1 where the cap cannot hold it. */
+static int gm_raise_locked(int d, uint64_t target)
+{
+    if (target <= gm[d].charged) return 0;
+    if (charge(d, target - gm[d].charged) != CUDA_SUCCESS) return -1;
+    gm[d].charged = target;
+    return 0;
+}
+
+/* gm_mu held: device d's charge settles on max(reserve, booked), the reserve read now. Growth
+ * the cap cannot hold (a driver that grew the pool more than a launch's check allowed for) is
+ * forced: the driver holds that memory, so it is counted and nothing more passes meanwhile. */
+static void gm_settle_locked(int d)
+{
+    gm[d].reserve = gm_attr(d, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT);
+    uint64_t target = max_u64(gm[d].reserve, gm[d].booked);
+    if (target < gm[d].charged) {
+        uncharge(d, gm[d].charged - target);
+        gm[d].charged = target;
+    } else if (gm_raise_locked(d, target) != 0) {
+        EGPU_ERR("device %d's graph memory pool holds %llu bytes the share's cap has no room for; they stay charged",
+                 d, (unsigned long long)(target - gm[d].charged));
+        force(d, target - gm[d].charged);
+        gm[d].charged = target;
+    }
+}
+
+/* gm_mu held: cuDeviceGraphMemTrim(d), then the charge settles on what the pool kept. A trim
+ * that lowered the pool's use (or whose effect cannot be read) unmapped some executable graph:
+ * each one on d then counts as unmapped (epoch). */
+static CUresult gm_trim_locked(int d)
+{
+    uint64_t used = gm_attr(d, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
+    CUresult r = R.cuDeviceGraphMemTrim(d);
+    if (r == CUDA_SUCCESS &&
+        !(R.cuDeviceGetGraphMemAttribute && gm_attr(d, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT) >= used))
+        gm[d].epoch++;
+    gm_settle_locked(d);
+    return r;
+}
+
+/* gm_mu held: before a launch or upload of a graph whose allocation nodes book mem[d] on each
+ * device (aux[d]: its map entry's, 0 for one not made yet), charge what it may grow the pools
+ * by (see above). Where the cap cannot hold it, the device's graph memory is trimmed and the
+ * check made again; CUDA_ERROR_OUT_OF_MEMORY when it still does not fit (what was raised
+ * settles back). */
+static CUresult gm_run_check_locked(const uint64_t mem[EGPU_MAX_DEVS], const uint64_t aux[EGPU_MAX_DEVS])
 {
     for (int d = 0; d < S->ndev; d++) {
         if (!mem[d]) continue;
-        CUresult r = charge(d, mem[d]);
-        if (r == CUDA_SUCCESS) continue;
-        while (--d >= 0)
-            if (mem[d]) uncharge(d, mem[d]);
-        return r;
+        for (int trimmed = 0;; trimmed = 1) {
+            gm_settle_locked(d);
+            uint64_t grown = gm[d].reserve;
+            if (!aux[d] || aux[d] != gm[d].epoch + 1) /* may not be mapped: it may map all of mem */
+                grown = max_u64(grown, sat_add(gm_attr(d, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), mem[d]));
+            if (gm_raise_locked(d, max_u64(grown, gm[d].booked)) == 0) break;
+            if (trimmed || !R.cuDeviceGraphMemTrim) {
+                for (int k = 0; k <= d; k++)
+                    if (mem[k]) gm_settle_locked(k);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            gm_trim_locked(d);
+        }
     }
     return CUDA_SUCCESS;
 }
 
+/* gm_mu held: book mem[] on every device, all or nothing: booked grows, and charged with it
+ * where it passes the reserve. */
+static CUresult gm_book_locked(const uint64_t mem[EGPU_MAX_DEVS])
+{
+    for (int d = 0; d < S->ndev; d++) {
+        if (!mem[d]) continue;
+        gm_settle_locked(d);
+        gm[d].booked = sat_add(gm[d].booked, mem[d]);
+        if (gm_raise_locked(d, max_u64(gm[d].reserve, gm[d].booked)) == 0) continue;
+        for (int k = d; k >= 0; k--) {
+            if (!mem[k]) continue;
+            gm[k].booked -= mem[k];
+            gm_settle_locked(k);
+        }
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* gm_mu held: every device's charge settles. */
+static void gm_settle_all_locked(void)
+{
+    for (int d = 0; d < S->ndev; d++) gm_settle_locked(d);
+}
+
+void graph_mem_refresh(void)
+{
+    if (!__atomic_load_n(&gm_active, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&gm_mu);
+    gm_settle_all_locked();
+    pthread_mutex_unlock(&gm_mu);
+}
+
+void graph_ptr_freed(void) { graph_mem_refresh(); }
+
 typedef CUresult (*instantiate_call)(void *args);
 
 /* The common path of every instantiation entry point: book the graph's memory, call the
- * driver (args), remember what the executable graph *pe booked. */
-static CUresult booked_instantiate(CUgraphExec *pe, CUgraph g, instantiate_call call, void *args)
+ * driver (args), remember what the executable graph *pe booked. upload: the call uploads the
+ * graph too (CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD), so it is checked as a launch. */
+static CUresult booked_instantiate(CUgraphExec *pe, CUgraph g, instantiate_call call, void *args, int upload)
 {
     if (!pe || !g || !R.cuGraphGetNodes || !R.cuGraphNodeGetType || !R.cuGraphMemAllocNodeGetParams)
         return call(args); /* the driver reports, or has no memory nodes (CUDA < 11.4) */
     if (egpu_config_ready() != 0) return EGPU_REFUSED_CU;
     if (!devs_ready()) return call(args);
-    uint64_t mem[EGPU_MAX_DEVS] = {0};
+    uint64_t mem[EGPU_MAX_DEVS] = {0}, aux[EGPU_MAX_DEVS] = {0};
     CUresult r = graph_mem(g, mem, 0);
     if (r != CUDA_SUCCESS) return r;
-    if ((r = book(mem)) != CUDA_SUCCESS) return r;
-    r = call(args);
-    if (r != CUDA_SUCCESS) {
-        unbook(mem);
-        return r;
-    }
+    int any = 0;
+    for (int d = 0; d < S->ndev; d++) any |= mem[d] != 0;
+    if (!any) return call(args);
+    __atomic_store_n(&gm_active, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&gm_mu);
+    if ((r = gm_book_locked(mem)) != CUDA_SUCCESS) goto out;
+    if (upload) r = gm_run_check_locked(mem, aux);
+    if (r == CUDA_SUCCESS) r = call(args);
     for (int d = 0; d < S->ndev; d++) {
         if (!mem[d]) continue;
-        egpu_map_ent e = {gexec_key(*pe, d), mem[d], 0, 0, d, MAP_GEXEC};
-        egpu_map_put_ent(&S->map, &e);
+        if (r != CUDA_SUCCESS) {
+            gm[d].booked -= mem[d];
+        } else {
+            egpu_map_ent e = {gexec_key(*pe, d), mem[d], upload ? gm[d].epoch + 1 : 0, 0, d, MAP_GEXEC};
+            egpu_map_put_ent(&S->map, &e);
+        }
+        gm_settle_locked(d);
     }
+out:
+    pthread_mutex_unlock(&gm_mu);
+    return r;
+}
+
+CUresult egpu_graph_run(CUresult (*fn)(CUgraphExec, CUstream), CUgraphExec e, CUstream s)
+{
+    if (!e || !__atomic_load_n(&gm_active, __ATOMIC_ACQUIRE)) return fn(e, s);
+    uint64_t mem[EGPU_MAX_DEVS] = {0}, aux[EGPU_MAX_DEVS] = {0};
+    int any = 0;
+    pthread_mutex_lock(&gm_mu);
+    for (int d = 0; d < S->ndev; d++) {
+        egpu_map_ent m;
+        if (egpu_map_take_ent(&S->map, MAP_GEXEC, gexec_key(e, d), &m) != 0) continue;
+        egpu_map_put_ent(&S->map, &m);
+        mem[d] = m.bytes;
+        aux[d] = m.aux;
+        any = 1;
+    }
+    if (!any) { /* no allocation nodes */
+        pthread_mutex_unlock(&gm_mu);
+        return fn(e, s);
+    }
+    CUresult r = gm_run_check_locked(mem, aux);
+    if (r == CUDA_SUCCESS) r = fn(e, s);
+    for (int d = 0; d < S->ndev; d++) {
+        if (!mem[d]) continue;
+        gm_settle_locked(d);
+        egpu_map_ent m;
+        if (r != CUDA_SUCCESS || egpu_map_take_ent(&S->map, MAP_GEXEC, gexec_key(e, d), &m) != 0) continue;
+        m.aux = gm[d].epoch + 1; /* mapped now */
+        egpu_map_put_ent(&S->map, &m);
+    }
+    pthread_mutex_unlock(&gm_mu);
     return r;
 }
 
@@ -139,14 +305,14 @@ CUresult cuGraphInstantiate(CUgraphExec *pe, CUgraph g, CUgraphNode *err, char *
 {
     REAL_OR_UNSUPPORTED(cuGraphInstantiate);
     struct inst_log a = {R.cuGraphInstantiate, pe, g, err, log, n};
-    return booked_instantiate(pe, g, call_inst_log, &a);
+    return booked_instantiate(pe, g, call_inst_log, &a, 0);
 }
 
 CUresult cuGraphInstantiate_v2(CUgraphExec *pe, CUgraph g, CUgraphNode *err, char *log, size_t n)
 {
     REAL_OR_UNSUPPORTED(cuGraphInstantiate_v2);
     struct inst_log a = {R.cuGraphInstantiate_v2, pe, g, err, log, n};
-    return booked_instantiate(pe, g, call_inst_log, &a);
+    return booked_instantiate(pe, g, call_inst_log, &a, 0);
 }
 
 struct inst_flags { CUgraphExec *pe; CUgraph g; unsigned long long flags; };
@@ -160,7 +326,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long l
 {
     REAL_OR_UNSUPPORTED(cuGraphInstantiateWithFlags);
     struct inst_flags a = {pe, g, flags};
-    return booked_instantiate(pe, g, call_inst_flags, &a);
+    return booked_instantiate(pe, g, call_inst_flags, &a, 0);
 }
 
 struct inst_params {
@@ -177,24 +343,54 @@ CUresult cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g, CUDA_GRAPH_INS
 {
     REAL_OR_UNSUPPORTED(cuGraphInstantiateWithParams);
     struct inst_params a = {R.cuGraphInstantiateWithParams, pe, g, p};
-    return booked_instantiate(pe, g, call_inst_params, &a);
+    return booked_instantiate(pe, g, call_inst_params, &a, p && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD));
 }
 
 CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *pe, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
 {
     REAL_OR_UNSUPPORTED(cuGraphInstantiateWithParams_ptsz);
     struct inst_params a = {R.cuGraphInstantiateWithParams_ptsz, pe, g, p};
-    return booked_instantiate(pe, g, call_inst_params, &a);
+    return booked_instantiate(pe, g, call_inst_params, &a, p && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD));
 }
 
+/* The executable graph's booking goes; the charge settles on what the graph memory pool
+ * still holds (allocations the graph left live stay charged until they are freed and the
+ * pool's memory is trimmed). */
 CUresult cuGraphExecDestroy(CUgraphExec e)
 {
     REAL_OR_UNSUPPORTED(cuGraphExecDestroy);
+    if (!e || !__atomic_load_n(&gm_active, __ATOMIC_ACQUIRE)) return R.cuGraphExecDestroy(e);
+    pthread_mutex_lock(&gm_mu);
     CUresult r = R.cuGraphExecDestroy(e);
-    if (r != CUDA_SUCCESS || !e) return r;
-    for (int d = 0; d < S->ndev; d++) {
+    for (int d = 0; r == CUDA_SUCCESS && d < S->ndev; d++) {
         egpu_map_ent m;
-        if (egpu_map_take_ent(&S->map, MAP_GEXEC, gexec_key(e, d), &m) == 0) uncharge(d, m.bytes);
+        if (egpu_map_take_ent(&S->map, MAP_GEXEC, gexec_key(e, d), &m) != 0) continue;
+        gm[d].booked -= m.bytes < gm[d].booked ? m.bytes : gm[d].booked;
+        gm_settle_locked(d);
     }
+    pthread_mutex_unlock(&gm_mu);
+    return r;
+}
+
+CUresult cuGraphUpload(CUgraphExec e, CUstream s)
+{
+    REAL_OR_UNSUPPORTED(cuGraphUpload);
+    return egpu_graph_run(R.cuGraphUpload, e, s);
+}
+
+CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s)
+{
+    REAL_OR_UNSUPPORTED(cuGraphUpload_ptsz);
+    return egpu_graph_run(R.cuGraphUpload_ptsz, e, s);
+}
+
+/* What the trim gave back is given back to the share too. */
+CUresult cuDeviceGraphMemTrim(CUdevice d)
+{
+    REAL_OR_UNSUPPORTED(cuDeviceGraphMemTrim);
+    if (!__atomic_load_n(&gm_active, __ATOMIC_ACQUIRE) || d < 0 || d >= S->ndev) return R.cuDeviceGraphMemTrim(d);
+    pthread_mutex_lock(&gm_mu);
+    CUresult r = gm_trim_locked(d);
+    pthread_mutex_unlock(&gm_mu);
     return r;
 }

@@ -402,6 +402,7 @@ static CUresult free_async(CUdeviceptr p, CUstream s, int pt)
     }
     if (had) uncharge(e.dev, e.bytes);
     if (had && (e.aux & PTR_POOL)) pool_ptr_freed(e.aux);
+    if (!had) graph_ptr_freed(); /* maybe a graph allocation left live (hooks_graph.c) */
     return r;
 }
 

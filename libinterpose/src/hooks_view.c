@@ -37,6 +37,7 @@ static void maybe_reap(void)
 static void egpu_view(int slot, uint64_t limit, uint64_t phys_free, uint64_t *total, uint64_t *used, uint64_t *free_b)
 {
     maybe_reap();
+    graph_mem_refresh(); /* the graph memory pools' reserves (hooks_graph.c) */
     uint64_t u = slot >= 0 ? egpu_acct_used(&S->acct, slot) : 0;
     uint64_t f = limit > u ? limit - u : 0;
     /* issue 8, FC-15: an oversubscribed share's excess comes from managed memory, so the
