@@ -65,7 +65,8 @@ LEAK_LOOP = """
     out["pool_leaked_mib"] = [pool(2), pool(0)]
     # freed: the memory goes back to the graph memory pool, unused (still on the card)
     for i, ptr in enumerate(leaked):
-        rc = cuda.cuMemFreeAsync(C.c_uint64(ptr), s) if i %% 2 else cuda.cuMemFree_v2(C.c_uint64(ptr))
+        rc = (cuda.cuMemFreeAsync(C.c_uint64(ptr), s) if i %% 2
+              else cuda.cuMemFree_v2(C.c_uint64(ptr)))
         assert rc == 0, rc
     cuda.cuStreamSynchronize(s)
     out["free_freed_mib"] = free_mib()
