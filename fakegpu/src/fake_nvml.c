@@ -230,34 +230,40 @@ FG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t d, nvmlGetMemor
     return NVML_SUCCESS;
 }
 
-FG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos)
+/* The card's compute processes for the lists below (either element layout): their pids and
+ * bytes, their count in *n and *count; NVML_ERROR_INSUFFICIENT_SIZE, with the count in *count,
+ * where the caller's array (has_infos) is missing or shorter than *count says. */
+static nvmlReturn_t compute_procs(nvmlDevice_t d, unsigned int *count, int has_infos,
+                                  int32_t pids[FG_MAX_PROCS], uint64_t bytes[FG_MAX_PROCS], int *n)
 {
     NEED_INIT();
     DEV_OR_FAIL(d, i);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *n = fg_card_procs(i, pids, bytes, FG_MAX_PROCS);
+    if ((unsigned)*n > *count || (*n && !has_infos)) { *count = (unsigned)*n; return NVML_ERROR_INSUFFICIENT_SIZE; }
+    *count = (unsigned)*n;
+    return NVML_SUCCESS;
+}
+FG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos)
+{
     int32_t pids[FG_MAX_PROCS];
     uint64_t bytes[FG_MAX_PROCS];
-    int n = fg_card_procs(i, pids, bytes, FG_MAX_PROCS);
-    if ((unsigned)n > *count || (n && !infos)) { *count = (unsigned)n; return NVML_ERROR_INSUFFICIENT_SIZE; }
-    for (int k = 0; k < n; k++)
+    int n = 0;
+    nvmlReturn_t r = compute_procs(d, count, infos != NULL, pids, bytes, &n);
+    for (int k = 0; r == NVML_SUCCESS && k < n; k++)
         infos[k] = (nvmlProcessInfo_t){(unsigned)pids[k], bytes[k], 0xFFFFFFFFu, 0xFFFFFFFFu};
-    *count = (unsigned)n;
-    return NVML_SUCCESS;
+    return r;
 }
 FG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *p) { return nvmlDeviceGetComputeRunningProcesses_v3(d, c, p); }
 /* The unversioned (v1) list takes nvml.h's nvmlProcessInfo_v1_t: a shorter element. */
 FG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_v1_t *infos)
 {
-    NEED_INIT();
-    DEV_OR_FAIL(d, i);
-    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     int32_t pids[FG_MAX_PROCS];
     uint64_t bytes[FG_MAX_PROCS];
-    int n = fg_card_procs(i, pids, bytes, FG_MAX_PROCS);
-    if ((unsigned)n > *count || (n && !infos)) { *count = (unsigned)n; return NVML_ERROR_INSUFFICIENT_SIZE; }
-    for (int k = 0; k < n; k++) infos[k] = (nvmlProcessInfo_v1_t){(unsigned)pids[k], bytes[k]};
-    *count = (unsigned)n;
-    return NVML_SUCCESS;
+    int n = 0;
+    nvmlReturn_t r = compute_procs(d, count, infos != NULL, pids, bytes, &n);
+    for (int k = 0; r == NVML_SUCCESS && k < n; k++) infos[k] = (nvmlProcessInfo_v1_t){(unsigned)pids[k], bytes[k]};
+    return r;
 }
 
 /* Graphics contexts and an MPS server: the fake has neither, so these lists are empty (as a

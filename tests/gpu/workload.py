@@ -21,6 +21,7 @@ Prints one JSON object on stdout. Figures are computed by the pure functions in 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
@@ -341,20 +342,30 @@ def vmm_import(mib: int) -> dict:
     return out
 
 
+def _pool(d: Driver, create: bool) -> tuple[cudrv.Pools, ctypes.c_void_p | None, dict]:
+    """The memory pool a pool workload runs on: a created one (create) or the device's
+    current one. The dict starts the workload's result: the card's memory-pool attribute and
+    the pool call's CUresult, with a skip where the card has no pools or the call failed."""
+    pl = cudrv.Pools(d)
+    out: dict = {"pools_attr": cudrv.Vmm(d).attr(cudrv.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)}
+    if out["pools_attr"] == 0:
+        out["skip"] = "the card has no memory pools (CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED 0)"
+        return pl, None, out
+    rc, pool = pl.create() if create else pl.current()
+    out["create_rc" if create else "get_pool_rc"] = rc
+    if rc != 0:
+        call = "cuMemPoolCreate" if create else "cuDeviceGetMemPool"
+        out["skip"] = f"{call} answered CUresult {rc}"
+    return pl, pool, out
+
+
 def pool_cap(step_mib: int, share_mib: int) -> dict:
     """Under a share of share_mib: the current pool's release threshold at its maximum (the
     cache never shrinks), cuMemAllocAsync of step_mib until refused (never freed)."""
     d = Driver()
-    pl = cudrv.Pools(d)
     nv = _nvml()
-    out: dict = {"pools_attr": cudrv.Vmm(d).attr(cudrv.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)}
-    if out["pools_attr"] == 0:
-        out["skip"] = "the card has no memory pools (CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED 0)"
-        return out
-    rc, pool = pl.current()
-    out["get_pool_rc"] = rc
-    if rc != 0:
-        out["skip"] = f"cuDeviceGetMemPool answered CUresult {rc}"
+    pl, pool, out = _pool(d, create=False)
+    if "skip" in out:
         return out
     out["threshold_rc"] = pl.set_threshold(pool, (1 << 64) - 1)
     out["free_start"], out["held_start"] = _mib(d.meminfo()[0]), _held(nv)
@@ -384,16 +395,9 @@ def pool_destroy(mib: int) -> dict:
     allocation live (the driver keeps the memory: the charge stays), then the allocation
     freed (the driver releases it: the charge goes)."""
     d = Driver()
-    pl = cudrv.Pools(d)
     nv = _nvml()
-    out: dict = {"pools_attr": cudrv.Vmm(d).attr(cudrv.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)}
-    if out["pools_attr"] == 0:
-        out["skip"] = "the card has no memory pools (CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED 0)"
-        return out
-    rc, pool = pl.create()
-    out["create_rc"] = rc
-    if rc != 0:
-        out["skip"] = f"cuMemPoolCreate answered CUresult {rc}"
+    pl, pool, out = _pool(d, create=True)
+    if "skip" in out:
         return out
     free = lambda: _mib(d.meminfo()[0])  # noqa: E731
     out["free_start"], out["held_start"] = free(), _held(nv)

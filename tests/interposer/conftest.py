@@ -18,6 +18,35 @@ INTERPOSER = LIB / "libegpu_interpose.so"
 DATA = Path(os.environ.get("EGPU_SHARED_DATA", ROOT.parent / "shared" / "data"))
 MIB = 1 << 20
 
+# The start of the inline Python programs that build graphs with allocation nodes against the
+# fake driver (run with _py in test_fakegpu.py): the driver, cuGraphAddMemAllocNode's
+# CUDA_MEM_ALLOC_NODE_PARAMS as ctypes structures, params() to fill one for a device and
+# free_mib() (cuMemGetInfo's free MiB). Indented as the program strings it starts.
+GRAPH_ALLOC_PRELUDE = """
+    import ctypes as C, json
+    cuda = C.CDLL("libcuda.so.1")
+    MIB = 1 << 20
+    class Loc(C.Structure):
+        _fields_ = [("type", C.c_int), ("id", C.c_int)]
+    class PoolProps(C.Structure):
+        _fields_ = [("allocType", C.c_int), ("handleTypes", C.c_int), ("location", Loc),
+                    ("win32", C.c_void_p), ("maxSize", C.c_size_t), ("usage", C.c_ushort),
+                    ("reserved", C.c_ubyte * 54)]
+    class AllocParams(C.Structure):
+        _fields_ = [("poolProps", PoolProps), ("accessDescs", C.c_void_p),
+                    ("accessDescCount", C.c_size_t), ("bytesize", C.c_size_t),
+                    ("dptr", C.c_uint64)]
+    def params(nbytes, dev=0):
+        p = AllocParams()
+        p.poolProps.allocType, p.poolProps.location.type, p.poolProps.location.id = 1, 1, dev
+        p.bytesize = nbytes
+        return p
+    def free_mib():
+        f, t = C.c_size_t(), C.c_size_t()
+        cuda.cuMemGetInfo_v2(C.byref(f), C.byref(t))
+        return f.value // MIB
+"""
+
 
 @pytest.fixture(scope="session", autouse=True)
 def built() -> None:

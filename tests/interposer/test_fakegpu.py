@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import FAKE, LIB, MIB, one
+from .conftest import FAKE, GRAPH_ALLOC_PRELUDE, LIB, MIB, one
 
 
 def test_errors_before_init_and_without_context(rig):
@@ -252,25 +252,7 @@ def test_modules_load_and_copies_check_their_device_ranges(rig):
                  "kernel_function": 0, "module_handle_as_library": 400}, r
 
 
-GRAPH_MEMORY_NODES = """
-    import ctypes as C, json
-    cuda = C.CDLL("libcuda.so.1")
-    MIB = 1 << 20
-    class Loc(C.Structure):
-        _fields_ = [("type", C.c_int), ("id", C.c_int)]
-    class PoolProps(C.Structure):
-        _fields_ = [("allocType", C.c_int), ("handleTypes", C.c_int), ("location", Loc),
-                    ("win32", C.c_void_p), ("maxSize", C.c_size_t), ("usage", C.c_ushort),
-                    ("reserved", C.c_ubyte * 54)]
-    class AllocParams(C.Structure):
-        _fields_ = [("poolProps", PoolProps), ("accessDescs", C.c_void_p),
-                    ("accessDescCount", C.c_size_t), ("bytesize", C.c_size_t),
-                    ("dptr", C.c_uint64)]
-    def params(nbytes, dev=0):
-        p = AllocParams()
-        p.poolProps.allocType, p.poolProps.location.type, p.poolProps.location.id = 1, 1, dev
-        p.bytesize = nbytes
-        return p
+GRAPH_MEMORY_NODES = GRAPH_ALLOC_PRELUDE + """
     def reserved():
         v = C.c_uint64()
         cuda.cuDeviceGetGraphMemAttribute(0, 2, C.byref(v))  # RESERVED_MEM_CURRENT

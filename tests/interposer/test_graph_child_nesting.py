@@ -3,25 +3,14 @@ take however they are nested, and refuses a graph it cannot see whole."""
 
 from __future__ import annotations
 
+from .conftest import GRAPH_ALLOC_PRELUDE
 from .test_fakegpu import _py
 
 NOT_SUPPORTED, OUT_OF_MEMORY, INVALID_VALUE = 801, 2, 1
 CHILD_GRAPH_DEPTH_MAX = 16  # hooks_graph.c: child graph levels the booking walk follows
 
-NESTED_GRAPHS = """
-    import ctypes as C, json, sys
-    cuda = C.CDLL("libcuda.so.1")
-    MIB = 1 << 20
-    class Loc(C.Structure):
-        _fields_ = [("type", C.c_int), ("id", C.c_int)]
-    class PoolProps(C.Structure):
-        _fields_ = [("allocType", C.c_int), ("handleTypes", C.c_int), ("location", Loc),
-                    ("win32", C.c_void_p), ("maxSize", C.c_size_t), ("usage", C.c_ushort),
-                    ("reserved", C.c_ubyte * 54)]
-    class AllocParams(C.Structure):
-        _fields_ = [("poolProps", PoolProps), ("accessDescs", C.c_void_p),
-                    ("accessDescCount", C.c_size_t), ("bytesize", C.c_size_t),
-                    ("dptr", C.c_uint64)]
+NESTED_GRAPHS = GRAPH_ALLOC_PRELUDE + """
+    import sys
     class NodeParams(C.Structure):  # CUgraphNodeParams with CUDA_CHILD_GRAPH_NODE_PARAMS
         _fields_ = [("type", C.c_int), ("reserved0", C.c_int * 3), ("graph", C.c_void_p),
                     ("ownership", C.c_int), ("pad", C.c_ubyte * 220), ("reserved2", C.c_longlong)]
@@ -30,9 +19,7 @@ NESTED_GRAPHS = """
     def alloc_graph(mib):
         g, n = C.c_void_p(), C.c_void_p()
         cuda.cuGraphCreate(C.byref(g), 0)
-        p = AllocParams()
-        p.poolProps.allocType, p.poolProps.location.type, p.poolProps.location.id = 1, 1, 0
-        p.bytesize = mib * MIB
+        p = params(mib * MIB)
         assert cuda.cuGraphAddMemAllocNode(C.byref(n), g, None, 0, C.byref(p)) == 0
         return g
     def nested(levels, mib):
@@ -45,10 +32,6 @@ NESTED_GRAPHS = """
             assert cuda.cuGraphAddNode(C.byref(n), parent, None, 0, C.byref(p)) == 0
             g = parent
         return g
-    def free_mib():
-        f, t = C.c_size_t(), C.c_size_t()
-        cuda.cuMemGetInfo_v2(C.byref(f), C.byref(t))
-        return f.value // MIB
     out = {"init": cuda.cuInit(0)}
     ctx = C.c_void_p()
     cuda.cuDevicePrimaryCtxRetain(C.byref(ctx), 0)

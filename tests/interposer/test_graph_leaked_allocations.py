@@ -4,30 +4,14 @@ pool's reserve, so the loop instantiate -> launch -> destroy cannot hold more th
 
 from __future__ import annotations
 
+from .conftest import GRAPH_ALLOC_PRELUDE
 from .test_fakegpu import _py
 
 OUT_OF_MEMORY = 2
 SHARE_MIB, LEAK_MIB, ROUNDS = 1024, 128, 12
 
-LEAK_LOOP = """
-    import ctypes as C, json
-    cuda = C.CDLL("libcuda.so.1")
-    MIB = 1 << 20
+LEAK_LOOP = GRAPH_ALLOC_PRELUDE + """
     LEAK_MIB, ROUNDS = %d, %d
-    class Loc(C.Structure):
-        _fields_ = [("type", C.c_int), ("id", C.c_int)]
-    class PoolProps(C.Structure):
-        _fields_ = [("allocType", C.c_int), ("handleTypes", C.c_int), ("location", Loc),
-                    ("win32", C.c_void_p), ("maxSize", C.c_size_t), ("usage", C.c_ushort),
-                    ("reserved", C.c_ubyte * 54)]
-    class AllocParams(C.Structure):
-        _fields_ = [("poolProps", PoolProps), ("accessDescs", C.c_void_p),
-                    ("accessDescCount", C.c_size_t), ("bytesize", C.c_size_t),
-                    ("dptr", C.c_uint64)]
-    def free_mib():
-        f, t = C.c_size_t(), C.c_size_t()
-        cuda.cuMemGetInfo_v2(C.byref(f), C.byref(t))
-        return f.value // MIB
     def pool(attr):  # cuDeviceGetGraphMemAttribute: 0 USED_MEM_CURRENT, 2 RESERVED_MEM_CURRENT
         v = C.c_uint64()
         cuda.cuDeviceGetGraphMemAttribute(0, attr, C.byref(v))
@@ -37,9 +21,7 @@ LEAK_LOOP = """
         # freed in the graph; instantiated, launched, its executable graph destroyed
         g, n, e = C.c_void_p(), C.c_void_p(), C.c_void_p()
         cuda.cuGraphCreate(C.byref(g), 0)
-        p = AllocParams()
-        p.poolProps.allocType, p.poolProps.location.type, p.poolProps.location.id = 1, 1, 0
-        p.bytesize = LEAK_MIB * MIB
+        p = params(LEAK_MIB * MIB)
         assert cuda.cuGraphAddMemAllocNode(C.byref(n), g, None, 0, C.byref(p)) == 0
         rc = cuda.cuGraphInstantiateWithFlags(C.byref(e), g, C.c_ulonglong(0))
         step = "instantiate"
