@@ -6,6 +6,9 @@
 #include <sys/types.h>
 #include "egpu_region.h"
 
+/* a + b, held at UINT64_MAX: byte counts never wrap. */
+static inline uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
 typedef struct {
     egpu_region *r;
     int proc;     /* my slot in r->procs, -1 until the first charge */

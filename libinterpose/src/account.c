@@ -24,7 +24,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 static uint64_t sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 
 /* Under the lock: add bytes to the card's use and keep its high-water mark. */

@@ -26,6 +26,7 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include "egpu_log.h"
+#include "compute_core.h" /* u64max */
 #include "share.h"
 
 /* child graph levels the walk follows (the top graph is level 0); deeper than any framework
@@ -109,8 +110,6 @@ static gm_dev gm[EGPU_MAX_DEVS];
 static pthread_mutex_t gm_mu = PTHREAD_MUTEX_INITIALIZER;
 static int gm_active; /* atomic: a graph with allocation nodes was booked in this process */
 
-static uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
-static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
 /* The device's graph memory pool figure a (0 when the driver cannot say). */
 static uint64_t gm_attr(int d, CUgraphMem_attribute a)
@@ -135,7 +134,7 @@ static int gm_raise_locked(int d, uint64_t target)
 static void gm_settle_locked(int d)
 {
     gm[d].reserve = gm_attr(d, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT);
-    uint64_t target = max_u64(gm[d].reserve, gm[d].booked);
+    uint64_t target = u64max(gm[d].reserve, gm[d].booked);
     if (target < gm[d].charged) {
         uncharge(d, gm[d].charged - target);
         gm[d].charged = target;
@@ -174,8 +173,8 @@ static CUresult gm_run_check_locked(const uint64_t mem[EGPU_MAX_DEVS], const uin
             gm_settle_locked(d);
             uint64_t grown = gm[d].reserve;
             if (!aux[d] || aux[d] != gm[d].epoch + 1) /* may not be mapped: it may map all of mem */
-                grown = max_u64(grown, sat_add(gm_attr(d, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), mem[d]));
-            if (gm_raise_locked(d, max_u64(grown, gm[d].booked)) == 0) break;
+                grown = u64max(grown, sat_add(gm_attr(d, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), mem[d]));
+            if (gm_raise_locked(d, u64max(grown, gm[d].booked)) == 0) break;
             if (trimmed || !R.cuDeviceGraphMemTrim) {
                 for (int k = 0; k <= d; k++)
                     if (mem[k]) gm_settle_locked(k);
@@ -195,7 +194,7 @@ static CUresult gm_book_locked(const uint64_t mem[EGPU_MAX_DEVS])
         if (!mem[d]) continue;
         gm_settle_locked(d);
         gm[d].booked = sat_add(gm[d].booked, mem[d]);
-        if (gm_raise_locked(d, max_u64(gm[d].reserve, gm[d].booked)) == 0) continue;
+        if (gm_raise_locked(d, u64max(gm[d].reserve, gm[d].booked)) == 0) continue;
         for (int k = d; k >= 0; k--) {
             if (!mem[k]) continue;
             gm[k].booked -= mem[k];
@@ -219,8 +218,6 @@ void graph_mem_refresh(void)
     gm_settle_all_locked();
     pthread_mutex_unlock(&gm_mu);
 }
-
-void graph_ptr_freed(void) { graph_mem_refresh(); }
 
 typedef CUresult (*instantiate_call)(void *args);
 

@@ -76,7 +76,6 @@ static uint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a)
     return v;
 }
 
-static uint64_t sat_sum(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
 /* pool_mu held: charge against the cap without refreshing the pools (charge() refreshes them,
  * under pool_mu). A card outside the share (no slot) has no room. 0, or -1 over the cap. */
@@ -97,7 +96,7 @@ static uint64_t pool_sync_locked(egpu_pool_rec *p)
 {
     if (p->dead) return p->charged;
     uint64_t reserved = pool_attr(p->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
-    uint64_t floor = sat_sum(reserved, p->pending);
+    uint64_t floor = sat_add(reserved, p->pending);
     if (p->charged > floor) {
         uncharge(p->dev, p->charged - floor);
         p->charged = floor;
@@ -201,7 +200,7 @@ static CUresult pool_settle(uint64_t id, int dev, uint64_t short_by, CUdeviceptr
     if (charge(dev, short_by) == CUDA_SUCCESS) {
         pthread_mutex_lock(&S->pool_mu);
         if ((p = pool_by_id(id))) {
-            p->charged = sat_sum(p->charged, short_by);
+            p->charged = sat_add(p->charged, short_by);
             pool_sync_locked(p); /* gives back what a concurrent refresh charged meanwhile */
         } else {
             uncharge(dev, short_by);
@@ -223,7 +222,7 @@ static CUresult pool_settle(uint64_t id, int dev, uint64_t short_by, CUdeviceptr
             EGPU_ERR("cannot undo a pool allocation past the cap; %llu bytes stay charged",
                      (unsigned long long)left);
             force(p->dev, left);
-            p->charged = sat_sum(p->charged, left);
+            p->charged = sat_add(p->charged, left);
         }
     }
     pthread_mutex_unlock(&S->pool_mu);
@@ -402,7 +401,6 @@ static CUresult free_async(CUdeviceptr p, CUstream s, int pt)
     }
     if (had) uncharge(e.dev, e.bytes);
     if (had && (e.aux & PTR_POOL)) pool_ptr_freed(e.aux);
-    if (!had) graph_ptr_freed(); /* maybe a graph allocation left live (hooks_graph.c) */
     return r;
 }
 

@@ -98,7 +98,6 @@ void pool_ptr_freed(uint64_t aux);
 void graph_mem_refresh(void);
 /* hooks_graph.c: a pointer egpu does not track was freed (cuMemFree, cuMemFreeAsync): it may be
  * a graph allocation left live; the graph memory pools' charges are brought up to date. */
-void graph_ptr_freed(void);
 
 #pragma GCC visibility pop
 
@@ -136,7 +135,6 @@ static inline CUresult charged_free(int kind, uint64_t key, CUresult (*call)(voi
     }
     if (had) uncharge(e.dev, e.bytes);
     if (had && kind == MAP_PTR && (e.aux & PTR_POOL)) pool_ptr_freed(e.aux);
-    if (!had && kind == MAP_PTR) graph_ptr_freed();
     return r;
 }
 
