@@ -325,6 +325,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
     pthread_mutex_lock(&S->pool_mu);
     p = pool_by_id(id);
     uint64_t short_by = 0;
+    int created = p && p->created; /* a device's default pool is not tracked per allocation */
     if (p) {
         p->claims -= from_cache < p->claims ? from_cache : p->claims;
         p->pending -= need < p->pending ? need : p->pending;
@@ -341,7 +342,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
         r = pool_settle(id, pdev, short_by, *dptr, pool, st, pt);
         if (r != CUDA_SUCCESS) *dptr = 0;
     }
-    if (r == CUDA_SUCCESS) pool_track(id, *dptr, pdev);
+    if (r == CUDA_SUCCESS && created) pool_track(id, *dptr, pdev);
     if (r == CUDA_ERROR_OUT_OF_MEMORY && S->cfg.oversubscription) r = stream_fallback(dptr, size, pdev, st, pt);
     return r;
 #undef CALL_REAL
