@@ -34,6 +34,7 @@ from egpu.contract import (
     ENV_RUNTIME_DIR,
     INTERPOSER_LIBRARY,
     INTERPOSER_PATH_IN_CONTAINER,
+    MAX_SHARE_MIB,
     RUNTIME_DIR,
 )
 
@@ -50,7 +51,6 @@ SIGNAL_EXIT_BASE = 128  # exit status of a command killed by signal N: 128 + N (
 EXEC_FAILED = 127
 
 
-MAX_MIB = 1 << 40  # the interposer's bound on a share's MiB (libinterpose config)
 # An accounting group's name becomes one folder name under <runtime>/containers/
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
@@ -70,9 +70,10 @@ def _mib(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not an integer; allowed: 1..{MAX_MIB} (MiB)") from None
-    if not 1 <= value <= MAX_MIB:
-        raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: 1..{MAX_MIB} (MiB)")
+            f"{text!r} is not an integer; allowed: 1..{MAX_SHARE_MIB} (MiB)") from None
+    if not 1 <= value <= MAX_SHARE_MIB:
+        raise argparse.ArgumentTypeError(
+            f"{value} is out of range; allowed: 1..{MAX_SHARE_MIB} (MiB)")
     return value
 
 

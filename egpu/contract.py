@@ -149,6 +149,7 @@ OCI_ANN_POD_NAMESPACE: Final = (
 OCI_ANN_CONTAINER_TYPE: Final = "io.kubernetes.cri.container-type"  # "sandbox" | "container"
 # Where the node DaemonSet installs the hook and the interposer on the host.
 HOST_INSTALL_DIR: Final = "/usr/local/egpu"
+MAX_SHARE_MIB: Final = 1 << 40  # the interposer's bound on a share's MiB (libinterpose config.c)
 HOST_HOOK_PATH: Final = "/usr/local/egpu/bin/egpu-hook"
 HOST_INTERPOSER_PATH: Final = "/usr/local/egpu/lib/libegpu_interpose.so"
 CDI_KIND: Final = "egpu.io/gpu"  # CDI device kind of the cards (egpu cdi generate)
@@ -253,7 +254,13 @@ def claim_request_device(claim_uid: str, request: str) -> str:
 def claim_mark_path(claim_uid: str, request: str) -> str:
     """The device node a container given that claim request's CDI device has
     (``CLAIM_MARK_PREFIX``): ``/dev/egpu-claim-<uid>-<request>``."""
-    return CLAIM_MARK_PREFIX + claim_request_device(claim_uid, request)
+    return claim_mark_of_device(claim_request_device(claim_uid, request))
+
+
+def claim_mark_of_device(device: str) -> str:
+    """The device node of a claim request's CDI device named ``device``
+    (``claim_request_device``)."""
+    return CLAIM_MARK_PREFIX + device
 
 
 def claim_share_dir_name(claim_uid: str, requests: Iterable[str]) -> str:

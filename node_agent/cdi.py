@@ -38,7 +38,12 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from egpu.contract import CDI_KIND, CLAIM_MARK_HOST_DEVICE, CLAIM_MARK_PREFIX, ENV_CDI_CARD_PREFIX
+from egpu.contract import (
+    CDI_KIND,
+    CLAIM_MARK_HOST_DEVICE,
+    ENV_CDI_CARD_PREFIX,
+    claim_mark_of_device,
+)
 from egpu.records import Card
 
 log = logging.getLogger(__name__)
@@ -104,7 +109,7 @@ def claim_spec(devices: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
             "devices": [{"name": name, "containerEdits": {
                 "env": [f"{k}={v}" for k, v in env.items()],
-                "deviceNodes": [{"path": CLAIM_MARK_PREFIX + name,
+                "deviceNodes": [{"path": claim_mark_of_device(name),
                                  "hostPath": CLAIM_MARK_HOST_DEVICE, "permissions": "r"}]}}
                         for name, env in devices.items()]}
 

@@ -120,9 +120,10 @@ def parse_spec(text: str | bytes, bundle: str) -> Spec:
     annotations = data.get("annotations") or {}
     raw_linux = data.get("linux")
     raw_devices = raw_linux.get("devices") if isinstance(raw_linux, dict) else None
-    devices = frozenset(d["path"] for d in raw_devices or () if isinstance(d, dict)
-                        and isinstance(d.get("path"), str)) if isinstance(raw_devices, list) \
-        else frozenset()
+    if not isinstance(raw_devices, list):
+        raw_devices = []
+    devices = frozenset(d["path"] for d in raw_devices
+                        if isinstance(d, dict) and isinstance(d.get("path"), str))
     return Spec(
         rootfs=rootfs,
         env=env,

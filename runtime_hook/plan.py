@@ -56,6 +56,7 @@ from egpu.contract import (
     ENV_POD_UID,
     ENV_PRIORITY,
     INTERPOSER_PATH_IN_CONTAINER,
+    MAX_SHARE_MIB,
     NVIDIA_VISIBLE_DEVICES,
     OCI_ANN_CONTAINER_NAME,
     OCI_ANN_CONTAINER_TYPE,
@@ -77,7 +78,6 @@ if TYPE_CHECKING:
 
 RAW_CONTAINER: str = "raw"  # container part of a raw share's folder name: <oci-id>_raw
 RAW_SHARE_VARIABLES = (ENV_MEMORY_LIMIT_MIB, ENV_MEMORY_PERCENTAGE, ENV_CORES)
-MAX_SHARE_MIB = 1 << 40  # the interposer's bound on a share's MiB (libinterpose config.c)
 
 
 class _Value:

@@ -74,15 +74,18 @@ class ConfigSource:
         self.keep_dir = keep_dir
         self._signature = file_signature(path) if path else None
         if config is not None:
-            self.config = config
             self.loaded = LoadedConfig(config, "file", "given")
             return
         loaded = load_config_keeping(path, keep_dir)
         if loaded.error:
             log.error("config: %s; running on the last good config (generation %s) until "
                       "the file is fixed", loaded.error, loaded.generation)
-        self.config = loaded.config
         self.loaded = loaded  # what egpu_config_info says (generation, file or last-good)
+
+    @property
+    def config(self) -> Config:
+        """The config in use (the loaded one's)."""
+        return self.loaded.config
 
     def check(self) -> bool:
         """Reload when the file changed; True when a new config is now in use."""
@@ -95,14 +98,12 @@ class ConfigSource:
             loaded = load_config_keeping(self.path, self.keep_dir)
             if loaded.error:
                 raise ConfigError(loaded.error)
-            config = loaded.config
         except (ConfigError, OSError) as exc:
             log.warning("config: keeping the current config; %s: %s", self.path, exc)
             self._signature = signature  # do not log again until it changes
             self.loaded = replace(self.loaded, source="last-good", error=str(exc))
             return False
         self._signature = signature
-        self.config = config
         self.loaded = loaded
         log.info("config: reloaded %s", self.path)
         return True
