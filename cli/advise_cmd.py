@@ -470,7 +470,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
     from cli.top_cmd import fetch as fetch_cluster
 
     try:
-        nodes, pods, _claims, _note, _generation = fetch_cluster(args.kubeconfig, args.context)
+        nodes, pods, _claims, _note, _generation = fetch_cluster(args.kubeconfig, args.context,
+                                                                 args.egpu_namespace)
     except Exception as exc:  # the client raises many kinds; all mean "cannot reach"
         print(f"egpu advise: cannot read the cluster: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ import pytest
 
 from cli.top_cmd import format_views
 from egpu.cluster_view import cluster_view
-from egpu.config import config_generation
+from egpu.config import Config, config_generation
 from egpu.records import (
     Allocation,
     Card,
@@ -319,7 +319,8 @@ def test_kubectl_egpu_says_which_config_each_node_agent_runs_against_the_configm
         cluster_view(nodes, []), None).splitlines()
 
 
-def test_kubectl_egpu_reads_the_config_of_the_namespace_egpu_is_installed_in() -> None:
+def test_kubectl_egpu_reads_the_config_of_the_namespace_egpu_is_installed_in(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """``--egpu-namespace`` (the chart's namespace.name). Bug caught: `kubectl egpu` and
     `kubectl egpu advise` read egpu-system's ConfigMaps whatever the install's namespace, and
     lost the config generation and the configured Prometheus without a word."""
@@ -339,5 +340,22 @@ def test_kubectl_egpu_reads_the_config_of_the_namespace_egpu_is_installed_in() -
     assert asked == ["gpu-share/egpu-config"]
     parser = argparse.ArgumentParser()
     top_cmd.add_arguments(parser)
-    assert parser.parse_args(["--egpu-namespace", "gpu-share"]).egpu_namespace == "gpu-share"
     assert parser.parse_args([]).egpu_namespace == "egpu-system"
+    # the option reaches the reads: `kubectl egpu` and `kubectl egpu advise`
+    fetched: list[str] = []
+    monkeypatch.setattr(top_cmd, "fetch", lambda kubeconfig, context, namespace: (
+        fetched.append(namespace), ([], [], [], None, None))[1])
+    assert top_cmd.run(parser.parse_args(["--egpu-namespace", "gpu-share"])) == 0
+    assert fetched == ["gpu-share"]
+    from cli import advise_cmd
+
+    configs: list[str] = []
+    monkeypatch.setattr(advise_cmd, "cluster_config", lambda kubeconfig, context, namespace: (
+        configs.append(namespace), Config())[1])
+    monkeypatch.setattr(advise_cmd, "configured_prometheus",
+                        lambda kubeconfig, context, namespace: configs.append(namespace))
+    monkeypatch.setattr(advise_cmd, "fetch_agent_windows", lambda *_: {})
+    advise = argparse.ArgumentParser()
+    advise_cmd.add_arguments(advise)
+    advise_cmd.run(advise.parse_args(["--egpu-namespace", "gpu-share"]), say=lambda _: None)
+    assert configs and set(configs) == {"gpu-share"}, configs
