@@ -4,14 +4,17 @@ Runs libinterpose/build/bench_harness (a C timing loop) without any preload, the
 interposer (and, with --compare PATH, with another preload library), and prints the
 difference per call. The last line is exactly:
 
-    launch_added_ns=N alloc_free_added_ns=N meminfo_added_ns=N noise_launch_ns=N
-    noise_alloc_free_ns=N noise_meminfo_ns=N [compare_launch_added_ns=N ...]
+    launch_added_ns=N alloc_free_added_ns=N meminfo_added_ns=N graph_launch_added_ns=N
+    noise_launch_ns=N noise_alloc_free_ns=N noise_meminfo_ns=N noise_graph_launch_ns=N
+    [compare_launch_added_ns=N ...]
 
 Each figure is signed (a negative one says the preload measured faster than the driver
 alone: noise, which ``noise_*_ns`` sizes: the spread of the driver-alone rounds' best runs).
 
 cuLaunchKernel runs with FAKEGPU_KERNEL_US=0 and no cap; the alloc+free pair is 1 MiB;
-cuMemGetInfo needs a context, which the harness creates.
+cuMemGetInfo needs a context, which the harness creates. cuGraphLaunch replays one executable
+graph with a 2 MiB allocation node (freed in the graph) whose memory is mapped (uploaded
+first), as an inference server replays its decode step; it is timed after the other loops.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "fakegpu" / "build"
 HARNESS = ROOT / "libinterpose" / "build" / "bench_harness"
 INTERPOSER = ROOT / "libinterpose" / "build" / "libegpu_interpose.so"
-KEYS = ("launch_ns", "alloc_free_ns", "meminfo_ns")
+KEYS = ("launch_ns", "alloc_free_ns", "meminfo_ns", "graph_launch_ns")
 ROUNDS = 3  # interleaved rounds of each configuration
 
 

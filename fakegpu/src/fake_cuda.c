@@ -154,6 +154,7 @@ static struct CUgraphExec_st *g_execs; /* live executable graphs (cuDeviceGraphM
 static uint64_t g_graph_reserved[FG_MAX_CARDS], g_graph_reserved_high[FG_MAX_CARDS], g_graph_used_high[FG_MAX_CARDS];
 static struct graph_live *g_graph_live;
 static int graph_live_free(uint64_t ptr);
+static void meet_init(void); /* FAKEGPU_GRAPH_LAUNCH_MEET (cuGraphLaunch) */
 
 static __thread struct CUctx_st *t_stack[32];
 static __thread int t_depth;
@@ -233,13 +234,19 @@ static int capture_stream_busy(struct CUstream_st *s)
  *  - cuEventQuery: 1000 ns. No direct published figure was found: a record plus polling
  *    queries took 5.2 us an iteration with timing events (ICLDisco/parsec pull request 576),
  *    2.5 us of which is the record; 1 us is assumed for a query.
+ *  - cuStreamGetDevice and cuStreamGetCtx ("stream_device"), cuDeviceGetAttribute
+ *    ("device_attribute"): counted only (no published figure: 0 unless set), so that tests
+ *    see which of these queries an interposer adds.
  * FAKEGPU_CALL_COUNTS=PATH: at exit each process appends one JSON line of how many of these
- * calls it made: {"pid":N,"launch":N,"event_record":N,"event_query":N}. */
-enum { COST_LAUNCH, COST_EVENT_RECORD, COST_EVENT_QUERY, NCOSTS };
+ * calls it made: {"pid":N,"launch":N,"event_record":N,"event_query":N,"stream_device":N,
+ * "device_attribute":N}. */
+enum { COST_LAUNCH, COST_EVENT_RECORD, COST_EVENT_QUERY, COST_STREAM_DEVICE, COST_DEVICE_ATTRIBUTE, NCOSTS };
 static const struct { const char *env; uint64_t realistic_ns; const char *name; } g_cost_def[NCOSTS] = {
     {"FAKEGPU_CALL_COST_NS_LAUNCH", 2500, "launch"},
     {"FAKEGPU_CALL_COST_NS_EVENT_RECORD", 2500, "event_record"},
     {"FAKEGPU_CALL_COST_NS_EVENT_QUERY", 1000, "event_query"},
+    {"FAKEGPU_CALL_COST_NS_STREAM_DEVICE", 0, "stream_device"},
+    {"FAKEGPU_CALL_COST_NS_DEVICE_ATTRIBUTE", 0, "device_attribute"},
 };
 static uint64_t g_cost_ns[NCOSTS];
 static int g_count_calls;
@@ -393,6 +400,7 @@ FG_EXPORT CUresult cuInit(unsigned int flags)
         const char *c = getenv("FAKEGPU_CONTEXT_MIB");
         g_ctx_bytes = c ? strtoull(c, NULL, 10) * MIB : 0;
         costs_init();
+        meet_init();
         for (int d = 0; d < g_nvis; d++) {
             g_primary[d] = (struct CUctx_st){.magic = CTX_MAGIC, .dev = d, .primary = 1};
             g_default_pool[d] = (struct CUmemPoolHandle_st){POOL_MAGIC, d, 1, 0, 0, 0, 0, 0, NULL, 1, 1, 1, NULL};
@@ -469,6 +477,7 @@ FG_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return cuDeviceGe
 FG_EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
 {
     NEED_INIT();
+    call_cost(COST_DEVICE_ATTRIBUTE);
     if (!v || (int)a <= 0 || a >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
     if (!dev_ok(d)) return CUDA_ERROR_INVALID_DEVICE;
     switch (a) {
@@ -1506,6 +1515,7 @@ FG_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *s
 FG_EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx)
 {
     NEED_INIT();
+    call_cost(COST_STREAM_DEVICE);
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c;
     uint64_t *end;
@@ -1516,6 +1526,7 @@ FG_EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx)
 FG_EXPORT CUresult cuStreamGetDevice(CUstream s, CUdevice *dev)
 {
     NEED_INIT();
+    call_cost(COST_STREAM_DEVICE);
     if (!dev) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c;
     uint64_t *end;
@@ -1997,12 +2008,65 @@ FG_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
     return CUDA_SUCCESS;
 }
 
+/* FAKEGPU_GRAPH_LAUNCH_MEET=N (tests): each cuGraphLaunch waits in the driver until N launches
+ * are in it together (each N-th arrival completes a group), at most
+ * FAKEGPU_GRAPH_LAUNCH_MEET_MS (default 5000); still short of N by then, it answers
+ * CUDA_ERROR_TIMEOUT and launches nothing. A lock that an interposer holds across the call
+ * keeps the second launch out, so the first times out. */
+static int g_meet_n, g_meet_ms;
+static unsigned long long g_meet_in; /* under g_meet_mu */
+static int g_meet_waiting;           /* under g_meet_mu: launches waiting for their group */
+static pthread_mutex_t g_meet_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_meet_cv = PTHREAD_COND_INITIALIZER;
+
+static void meet_init(void)
+{
+    const char *n = getenv("FAKEGPU_GRAPH_LAUNCH_MEET"), *ms = getenv("FAKEGPU_GRAPH_LAUNCH_MEET_MS");
+    g_meet_n = n ? atoi(n) : 0;
+    g_meet_ms = ms && *ms ? atoi(ms) : 5000;
+}
+
+static CUresult graph_launch_meet(void)
+{
+    if (g_meet_n < 2) return CUDA_SUCCESS;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += g_meet_ms / 1000;
+    until.tv_nsec += (long)(g_meet_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&g_meet_mu);
+    unsigned long long group_end = (g_meet_in / (unsigned)g_meet_n + 1) * (unsigned)g_meet_n;
+    g_meet_in++;
+    pthread_cond_broadcast(&g_meet_cv);
+    int rc = 0;
+    g_meet_waiting++;
+    while (g_meet_in < group_end && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&g_meet_cv, &g_meet_mu, &until);
+    g_meet_waiting--;
+    int met = g_meet_in >= group_end;
+    pthread_mutex_unlock(&g_meet_mu);
+    return met ? CUDA_SUCCESS : CUDA_ERROR_TIMEOUT;
+}
+
+/* Tests (not a driver call): how many cuGraphLaunch calls wait in the driver for their group
+ * (FAKEGPU_GRAPH_LAUNCH_MEET), so that a test knows a launch is inside before it goes on. */
+FG_EXPORT int fakegpu_graph_launches_waiting(void)
+{
+    pthread_mutex_lock(&g_meet_mu);
+    int n = g_meet_waiting;
+    pthread_mutex_unlock(&g_meet_mu);
+    return n;
+}
+
 FG_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
 {
     NEED_INIT();
     call_cost(COST_LAUNCH);
     if (!e || e->magic != GEXEC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
-    return gexec_run(e, s, 1);
+    CUresult r = graph_launch_meet();
+    return r != CUDA_SUCCESS ? r : gexec_run(e, s, 1);
 }
 FG_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e, s ? s : STREAM_PER_THREAD); }
 

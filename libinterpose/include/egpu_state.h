@@ -39,6 +39,10 @@ void egpu_map_put(egpu_map *m, int kind, uint64_t key, uint64_t bytes, int dev);
 int egpu_map_take(egpu_map *m, int kind, uint64_t key, uint64_t *bytes, int *dev);
 void egpu_map_put_ent(egpu_map *m, const egpu_map_ent *e);
 int egpu_map_take_ent(egpu_map *m, int kind, uint64_t key, egpu_map_ent *out);
+/* The entry (kind, key) without removing it (a reader never sees it missing), and its aux
+ * changed in place: 0, or -1 when there is none. */
+int egpu_map_get_ent(egpu_map *m, int kind, uint64_t key, egpu_map_ent *out);
+int egpu_map_set_aux(egpu_map *m, int kind, uint64_t key, uint64_t aux);
 /* Removes every MAP_PTR/MAP_ARRAY/MAP_LIMIT entry of context ctx; returns how many, in *out
  * (malloc'd, caller frees; NULL when none or out of memory). */
 size_t egpu_map_take_ctx(egpu_map *m, uint64_t ctx, egpu_map_ent **out);

@@ -55,6 +55,7 @@ static void header_init(egpu_card_region *r, const char *uuid)
     r->self = -1;
     r->dir_fd = -1;
     r->own_fd = -1;
+    r->unbooked_ppm = PPM; /* no roster read yet: nothing booked */
     for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
         r->other_fd[j] = -1;
         r->other_seen_ns[j] = EGPU_BUSY_UNSEEN;
@@ -608,6 +609,16 @@ static void sanitise(egpu_card_slot *o, const egpu_roster_entry *e, uint64_t now
     o->hi_mark_ns = e->priority == EGPU_CARD_PRIO_HIGH ? past_or_none(o->hi_mark_ns, now) : 0;
 }
 
+/* The part of the card no share on the roster booked, ppm. */
+static uint64_t unbooked_ppm(const egpu_roster_entry roster[EGPU_CARD_SLOTS])
+{
+    uint64_t booked = 0;
+    for (int j = 0; j < EGPU_CARD_SLOTS; j++)
+        if (roster[j].owner) booked += (uint64_t)u64min(roster[j].cores, 100) * (PPM / 100);
+    return booked < PPM ? PPM - booked : 0;
+}
+
+/* The roster changes only here: what it leaves unbooked is worked out here, not at each refresh. */
 static void reread_roster(egpu_card_region *r, uint64_t now)
 {
     egpu_card_roster ro;
@@ -622,6 +633,7 @@ static void reread_roster(egpu_card_region *r, uint64_t now)
         r->other_seen_ns[j] = EGPU_BUSY_UNSEEN; /* another share: its credit starts anew */
     }
     memcpy(r->roster, ro.entry, sizeof r->roster);
+    r->unbooked_ppm = unbooked_ppm(r->roster);
 }
 
 /* One co-tenant's public slot into buf (zeroed when it cannot be read or lies about whose it is). */
@@ -669,20 +681,11 @@ static void credit_other(egpu_card_region *r, int j, uint64_t dt, uint64_t unboo
         __atomic_add_fetch(&r->other_credit_ns[j], take, __ATOMIC_RELAXED);
 }
 
-/* The part of the card no share on the roster booked, ppm. */
-static uint64_t unbooked_ppm(const egpu_card_region *r)
-{
-    uint64_t booked = 0;
-    for (int j = 0; j < EGPU_CARD_SLOTS; j++)
-        if (r->roster[j].owner) booked += (uint64_t)u64min(r->roster[j].cores, 100) * (PPM / 100);
-    return booked < PPM ? PPM - booked : 0;
-}
-
 static void refresh_locked(egpu_card_region *r, uint64_t now, uint64_t roster_every_ns)
 {
     if (!roster_every_ns || now - r->roster_read_ns >= roster_every_ns) reread_roster(r, now);
     uint64_t hi = 0, last = __atomic_load_n(&r->refreshed_ns, __ATOMIC_RELAXED);
-    uint64_t dt = now > last ? now - last : 0, unbooked = unbooked_ppm(r);
+    uint64_t dt = now > last ? now - last : 0;
     _Alignas(8) unsigned char buf[EGPU_SLOT_PUBLIC_BYTES];
     for (int j = 0; j < EGPU_CARD_SLOTS; j++) {
         if (j == r->self) continue;
@@ -694,7 +697,7 @@ static void refresh_locked(egpu_card_region *r, uint64_t now, uint64_t roster_ev
         read_other(r, j, buf);
         memcpy(o, buf, EGPU_SLOT_PUBLIC_BYTES);
         sanitise(o, &r->roster[j], now);
-        credit_other(r, j, dt, unbooked);
+        credit_other(r, j, dt, r->unbooked_ppm);
         if (o->hi_mark_ns > hi) hi = o->hi_mark_ns;
     }
     count_low(r);

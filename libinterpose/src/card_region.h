@@ -161,6 +161,7 @@ typedef struct {
             uint64_t roster_read_ns;                   /* last full read of the roster */
             uint64_t refreshed_ns;                     /* last read of the co-tenants' slots (atomic) */
             egpu_roster_entry roster[EGPU_CARD_SLOTS]; /* the node's word on each slot */
+            uint64_t unbooked_ppm;                     /* the part of the card roster[] leaves unbooked */
             /* card-wide priority state (atomic words) */
             uint64_t hi_active_ns;      /* last time high-priority work was launched or outstanding */
             uint32_t n_low;             /* low-priority shares on the card (the roster's) */

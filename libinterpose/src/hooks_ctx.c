@@ -170,14 +170,13 @@ static uint64_t resident_threads(int dev)
     return (uint64_t)sms * (uint64_t)per_sm;
 }
 
-/* Device bytes limit `l` takes at `value` beyond what it takes at `base` (saturating). */
-static uint64_t limit_bytes(CUlimit l, size_t value, size_t base, int dev)
+/* Device bytes a limit takes at `value` beyond what it takes at `base` (saturating); per: the
+ * copies of it the device holds (the stack: resident threads; the others: 1). */
+static uint64_t limit_bytes(size_t value, size_t base, uint64_t per)
 {
     if (value <= base) return 0;
     uint64_t grow = value - base;
-    if (l != CU_LIMIT_STACK_SIZE) return grow;
-    uint64_t threads = resident_threads(dev);
-    return grow > UINT64_MAX / threads ? UINT64_MAX : grow * threads;
+    return grow > UINT64_MAX / per ? UINT64_MAX : grow * per;
 }
 
 CUresult cuCtxSetLimit(CUlimit limit, size_t value)
@@ -203,7 +202,8 @@ CUresult cuCtxSetLimit(CUlimit limit, size_t value)
         }
         e = (egpu_map_ent){key, 0, base, ctx, dev, MAP_LIMIT};
     }
-    uint64_t want = limit_bytes(limit, value, (size_t)e.aux, dev);
+    uint64_t per = limit == CU_LIMIT_STACK_SIZE ? resident_threads(dev) : 1; /* asked once */
+    uint64_t want = limit_bytes(value, (size_t)e.aux, per);
     uint64_t grow = want > e.bytes ? want - e.bytes : 0;
     CUresult r = grow ? charge(dev, grow) : CUDA_SUCCESS;
     if (r == CUDA_SUCCESS) {
@@ -214,7 +214,7 @@ CUresult cuCtxSetLimit(CUlimit limit, size_t value)
             /* the driver may round the value: the charge follows what it set */
             size_t got = value;
             if (R.cuCtxGetLimit(&got, limit) != CUDA_SUCCESS) got = value;
-            uint64_t held = e.bytes + grow, now = limit_bytes(limit, got, (size_t)e.aux, dev);
+            uint64_t held = e.bytes + grow, now = limit_bytes(got, (size_t)e.aux, per);
             if (now > held) force(dev, now - held);
             else uncharge(dev, held - now);
             e.bytes = now;

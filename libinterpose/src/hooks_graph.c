@@ -104,10 +104,19 @@ static CUresult graph_mem(CUgraph g, uint64_t mem[EGPU_MAX_DEVS], int depth)
  * graph's booking, counted only where it may not be mapped now), and `charged` is raised to
  * max(that, booked) before the driver is called, then settles on the reserve after it.
  * epoch counts the trims that unmapped something on the device: an executable graph whose map
- * entry's aux is epoch + 1 was launched or uploaded since, so it is still mapped. */
+ * entry's aux is epoch + 1 was launched or uploaded since, so it is still mapped.
+ *
+ * A launch or upload of a graph mapped on each of its devices cannot grow the pools (it is
+ * charged nothing first), so it runs without gm_mu: it holds gm_mapped for reading from its
+ * check of the epochs to the driver's return, and a trim (the one thing that unmaps) takes it
+ * for writing, so no trim falls between the check and the launch. Without gm_mapped the
+ * launch could find its graph mapped, a trim unmap it, and the driver map it again past the
+ * cap, uncharged. Writers go first: a stream of launches cannot hold a trim off. Lock order:
+ * gm_mu, then gm_mapped; a reader takes gm_mu only after letting gm_mapped go. */
 typedef struct { uint64_t reserve, booked, charged, epoch; } gm_dev;
 static gm_dev gm[EGPU_MAX_DEVS];
 static pthread_mutex_t gm_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_rwlock_t gm_mapped = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
 static int gm_active; /* atomic: a graph with allocation nodes was booked in this process */
 
 
@@ -151,11 +160,13 @@ static void gm_settle_locked(int d)
  * each one on d then counts as unmapped (epoch). */
 static CUresult gm_trim_locked(int d)
 {
+    pthread_rwlock_wrlock(&gm_mapped); /* no launch that counts on a mapping is in the driver */
     uint64_t used = gm_attr(d, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
     CUresult r = R.cuDeviceGraphMemTrim(d);
     if (r == CUDA_SUCCESS &&
         !(R.cuDeviceGetGraphMemAttribute && gm_attr(d, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT) >= used))
         gm[d].epoch++;
+    pthread_rwlock_unlock(&gm_mapped);
     gm_settle_locked(d);
     return r;
 }
@@ -256,21 +267,47 @@ out:
     return r;
 }
 
-CUresult egpu_graph_run(CUresult (*fn)(CUgraphExec, CUstream), CUgraphExec e, CUstream s)
+/* The graph memory executable graph e booked on each device (mem[], aux[]: its map entries',
+ * 0 where none); 0 when it booked none (no allocation nodes, or destroyed). Read-only: a
+ * concurrent reader never finds an entry missing. */
+static int gexec_mem(CUgraphExec e, uint64_t mem[EGPU_MAX_DEVS], uint64_t aux[EGPU_MAX_DEVS])
 {
-    if (!e || !__atomic_load_n(&gm_active, __ATOMIC_ACQUIRE)) return fn(e, s);
-    uint64_t mem[EGPU_MAX_DEVS] = {0}, aux[EGPU_MAX_DEVS] = {0};
     int any = 0;
-    pthread_mutex_lock(&gm_mu);
     for (int d = 0; d < S->ndev; d++) {
         egpu_map_ent m;
-        if (egpu_map_take_ent(&S->map, MAP_GEXEC, gexec_key(e, d), &m) != 0) continue;
-        egpu_map_put_ent(&S->map, &m);
+        mem[d] = aux[d] = 0;
+        if (egpu_map_get_ent(&S->map, MAP_GEXEC, gexec_key(e, d), &m) != 0) continue;
         mem[d] = m.bytes;
         aux[d] = m.aux;
         any = 1;
     }
-    if (!any) { /* no allocation nodes */
+    return any;
+}
+
+CUresult egpu_graph_run(CUresult (*fn)(CUgraphExec, CUstream), CUgraphExec e, CUstream s)
+{
+    if (!e || !__atomic_load_n(&gm_active, __ATOMIC_ACQUIRE)) return fn(e, s);
+    uint64_t mem[EGPU_MAX_DEVS], aux[EGPU_MAX_DEVS];
+    if (!gexec_mem(e, mem, aux)) return fn(e, s); /* no allocation nodes: nothing to check */
+    /* mapped on every device in its current epoch: no check, no gm_mu across the driver
+     * (gm_mapped, above); the charge settles after, as a launch's does */
+    pthread_rwlock_rdlock(&gm_mapped);
+    int mapped = 1;
+    for (int d = 0; d < S->ndev; d++) mapped &= !mem[d] || aux[d] == gm[d].epoch + 1;
+    if (mapped) {
+        CUresult r = fn(e, s);
+        pthread_rwlock_unlock(&gm_mapped);
+        pthread_mutex_lock(&gm_mu);
+        for (int d = 0; d < S->ndev; d++)
+            if (mem[d]) gm_settle_locked(d);
+        pthread_mutex_unlock(&gm_mu);
+        return r;
+    }
+    pthread_rwlock_unlock(&gm_mapped);
+    /* it may map memory: checked, and gm_mu held across the driver call, so that no settle
+     * drops the growth charged for it before the driver has taken it */
+    pthread_mutex_lock(&gm_mu);
+    if (!gexec_mem(e, mem, aux)) { /* destroyed meanwhile: the driver answers */
         pthread_mutex_unlock(&gm_mu);
         return fn(e, s);
     }
@@ -279,10 +316,7 @@ CUresult egpu_graph_run(CUresult (*fn)(CUgraphExec, CUstream), CUgraphExec e, CU
     for (int d = 0; d < S->ndev; d++) {
         if (!mem[d]) continue;
         gm_settle_locked(d);
-        egpu_map_ent m;
-        if (r != CUDA_SUCCESS || egpu_map_take_ent(&S->map, MAP_GEXEC, gexec_key(e, d), &m) != 0) continue;
-        m.aux = gm[d].epoch + 1; /* mapped now */
-        egpu_map_put_ent(&S->map, &m);
+        if (r == CUDA_SUCCESS) egpu_map_set_aux(&S->map, MAP_GEXEC, gexec_key(e, d), gm[d].epoch + 1); /* mapped now */
     }
     pthread_mutex_unlock(&gm_mu);
     return r;

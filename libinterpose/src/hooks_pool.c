@@ -69,6 +69,21 @@ static CUresult stream_dev(CUstream s, int *dev)
     return r;
 }
 
+/* The device whose memory pool `pool` holds (cuMemAllocFromPoolAsync: the pool names it, whatever
+ * the stream's device): egpu's record of the pool, else the device whose default or current pool
+ * it is, else (a pool egpu cannot place) the stream's. -1 when none can say. The stream's
+ * device costs up to 4 driver calls before CUDA 12.8; the record, none. */
+static int pool_owner(CUmemoryPool pool, CUstream s)
+{
+    pthread_mutex_lock(&S->pool_mu);
+    egpu_pool_rec *p = pool_rec(pool, -1, 0);
+    int dev = p ? p->dev : -1;
+    pthread_mutex_unlock(&S->pool_mu);
+    if (dev < 0) dev = pool_device(pool);
+    if (dev < 0 && stream_dev(s, &dev) != CUDA_SUCCESS) dev = -1;
+    return dev;
+}
+
 static uint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a)
 {
     cuuint64_t v = 0;
@@ -265,9 +280,12 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
         pt ? R.cuMemAllocFromPoolAsync_ptsz : R.cuMemAllocFromPoolAsync;
 #define CALL_REAL() (from_pool ? fn_pool(dptr, size, pool, st) : fn_async(dptr, size, st))
     if ((from_pool && !fn_pool) || (!from_pool && !fn_async)) return CUDA_ERROR_NOT_SUPPORTED;
-    if (!dptr || !size || stream_dev(egpu_stream_of(st, pt), &dev) != CUDA_SUCCESS) return CALL_REAL();
+    if (!dptr || !size) return CALL_REAL();
+    if (!from_pool && stream_dev(egpu_stream_of(st, pt), &dev) != CUDA_SUCCESS) return CALL_REAL();
     if (egpu_config_ready() != 0) return EGPU_REFUSED_CU;
-    if (!devs_ready() || dev < 0 || dev >= S->ndev) return CALL_REAL();
+    if (!devs_ready() || (from_pool && !pool)) return CALL_REAL(); /* let the driver report */
+    if (from_pool) dev = pool_owner(pool, egpu_stream_of(st, pt));
+    if (dev < 0 || dev >= S->ndev) return CALL_REAL();
     if (!from_pool && (!R.cuDeviceGetMemPool || R.cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS)) pool = NULL;
     if (!pool || !R.cuMemPoolGetAttribute) return CALL_REAL(); /* let the driver report */
     /* Under pool_mu: what the pool's cache seems to hold, less what concurrent in-flight
@@ -278,11 +296,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
      * driver grows the pool more than that (pool_settle), the growth is charged after the
      * call or the allocation undone. */
     pthread_mutex_lock(&S->pool_mu);
-    egpu_pool_rec *p = pool_rec(pool, dev, 0);
-    if (!p) { /* first seen here: charged to the device that holds it, not the stream's */
-        int owner = from_pool ? pool_device(pool) : dev;
-        p = pool_rec(pool, owner >= 0 ? owner : dev, 1);
-    }
+    egpu_pool_rec *p = pool_rec(pool, dev, 1); /* first seen here: dev holds it (pool_owner) */
     CUresult r;
     if (!p) {
         pthread_mutex_unlock(&S->pool_mu);

@@ -85,25 +85,43 @@ size_t egpu_map_take_ctx(egpu_map *m, uint64_t ctx, egpu_map_ent **out)
     return n;
 }
 
+/* m->mu held: the live entry (kind, key), or NULL. */
+static egpu_map_ent *find_locked(egpu_map *m, int kind, uint64_t key)
+{
+    if (!m->cap) return NULL;
+    for (size_t j = hash(key, kind) & (m->cap - 1); m->slots[j].kind; j = (j + 1) & (m->cap - 1))
+        if (m->slots[j].kind == kind && m->slots[j].key == key) return &m->slots[j];
+    return NULL;
+}
+
 int egpu_map_take_ent(egpu_map *m, int kind, uint64_t key, egpu_map_ent *out)
 {
-    int found = -1;
     pthread_mutex_lock(&m->mu);
-    if (m->cap) {
-        size_t j = hash(key, kind) & (m->cap - 1);
-        while (m->slots[j].kind) {
-            egpu_map_ent *e = &m->slots[j];
-            if (e->kind == kind && e->key == key) {
-                *out = *e;
-                e->kind = TOMB;
-                m->count--;
-                m->tombs++;
-                found = 0;
-                break;
-            }
-            j = (j + 1) & (m->cap - 1);
-        }
+    egpu_map_ent *e = find_locked(m, kind, key);
+    if (e) {
+        *out = *e;
+        e->kind = TOMB;
+        m->count--;
+        m->tombs++;
     }
     pthread_mutex_unlock(&m->mu);
-    return found;
+    return e ? 0 : -1;
+}
+
+int egpu_map_get_ent(egpu_map *m, int kind, uint64_t key, egpu_map_ent *out)
+{
+    pthread_mutex_lock(&m->mu);
+    egpu_map_ent *e = find_locked(m, kind, key);
+    if (e) *out = *e;
+    pthread_mutex_unlock(&m->mu);
+    return e ? 0 : -1;
+}
+
+int egpu_map_set_aux(egpu_map *m, int kind, uint64_t key, uint64_t aux)
+{
+    pthread_mutex_lock(&m->mu);
+    egpu_map_ent *e = find_locked(m, kind, key);
+    if (e) e->aux = aux;
+    pthread_mutex_unlock(&m->mu);
+    return e ? 0 : -1;
 }

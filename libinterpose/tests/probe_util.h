@@ -41,6 +41,11 @@
     X(cuMipmappedArrayDestroy, (CUmipmappedArray)) \
     X(cuMemHostAlloc, (void **, size_t, unsigned)) X(cuMemFreeHost, (void *)) \
     X(cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **)) \
+    X(cuGraphCreate, (CUgraph *, unsigned)) \
+    X(cuGraphAddMemAllocNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *)) \
+    X(cuGraphAddMemFreeNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUdeviceptr)) \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long)) \
+    X(cuGraphUpload, (CUgraphExec, CUstream)) X(cuGraphLaunch, (CUgraphExec, CUstream)) \
     X(cuGetProcAddress, (const char *, void **, int, cuuint64_t)) \
     X(cuGetProcAddress_v2, (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
 

@@ -30,8 +30,10 @@ def test_bench_last_line_format():
     last = p.stdout.strip().splitlines()[-1]
     assert re.fullmatch(
         r"launch_added_ns=-?\d+ alloc_free_added_ns=-?\d+ meminfo_added_ns=-?\d+ "
+        r"graph_launch_added_ns=-?\d+ "
         r"noise_launch_ns=\d+ noise_alloc_free_ns=\d+ noise_meminfo_ns=\d+ "
+        r"noise_graph_launch_ns=\d+ "
         r"compare_launch_added_ns=-?\d+ compare_alloc_free_added_ns=-?\d+ "
-        r"compare_meminfo_added_ns=-?\d+",
+        r"compare_meminfo_added_ns=-?\d+ compare_graph_launch_added_ns=-?\d+",
         last,
     ), last

@@ -11,6 +11,8 @@ cuCtxSetLimit as NOT_SUPPORTED, which hid it."""
 
 from __future__ import annotations
 
+import json
+
 from .conftest import MIB, one
 
 SHARE_MIB = 1024
@@ -74,3 +76,19 @@ def test_a_stack_for_every_resident_thread_is_charged(rig):
     assert _used(rows, "nvml", 0) == CTX_MIB * MIB + grown, rows
     assert one(rows, "held")["used"] == grown, rows
     assert _used(rows, "nvml", 1) == CTX_MIB * MIB, rows
+
+
+def test_a_stack_limit_asks_the_device_once_a_call(rig, tmp_path):
+    """Setting the stack asks the device's SM count and resident threads a SM once a call
+    (the fake driver's call counts): the same figures, asked again for the charge after the
+    driver's rounding, cost an application two more driver calls each time (the hook asked
+    4). The charge is as before."""
+    counts = tmp_path / "calls.jsonl"
+    rows = rig.probe(
+        "init", "ctx", "setlimit", "stack", 2048, "setlimit", "stack", 4096, "held",
+        EGPU_MEMORY_LIMIT_MIB=SHARE_MIB, FAKEGPU_CALL_COUNTS=counts,
+    )  # fmt: skip
+    [calls] = [json.loads(line) for line in counts.read_text().splitlines()]
+    assert one(rows, "setlimit", 0)["rc"] == 0 and one(rows, "setlimit", 1)["rc"] == 0, rows
+    assert one(rows, "held")["used"] == (4096 - STACK_DEFAULT) * RESIDENT_THREADS, rows
+    assert calls["device_attribute"] == 2 * 2, calls

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from .conftest import MIB, one
@@ -147,3 +149,25 @@ def test_a_pool_of_another_device_is_charged_to_that_device(rig):
     assert one(rows, "nvml", 1)["used"] == 1700 * MIB, rows
     assert one(rows, "alloc")["rc"] == 2, rows  # card 1's 2048 MiB already hold 1956
     assert one(rows, "meminfo")["used"] == 1700 * MIB + CTX
+
+
+def test_a_pool_allocation_is_charged_to_the_pools_device_without_asking_the_stream(rig, tmp_path):
+    """cuMemAllocFromPoolAsync's pool names its device (egpu's record of a created pool, or
+    the device whose default pool it is): the allocation is charged there, on card 1 here,
+    though device 0's context is current and the stream is device 0's, and the stream's
+    device is never asked (the fake driver's call counts: cuStreamGetDevice and
+    cuStreamGetCtx). The hook asked it on every allocation: up to 4 driver calls each
+    before CUDA 12.8."""
+    a, b = "GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+    rig.fake_config([(a, 24576), (b, 24576)])
+    rig.egpu_config([(a, 2048), (b, 2048)])
+    counts = tmp_path / "calls.jsonl"
+    rows = rig.probe("init", "primary", 0, "stream", "pool_create", 1,
+                     "pool_alloc", 100, "pool_alloc", 100, "pool_alloc", 100, "sync",
+                     "pool_default", 1, "pool_alloc", 100, "sync",
+                     "nvml", 0, "nvml", 1, FAKEGPU_CALL_COUNTS=counts)
+    [calls] = [json.loads(line) for line in counts.read_text().splitlines()]
+    assert [r["rc"] for r in rows if r["step"] == "pool_alloc"] == [0] * 4, rows
+    assert one(rows, "nvml", 0)["used"] == CTX, rows
+    assert one(rows, "nvml", 1)["used"] == 400 * MIB, rows
+    assert calls["stream_device"] == 0, calls
