@@ -36,6 +36,7 @@ from egpu.contract import (
     INTERPOSER_PATH_IN_CONTAINER,
     MAX_SHARE_MIB,
     RUNTIME_DIR,
+    container_region_path,
 )
 
 COMMAND = "run"
@@ -120,7 +121,7 @@ def share_environment(args: argparse.Namespace, base: dict[str, str]) -> dict[st
     env.pop(ENV_CONFIG_PATH, None)
     runtime = env.get(ENV_RUNTIME_DIR, RUNTIME_DIR)
     name = args.name or f"run-{os.getpid()}"
-    env[ENV_CONTAINER_REGION] = str(Path(runtime) / "containers" / f"raw_{name}" / "region")
+    env[ENV_CONTAINER_REGION] = container_region_path(f"raw_{name}", str(Path(runtime)))
     memory = args.gpu_memory_percentage or 100
     if args.gpu_memory is not None:
         env[ENV_MEMORY_LIMIT_MIB] = str(args.gpu_memory)

@@ -48,7 +48,7 @@ import os
 import struct
 import time
 
-from egpu.contract import CONTAINER_REGION_FILE, CONTAINERS_SUBDIR, RUNTIME_DIR
+from egpu.contract import container_region_path
 from egpu.records import _Record
 from egpu.safefile import NotRegularFile, open_regular
 
@@ -147,7 +147,7 @@ def region_owner(container_region: str) -> int:
 
 def share_owner(dir_name: str) -> int:
     """The owner of the share whose accounting folder is ``<pod-uid>_<container>``."""
-    return region_owner(f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{dir_name}/{CONTAINER_REGION_FILE}")
+    return region_owner(container_region_path(dir_name))
 
 
 def share_file_name(owner: int) -> str:

@@ -241,6 +241,15 @@ def container_dir_name(pod_uid: str, container: str) -> str:
     return f"{pod_uid}_{container}"
 
 
+def container_region_path(dir_name: str, runtime_dir: str = RUNTIME_DIR) -> str:
+    """The accounting region file of the share whose folder is ``dir_name`` (a container's
+    ``<pod-uid>_<container>``, a claim's, a raw container's):
+    ``<runtime_dir>/containers/<dir_name>/region``. With the default ``RUNTIME_DIR`` it is
+    the path the container sees: its interposer config's ``container_region``, which keys the
+    share's owner in the card rosters (egpu.card_roster.share_owner)."""
+    return f"{runtime_dir}/{CONTAINERS_SUBDIR}/{dir_name}/{CONTAINER_REGION_FILE}"
+
+
 def claim_share_env(claim_uid: str, request: str) -> tuple[str, str]:
     """(name, value) of the environment variable a claim's CDI device of ``request`` sets."""
     return f"{ENV_CLAIM_SHARE_PREFIX}{claim_uid}_{request}", f"{claim_uid}/{request}"

@@ -46,7 +46,7 @@ from egpu.contract import (
 )
 from egpu.kube import KubePod
 from egpu.policies import ComputePolicy, Priority
-from egpu.records import Allocation, PodShares, RecordError
+from egpu.records import KIND_INIT, KIND_SIDECAR, Allocation, PodShares, RecordError
 from egpu.requests import read_pod
 from node_agent.deviceplugin.matching import Pending
 
@@ -111,15 +111,30 @@ def started_containers(pod: Mapping[str, Any]) -> set[str]:
     return names
 
 
-def completed_init_containers(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """``(name, containerID)`` of the pod's plain init containers (not sidecars: those have
-    ``restartPolicy: Always`` and run on) whose status says they succeeded (exit code 0)."""
-    spec = pod.get("spec") or {}
-    sidecars = {c.get("name") for c in spec.get("initContainers") or ()
-                if isinstance(c, dict) and c.get("restartPolicy") == "Always"}
+def plain_init_containers(allocation: Allocation, pod: Mapping[str, Any]) -> set[str]:
+    """Names of the pod's plain init containers with a share: kind ``KIND_INIT`` in its
+    allocation record, as the extender decided at placement (not sidecars: those run on
+    beside the app containers). A record of an older extender carries no kinds: its init
+    containers are told from sidecars (``restartPolicy: Always``) by the pod spec, as the
+    agent did before."""
+    kinds = {c.name: c.kind for c in allocation.containers if c.init}
+    if None in kinds.values():
+        spec = pod.get("spec") or {}
+        sidecars = {c.get("name") for c in spec.get("initContainers") or ()
+                    if isinstance(c, dict) and c.get("restartPolicy") == "Always"}
+        kinds = {name: kind or (KIND_SIDECAR if name in sidecars else KIND_INIT)
+                 for name, kind in kinds.items()}
+    return {name for name, kind in kinds.items() if kind == KIND_INIT}
+
+
+def completed_init_containers(pod: Mapping[str, Any],
+                              allocation: Allocation) -> list[tuple[str, str]]:
+    """``(name, containerID)`` of the pod's plain init containers with a share
+    (``plain_init_containers``) whose status says they succeeded (exit code 0)."""
+    plain = plain_init_containers(allocation, pod)
     out = []
     for entry in (pod.get("status") or {}).get("initContainerStatuses") or ():
-        if not isinstance(entry, dict) or entry.get("name") in sidecars:
+        if not isinstance(entry, dict) or entry.get("name") not in plain:
             continue
         terminated = (entry.get("state") or {}).get("terminated") or {}
         cid = terminated.get("containerID") or entry.get("containerID")
@@ -165,17 +180,29 @@ def release_pod_shares(private_dir: str, runtime_dir: str, uid: str) -> None:
 _CARD_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def unregister_pod_shares(runtime_dir: str, uid: str, dir_names: set[str],
-                          whole_pod: bool = True) -> int:
+def unregister_pod_shares(runtime_dir: str, uid: str, dir_names: set[str]) -> int:
     """Free pod ``uid``'s shares in every card roster under ``<runtime_dir>/cards`` and remove
     their share files: the entries named ``<uid>_...`` (a name is cut to 31 bytes: egpu
-    .card_roster.name_matches_prefix; ``whole_pod`` False: not these) and those of the
-    folders ``dir_names`` (``<uid>_<c>``, by owner), never an entry the interposer registered
-    itself (FLAG_RAW). Returns how many entries were freed. Never follows a link; a card it
-    cannot change is logged."""
+    .card_roster.name_matches_prefix) and those of the folders ``dir_names`` (``<uid>_<c>``,
+    by owner), never an entry the interposer registered itself (FLAG_RAW). Returns how many
+    entries were freed. Never follows a link; a card it cannot change is logged."""
+    return _unregister_on_cards(runtime_dir, uid, dir_names, f"{uid}_")
+
+
+def unregister_owners(runtime_dir: str, uid: str, dir_names: set[str]) -> int:
+    """Free only the shares of pod ``uid``'s folders ``dir_names`` (``<uid>_<c>``, by owner)
+    in every card roster under ``<runtime_dir>/cards`` and remove their share files: the
+    pod's other containers keep theirs (its succeeded init containers, while its app
+    containers run). Returns how many entries were freed; as ``unregister_pod_shares``."""
+    return _unregister_on_cards(runtime_dir, uid, dir_names, None)
+
+
+def _unregister_on_cards(runtime_dir: str, uid: str, dir_names: set[str],
+                         name_prefix: str | None) -> int:
+    """Free, on every card, the owners of ``dir_names`` and (``name_prefix`` not None) the
+    entries whose name starts with it, never a FLAG_RAW one (``unregister_pod_shares``)."""
     folder = os.path.join(runtime_dir, CARDS_SUBDIR)
     known = {card_roster.share_owner(name) for name in dir_names}
-    prefix = f"{uid}_"
     freed = 0
     try:
         cards_fd = os.open(folder, _CARD_DIR_FLAGS)
@@ -195,8 +222,8 @@ def unregister_pod_shares(runtime_dir: str, uid: str, dir_names: set[str],
                 roster = card_roster.read_roster(card_fd, where=path)
                 owners = {e.owner for e in roster.shares().values()
                           if not e.flags & card_roster.FLAG_RAW
-                          and (e.owner in known or (whole_pod and card_roster
-                                                    .name_matches_prefix(e.name, prefix)))}
+                          and (e.owner in known or (name_prefix is not None and card_roster
+                                                    .name_matches_prefix(e.name, name_prefix)))}
                 if owners or known:
                     freed += len(card_roster.unregister(card_fd, owners | known, where=path))
             except FileNotFoundError:
@@ -273,7 +300,8 @@ class PodRegistry:
                 self._released.add(uid)
             freed = self._released_inits.setdefault(uid, set())
             done_inits = [] if release else [
-                (name, cid) for name, cid in completed_init_containers(pod) if cid not in freed]
+                (name, cid) for name, cid in completed_init_containers(pod, shares.allocation)
+                if cid not in freed]
             freed.update(cid for _, cid in done_inits)
         if release:
             # Succeeded or Failed is final: no container of it runs again. A Job's finished
@@ -285,8 +313,8 @@ class PodRegistry:
             # held a roster entry beside the app containers for the pod's life, though the
             # pod books its slot once (egpu.booking): at 32 shares a card, the 17th pod
             # with an init container found the roster full.
-            unregister_pod_shares(self.runtime_dir, uid, {
-                container_dir_name(uid, name) for name, _ in done_inits}, whole_pod=False)
+            unregister_owners(self.runtime_dir, uid, {
+                container_dir_name(uid, name) for name, _ in done_inits})
         return shares
 
     def add_listed(self, pods: list[Mapping[str, Any]]) -> int:

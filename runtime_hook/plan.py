@@ -41,8 +41,6 @@ from __future__ import annotations
 
 from egpu.contract import (
     CARDS_SUBDIR,
-    CONTAINER_REGION_FILE,
-    CONTAINERS_SUBDIR,
     ENV_ALLOCATION_ERROR,
     ENV_CDI_CARD_PREFIX,
     ENV_CLAIM_SHARE_PREFIX,
@@ -66,6 +64,7 @@ from egpu.contract import (
     RUNTIME_DIR,
     claim_mark_path,
     container_dir_name,
+    container_region_path,
     is_file_name,
 )
 
@@ -213,7 +212,7 @@ def container_config(shares: PodShares, entry: ContainerAllocation, pod_uid: str
         priority=shares.priority,
         compute_policy=shares.compute_policy,
         memory_oversubscription=shares.memory_oversubscription,
-        container_region=f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{region}/{CONTAINER_REGION_FILE}",
+        container_region=container_region_path(region),
         cards=tuple(
             ConfigCard(
                 uuid=c.uuid,
@@ -446,7 +445,7 @@ def raw_config(container_id: str, dir_name: str, cards: tuple[str, ...], mib: in
         namespace="", pod="", pod_uid=container_id, container=RAW_CONTAINER,
         priority=priority, compute_policy=compute_policy,
         memory_oversubscription=oversubscription,
-        container_region=f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{dir_name}/{CONTAINER_REGION_FILE}",
+        container_region=container_region_path(dir_name),
         cards=tuple(ConfigCard(uuid=uuid, memory_mib=mib, cores=cores,
                                card_region=f"{RUNTIME_DIR}/{CARDS_SUBDIR}/{uuid}",
                                memory_percentage=percentage)

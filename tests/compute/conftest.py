@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from egpu.contract import container_region_path
+from tests.probes import wait_for_hold
+
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "fakegpu" / "build"
 LIB = ROOT / "libinterpose" / "build"
@@ -79,7 +82,7 @@ class Node:
             "priority": priority,
             "compute_policy": policy,
             "memory_oversubscription": oversubscription,
-            "container_region": str(self.tmp / "egpu" / "containers" / f"uid-{share}_c" / "region"),
+            "container_region": container_region_path(f"uid-{share}_c", str(self.tmp / "egpu")),
             "cards": [
                 {
                     "uuid": card_uuid(c),
@@ -246,10 +249,7 @@ def card(tmp_path: Path):
         text=True,
     )
     n.procs.append(b)
-    line = ""
-    while not line.startswith("hold"):
-        line = b.stdout.readline()
-        assert line and " rc=0" in line, line + b.stderr.read()
+    wait_for_hold(b, every_ok=True)
     yield n
     for p in n.procs:
         if p.poll() is None:

@@ -18,6 +18,8 @@ import time
 
 import pytest
 
+from tests.probes import wait_for_hold
+
 from . import cardregion
 from .conftest import (
     LIB,
@@ -391,10 +393,7 @@ def test_fc15_oversubscription_never_fails_below_the_cap(node: Node) -> None:
     the card cannot hold comes from managed memory); one more MiB fails with out-of-memory."""
     b_env = node.env("b", [0], memory_mib=9216)  # 8 GiB + the context's overhead
     b = node.spawn("cuprobe", ["init", "ctx", "alloc", "8192", "hold"], b_env)
-    line = ""
-    while not line.startswith("hold"):  # B holds its 8 GiB until killed
-        line = b.stdout.readline()
-        assert line and " rc=0" in line, line + b.stderr.read()
+    wait_for_hold(b, every_ok=True)  # B holds its 8 GiB until killed
     a_env = node.env("a", [0], memory_mib=40960, oversubscription=True, FAKEGPU_MANAGED_HOST=1)
     rows = probe(a_env, "init", "ctx", "loop", "36", "alloc", "1024", ";", "meminfo")
     assert all(r[1] == "rc=0" for r in rows), rows  # the loop prints only failures

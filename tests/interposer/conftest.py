@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from egpu.contract import container_region_path
+
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "fakegpu" / "build"
 LIB = ROOT / "libinterpose" / "build"
@@ -139,7 +141,7 @@ class Rig:
             "pod": "p",
             "pod_uid": "uid",
             "container": "c",
-            "container_region": str(self.tmp / "egpu" / "containers" / "uid_c" / "region"),
+            "container_region": container_region_path("uid_c", str(self.tmp / "egpu")),
             "cards": [{"uuid": u, "memory_mib": m, "cores": 0} for u, m in cards],
             **top,
         }

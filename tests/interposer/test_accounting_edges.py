@@ -13,6 +13,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from egpu.contract import container_region_path
+from tests.probes import wait_for_hold
+
 from .conftest import LIB, MIB, one, parse
 
 UUID0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -56,7 +59,7 @@ def _doc(rig, mib: int) -> dict:
         "pod": "p",
         "pod_uid": "uid",
         "container": "c",
-        "container_region": str(rig.tmp / "egpu" / "containers" / "uid_c" / "region"),
+        "container_region": container_region_path("uid_c", str(rig.tmp / "egpu")),
         "cards": [{"uuid": UUID0, "memory_mib": mib, "cores": 0}],
     }
 
@@ -344,11 +347,7 @@ def test_nested_pid_namespace_usage_not_reaped_while_alive(rig):
         text=True,
     )
     try:
-        lines = []
-        for line in holder.stdout:
-            lines.append(line)
-            if line.startswith("hold"):
-                break
+        lines = wait_for_hold(holder)
         rows = parse("".join(lines))
         assert one(rows, "alloc")["rc"] == 0, (lines, holder.stderr)
         # the holder is pid 1 (or so) in its namespace: here that pid is dead or someone else

@@ -20,6 +20,7 @@ import pytest
 
 from egpu import driver_limits
 from egpu.driver_limits import DriverLimitError
+from tests.probes import wait_for_hold
 
 from .conftest import FAKE, LIB, MIB, Rig, one, parse
 
@@ -128,9 +129,7 @@ def test_processes_of_one_group_share_its_limit_and_the_driver_reports_their_use
         ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$0" init primary alloc 1000 hold',
          str(LIB / "cuprobe")], env=rig.base_env(False), stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout is not None
-        while not holder.stdout.readline().startswith("hold"):
-            pass
+        wait_for_hold(holder)
         assert nvml.get_limit(CARD, str(group)) == (0, 1500 * MIB, 1000 * MIB)
         rows = _probe_in(rig, child, "init", "primary", "alloc", 600, "alloc", 400)
         assert [r["rc"] for r in rows if r["step"] == "alloc"] == [2, 0]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.probes import wait_for_hold
+
 from .conftest import FAKE, GRAPH_ALLOC_PRELUDE, LIB, MIB, one
 
 
@@ -66,8 +68,7 @@ def test_simulated_kernel_timeline(rig):
 
 def test_card_memory_shared_between_processes(rig):
     p = rig.spawn("init", "primary", "alloc", 1000, "hold", LD_PRELOAD="")
-    while not p.stdout.readline().startswith("hold"):
-        pass
+    wait_for_hold(p)
     try:
         rows = rig.probe("nvml", preload=False)
         assert one(rows, "nvml")["used"] == 1000 * MIB
@@ -84,8 +85,7 @@ def _hold_in_own_pid_namespace(rig, mib: int) -> subprocess.Popen:
         ["unshare", "--pid", "--fork", "--kill-child", str(LIB / "cuprobe"), "init", "primary",
          "alloc", str(mib), "hold"],
         env=rig.base_env(False), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    while not p.stdout.readline().startswith("hold"):
-        assert p.poll() is None, p.stderr.read()
+    wait_for_hold(p)
     return p
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 import signal
 
+from tests.probes import wait_for_hold
+
 from .conftest import INTERPOSER, MIB, one
 
 UUID0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -166,9 +168,7 @@ def test_fc04_processes_one_after_another(rig):
 def test_fc04_first_process_sigkilled(rig):
     """FC-04: a SIGKILLed process leaks nothing and deadlocks no one."""
     p = rig.spawn("init", "primary", "alloc", 1024, "hold", EGPU_MEMORY_LIMIT_MIB=8192)
-    assert p.stdout.readline().startswith("init")
-    while not p.stdout.readline().startswith("hold"):
-        pass
+    assert wait_for_hold(p)[0].startswith("init")
     p.send_signal(signal.SIGKILL)
     p.wait()
     _fc04_second(rig)
@@ -177,8 +177,7 @@ def test_fc04_first_process_sigkilled(rig):
 def test_fc04_processes_at_once_share_one_cap(rig):
     """FC-04: processes running at once share one cap."""
     p = rig.spawn("init", "primary", "alloc", 4096, "hold", EGPU_MEMORY_LIMIT_MIB=8192)
-    while not p.stdout.readline().startswith("hold"):
-        pass
+    wait_for_hold(p)
     try:
         rows = rig.probe(
             "init", "primary", "meminfo", "alloc", 4096, "alloc", 3000, EGPU_MEMORY_LIMIT_MIB=8192

@@ -6,17 +6,12 @@ its pid and its memory, inside another tenant's container."""
 
 from __future__ import annotations
 
-import subprocess
+from tests.probes import wait_for_hold
 
 from .conftest import one
 
 LISTS = ("compute", "compute_v2", "compute_v3", "graphics", "graphics_v2", "graphics_v3",
          "mps", "mps_v2", "mps_v3")  # fmt: skip
-
-
-def _holding(p: subprocess.Popen) -> None:
-    while not p.stdout.readline().startswith("hold"):
-        assert p.poll() is None, p.stderr.read()
 
 
 def test_nvml_lists_only_the_shares_own_processes(rig):
@@ -29,8 +24,8 @@ def test_nvml_lists_only_the_shares_own_processes(rig):
                       EGPU_CONTAINER_REGION=str(rig.tmp / "other" / "region"))  # fmt: skip
     peer = rig.spawn("init", "primary", "alloc", 100, "hold", EGPU_MEMORY_LIMIT_MIB=4096)
     try:
-        _holding(other)
-        _holding(peer)
+        wait_for_hold(other)
+        wait_for_hold(peer)
         steps = ["init", "primary", "alloc", 10]
         for name in LISTS:
             steps += ["procs", name, 0]

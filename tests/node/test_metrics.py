@@ -17,6 +17,7 @@ from egpu.contract import (
     METRIC_CONTAINER_CORES_LIMIT,
     METRIC_CONTAINER_MEMORY_LIMIT,
     METRIC_CONTAINER_MEMORY_USED,
+    container_region_path,
 )
 from egpu.records import Card
 from node_agent.metrics.collector import EgpuCollector, Sources, regions_under
@@ -90,8 +91,9 @@ def test_a_claims_shared_folder_is_one_share_booked_once(tmp_path: Path) -> None
     from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
 
     folder = "claim-c1a1_gpu"
-    (tmp_path / "containers" / folder).mkdir(parents=True)
-    (tmp_path / "containers" / folder / "region").write_bytes(
+    region = Path(container_region_path(folder, str(tmp_path)))
+    region.parent.mkdir(parents=True)
+    region.write_bytes(
         region_bytes([(UUIDS[0], 3000 * MIB, 2000 * MIB)]))
     card = (CardShare(UUIDS[0], 0, 3000, 25),)
     shares = {uid: PodShares("team", f"pod-{uid}", uid, "high", "strict", False, Allocation(

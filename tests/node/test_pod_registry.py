@@ -15,8 +15,16 @@ import pytest
 from egpu import card_roster
 from egpu.card_roster import FLAG_RAW, RosterEntry
 from egpu.config import Config
-from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
-from node_agent.pods import PodCatchUp, PodRegistry, list_node_pods
+from egpu.records import (
+    KIND_APP,
+    KIND_INIT,
+    KIND_SIDECAR,
+    Allocation,
+    CardShare,
+    ContainerAllocation,
+    PodShares,
+)
+from node_agent.pods import PodCatchUp, PodRegistry, list_node_pods, plain_init_containers
 
 CFG = Config()
 
@@ -323,14 +331,16 @@ def test_a_resync_from_an_older_list_keeps_a_pod_a_catch_up_list_added_meanwhile
     assert set(registry.shares()) == {"uid-A"}
 
 
+@pytest.mark.parametrize("record_kinds", [True, False], ids=["record", "older-record"])
 def test_a_succeeded_init_container_gives_its_roster_entry_back_and_the_app_keeps_its(
-        tmp_path: Path) -> None:
+        tmp_path: Path, record_kinds: bool) -> None:
     """A pod with a share in an init container and in its app container books one slot on
     the card (they never run together: egpu.booking), but the hook gave each its roster
     entry. Bug caught: the init container's entry stayed for the pod's life, so at 32 shares
     a card (the roster holds 32) the 17th such pod failed to start with CardFullError. A
     sidecar (restartPolicy Always) keeps its entry; a failed init container (it runs again)
-    too."""
+    too. Which is which the allocation record says (its containers' kinds); a record of an
+    older extender, without kinds, leaves it to the pod spec."""
     registry = PodRegistry("n1", CFG, str(tmp_path / "private"), str(tmp_path / "run"))
     card = tmp_path / "run" / "cards" / "GPU-0"
     card.mkdir(parents=True)
@@ -342,8 +352,11 @@ def test_a_succeeded_init_container_gives_its_roster_entry_back_and_the_app_keep
         pod["metadata"].update(name=f"p-{i}", uid=uid)
         card_share = (CardShare("GPU-0", 0, 4096, 30),)
         pod["metadata"]["annotations"]["egpu.io/allocation"] = Allocation(containers=(
-            ContainerAllocation("warmup", True, card_share),
-            ContainerAllocation("c0", False, card_share)), node="n1").encode()
+            ContainerAllocation("warmup", True, card_share, KIND_INIT if record_kinds else None),
+            ContainerAllocation("proxy", True, card_share,
+                                KIND_SIDECAR if record_kinds else None),
+            ContainerAllocation("c0", False, card_share, KIND_APP if record_kinds else None)),
+            node="n1").encode()
         pod["spec"]["initContainers"] = [
             {"name": "warmup", "resources": pod["spec"]["containers"][0]["resources"]},
             {"name": "proxy", "restartPolicy": "Always"}]
@@ -384,3 +397,24 @@ def test_a_succeeded_init_container_gives_its_roster_entry_back_and_the_app_keep
                                                    "containerID": "containerd://x"}}}]}
     registry.update(failed)
     assert "uid-f_warmup" in {e.name for e in card_roster.read_roster(str(card)).shares().values()}
+
+
+def test_the_allocation_records_kinds_say_which_init_containers_are_plain() -> None:
+    """The kinds the extender wrote decide (the spec is not read again: here it lists no init
+    container at all); a container without a share (not in the record) is none; a record of
+    an older extender (no kinds) is told from the spec, sidecars by restartPolicy Always."""
+    card = (CardShare("GPU-0", 0, 4096, 30),)
+    pod = _pod()
+    record = Allocation(containers=(
+        ContainerAllocation("warmup", True, card, KIND_INIT),
+        ContainerAllocation("proxy", True, card, KIND_SIDECAR),
+        ContainerAllocation("c0", False, card, KIND_APP)), node="n1")
+    assert plain_init_containers(record, pod) == {"warmup"}
+    older = Allocation(tuple(c.replace(kind=None) for c in record.containers), node="n1")
+    pod["spec"]["initContainers"] = [{"name": "warmup"}, {"name": "proxy",
+                                                          "restartPolicy": "Always"},
+                                     {"name": "setup"}]  # setup: no share
+    assert plain_init_containers(older, pod) == {"warmup"}
+    pod["spec"]["initContainers"][1].pop("restartPolicy")
+    assert plain_init_containers(older, pod) == {"warmup", "proxy"}
+    assert plain_init_containers(record, pod) == {"warmup"}  # the record's kinds stand

@@ -23,6 +23,7 @@ from egpu.requests import read_pod
 from node_agent.pods import pod_shares
 from runtime_hook.plan import Apply, Inputs, decide
 from tests.node.test_pod_registry import _pod as _k8s_pod
+from tests.probes import wait_for_hold
 from tests.runtime_hook.test_hook_startup import _pod as _file_body
 from webhook.review import decide_pod, informational_env
 
@@ -117,10 +118,7 @@ def _probe(tmp_path: Path, node_file: dict | None, env_policies: dict[str, str]
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         total = -1
-        line = ""
-        while not line.startswith("hold"):
-            line = p.stdout.readline()  # type: ignore[union-attr]
-            assert line and " rc=0" in line, line + p.stderr.read()  # type: ignore[union-attr]
+        for line in wait_for_hold(p, every_ok=True):
             if line.startswith("totalmem"):
                 total = int(line.split("total=")[1]) >> 20
         _, slots = cardregion.read(node.region(0))

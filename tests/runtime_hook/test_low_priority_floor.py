@@ -19,6 +19,7 @@ from egpu.records import PodShares, RecordError
 from node_agent.pods import PodRegistry, pod_shares
 from runtime_hook.plan import Apply, Inputs, decide
 from tests.node.test_pod_registry import _pod as _k8s_pod
+from tests.probes import wait_for_hold
 from tests.runtime_hook.test_hook_startup import _pod as _file_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,10 +208,7 @@ def test_the_node_file_floor_wins_over_the_pods_env_and_config_path(
                           str(LIB / "cuprobe"), "init", "ctx", "hold"],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        line = ""
-        while not line.startswith("hold"):
-            line = p.stdout.readline()  # type: ignore[union-attr]
-            assert line and " rc=0" in line, line + p.stderr.read()  # type: ignore[union-attr]
+        wait_for_hold(p, every_ok=True)
         _, shares = cardregion.read(node.region(0))
         assert [(s.pids, s.raw["floor_pct"]) for s in shares] == [([p.pid], want)]
     finally:

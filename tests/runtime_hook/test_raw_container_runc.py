@@ -15,6 +15,7 @@ import pytest
 
 from demo.sandbox import FAKE_DEFAULT_MIB, FAKE_DEFAULT_UUID, HOOK, RuncWorld
 from egpu import card_roster
+from egpu.contract import container_region_path
 
 pytestmark = pytest.mark.runc
 
@@ -53,7 +54,7 @@ def test_a_raw_cdi_container_is_capped_in_the_folder_the_hook_mounts(
     assert result.values["total_mib"] == FAKE_DEFAULT_MIB * PERCENT // 100, result.stdout
     assert result.values["alloc"] == CUDA_ERROR_OUT_OF_MEMORY, result.stdout
     name = bundle.name
-    region = world.runtime_dir / "containers" / f"{name}_raw" / "region"
+    region = Path(container_region_path(f"{name}_raw", str(world.runtime_dir)))
     assert region.is_file() and region.stat().st_size > 0
     assert _raw_names(world) == [(f"{name}_raw", 30)]
     done = _poststop(world, name, bundle)

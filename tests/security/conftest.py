@@ -41,7 +41,7 @@ from demo.sandbox import (
     RuncWorld,
     missing_prerequisite,
 )
-from egpu.contract import CARDS_SUBDIR, CONTAINER_REGION_FILE, CONTAINERS_SUBDIR, RUNTIME_DIR
+from egpu.contract import CARDS_SUBDIR, container_region_path
 from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
 
 COMPUTE_LOAD = REPO / "libinterpose" / "build" / "compute_load"
@@ -83,8 +83,7 @@ def owner_of(dir_name: str) -> int:
     """The share key of ``<pod-uid>_<container>``: FNV-1a 64 of its container region path as
     the container sees it (egpu_owner_id)."""
     h = 0xCBF29CE484222325
-    key = f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{dir_name}/{CONTAINER_REGION_FILE}"
-    for byte in key.encode()[:511]:
+    for byte in container_region_path(dir_name).encode()[:511]:
         h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return h or 1
 
