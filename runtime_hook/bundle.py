@@ -5,7 +5,8 @@ start fast. It is a plain Python script (shebang ``#!/usr/bin/python3 -IS``: iso
 ``site``) holding ``runtime_hook`` and the core modules the hook uses (``egpu.contract``, which
 imports nothing, ``egpu.records``, which imports it and the standard library's ``json``, and
 ``egpu.card_roster``, which imports it, ``egpu.safefile`` and ``struct``, ``fcntl`` and
-``time``):
+``time``; and, for the paths that need them, ``egpu.region_layout`` and
+``egpu.driver_limits``):
 each module's compiled code (``marshal``, for the building interpreter's
 bytecode version) and its source (zlib), as base64 text, imported on demand through a small
 ``sys.meta_path`` finder (the script is parsed at every run: it is kept small). Another
@@ -31,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_INTERPRETER = "/usr/bin/python3 -IS"
 PACKAGES = ("egpu", "runtime_hook")
 # The modules the hook may import (bundle.py and zipapp.py build it; they are not in it).
-MODULES = ("egpu", "egpu.card_roster", "egpu.contract", "egpu.records", "egpu.safefile",
+MODULES = ("egpu", "egpu.card_roster", "egpu.contract", "egpu.driver_limits", "egpu.records",
+           "egpu.region_layout", "egpu.safefile",
            "runtime_hook",
            "runtime_hook.hostfs",
            "runtime_hook.main", "runtime_hook.mounts", "runtime_hook.oci", "runtime_hook.plan",

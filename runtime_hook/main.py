@@ -54,6 +54,7 @@ from egpu.contract import (
     CARDS_SUBDIR,
     CLAIM_SHARES_SUBDIR,
     CONTAINER_CONFIG_PATH,
+    CONTAINER_REGION_FILE,
     CONTAINERS_SUBDIR,
     ENV_NODE_PRIVATE_DIR,
     ENV_RUNTIME_DIR,
@@ -250,6 +251,12 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
             region = hostfs.make_dirs(base, runtime, [CONTAINERS_SUBDIR, plan.region_name],
                                       [CONTAINERS_DIR_MODE, REGION_DIR_MODE])
             fds.append(region)
+            region_path = os.path.join(runtime, CONTAINERS_SUBDIR, plan.region_name)
+            if plan.region_name == plan.dir_name and unlink_held_region(region, region_path):
+                print(f"egpu-hook: container {state.id}: a process of an earlier instance of "
+                      f"{plan.dir_name} still holds its accounting region; this instance "
+                      "starts on a new one (that process's memory is not counted in it)",
+                      file=sys.stderr)
             card_mounts: list[tuple[str, int, str, int]] = []  # uuid, folder, share file
             if shares:
                 cards = hostfs.make_dirs(base, runtime, [CARDS_SUBDIR], [CARDS_DIR_MODE])
@@ -293,7 +300,7 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
             region_in = f"{RUNTIME_DIR}/{CONTAINERS_SUBDIR}/{plan.region_name}"
             rootfs.make_dirs_in_root(root, region_in)
             mounts.bind(region, root, region_in, read_only=False,
-                        label=os.path.join(runtime, CONTAINERS_SUBDIR, plan.region_name))
+                        label=region_path)
             for uuid, card, name, share in card_mounts:
                 card_in = f"{RUNTIME_DIR}/{CARDS_SUBDIR}/{uuid}"
                 card_path = os.path.join(runtime, CARDS_SUBDIR, uuid)
@@ -307,6 +314,31 @@ def apply(plan: Apply, state: State, spec: Spec, args: Args) -> None:
                 os.close(fd)
 
     mounts.in_mount_namespace(state.pid, inside)
+
+
+def unlink_held_region(folder: int, folder_path: str) -> bool:
+    """Unlink the accounting region in ``folder`` (a container's own: ``<pod-uid>_<container>``,
+    never a claim's) when some process still holds it (egpu.region_layout.held_by_a_process);
+    returns whether it did. The hook runs before any process of this instance exists, and
+    Kubernetes runs one instance of a container at a time, so a holder is a process of an
+    earlier instance that the runtime lost track of (containerd restarted while it started:
+    the kubelet saw the start fail and created the container again). The new instance would
+    otherwise find its share already used and start without it; the interposer creates a
+    fresh region, and the holder keeps the old, unlinked one (docs/security.md: its memory is
+    not counted in the new one). Raises OSError."""
+    from egpu import safefile
+    from egpu.region_layout import held_by_a_process
+    from runtime_hook import hostfs
+
+    try:
+        fd = safefile.open_regular(CONTAINER_REGION_FILE, dir_fd=folder)
+    except (FileNotFoundError, safefile.NotRegularFile):
+        return False  # none yet, or not a file: the interposer refuses what is not a region
+    try:
+        held = held_by_a_process(fd)
+    finally:
+        os.close(fd)
+    return held and hostfs.remove_regular_file(folder, folder_path, CONTAINER_REGION_FILE)
 
 
 class DriverLimitRefused(OSError):

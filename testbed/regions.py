@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from egpu.records import Allocation, CardShare, ContainerAllocation, PodShares
-from node_agent.metrics.region import (
+from egpu.region_layout import (
     CARD,
     HEADER,
     PROC_SIZE,

@@ -11,29 +11,25 @@ metric a moment stale is fine). Layout, little-endian (sizes in bytes)::
     cards[16] (96 each): char uuid[48] ("" = free) | u64 limit_bytes | u64 used_bytes
                   | u64 peak_bytes | u64 refused | 16 reserved (peak and refused were reserved
                   and zero before: an older interposer's region reads 0 for both)
-    procs[1024] (144 each): not read here.
+    procs[1024] (144 each): not read here (egpu.region_layout).
 """
 
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass
 
 from egpu import safefile
 from egpu.contract import CONTAINER_REGION_FILE, CONTAINERS_SUBDIR
-
-REGION_MAGIC = 0x3147455250474545
-REGION_VERSION = 1
-MAX_CARDS = 16
-MAX_PROCS = 1024
-HEADER = struct.Struct("<QII64sIIQQ40s")
-CARD = struct.Struct("<48sQQQQ16s")
-PROC_SIZE = 144
-REGION_SIZE = HEADER.size + CARD.size * MAX_CARDS + PROC_SIZE * MAX_PROCS
-READ_SIZE = HEADER.size + CARD.size * MAX_CARDS
-
-assert HEADER.size == 144 and CARD.size == 96 and REGION_SIZE == 149136
+from egpu.region_layout import (
+    CARD,
+    HEADER,
+    MAX_CARDS,
+    READ_SIZE,
+    REGION_MAGIC,
+    REGION_SIZE,
+    REGION_VERSION,
+)
 
 
 class RegionError(ValueError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,8 +152,63 @@ def wrong_shares(cluster: RealCluster, pods: list[dict[str, Any]], mib: int) -> 
                 sorted(result.get("cards") or []))
         if seen != (mib, CUDA_ERROR_OUT_OF_MEMORY, cards):  # with all it saw: which call failed
             wrong.append(f"{name}: total/one-more/cards {seen}, placed {mib} MiB on {cards}; "
-                         f"the probe: {json.dumps(result)}")
+                         f"the probe: {json.dumps(result)}; the region's holders: "
+                         f"{region_holders(cluster, pod, probe)}")
     return wrong
+
+
+def region_holders(cluster: RealCluster, pod: dict[str, Any], container: str) -> list[str]:
+    """Which host processes hold the container's accounting region open (pid, state, name,
+    cgroup), and the region's process slots: what a wrong share is told apart by (a process
+    of an earlier instance of the container still holding the share, or a stale slot)."""
+    import os
+    import struct
+
+    from devcluster import realnode
+    from egpu.region_layout import PROC_SIZE, PROCS_OFFSET
+
+    uid = pod["metadata"]["uid"]
+    node = pod["spec"].get("nodeName", "")
+    owner = cluster.node if node == cluster.node.name else realnode.RealNode.load(
+        cluster.info.state_dir, node)
+    path = owner.host_path(f"/var/run/egpu/containers/{uid}_{container}/region")
+    out: list[str] = []
+    try:
+        info = os.stat(path)
+        data = path.read_bytes()
+    except OSError as exc:
+        return [f"{path}: {exc}"]
+    base = PROCS_OFFSET
+    for i in range((len(data) - base) // PROC_SIZE):
+        pid, flags, start = struct.unpack_from("<iIQ", data, base + i * PROC_SIZE)
+        if pid:
+            used = struct.unpack_from("<Q", data, base + i * PROC_SIZE + 16)[0]
+            out.append(f"slot {i}: pid {pid} flags {flags} start {start} used {used >> 20} MiB")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fds = list((proc / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(fd)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (info.st_dev, info.st_ino):
+                try:
+                    status = (proc / "status").read_text()
+                    state = re.search(r"State:\s*(.*)", status)
+                    cgroup = (proc / "cgroup").read_text().strip().splitlines()[-1]
+                    cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
+                except OSError as exc:
+                    out.append(f"pid {proc.name}: {exc}")
+                    break
+                out.append(f"pid {proc.name} holds it: {state.group(1) if state else '?'} "
+                           f"{cmd!r} cgroup {cgroup}")
+                break
+    return out
 
 
 def node_files(cluster: RealCluster) -> set[str]:

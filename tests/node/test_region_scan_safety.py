@@ -19,8 +19,9 @@ from test_card_region import make_card, share_bytes
 
 from egpu import card_roster
 from egpu.card_roster import RosterEntry
+from egpu.region_layout import REGION_SIZE
 from node_agent.metrics import card_region as cr
-from node_agent.metrics.region import REGION_SIZE, scan
+from node_agent.metrics.region import scan
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 U1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"

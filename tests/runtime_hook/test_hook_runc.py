@@ -294,3 +294,36 @@ def test_containers_and_pods_on_one_claim_draw_on_one_budget(
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_new_instance_of_a_container_gets_its_whole_share_while_a_lost_one_holds_the_old(
+        interposer_world: RuncWorld) -> None:
+    """containerd restarted while it started a container: the kubelet saw the start fail and
+    created the container again, and the first instance's process lived on, holding 3000 MiB
+    of the 4096 MiB share in the container's accounting region. The new instance (same pod,
+    same container name: the same region folder) sees its whole share and allocates 3000 MiB.
+    The bug this catches: the new instance found its share full (cuCtxCreate
+    OUT_OF_MEMORY on a 1000 MiB share in the containerd-restart burst), a replica Running
+    without its share."""
+    world = interposer_world
+    ann = pod(world, "aaaaaaaa-0000-0000-0000-0000000000d1")
+    lost = world.start(["/probe", "3000", "hold"], SHARE_ENV, ann)
+    try:
+        assert lost.proc.stdout is not None
+        line = lost.proc.stdout.readline()
+        assert "alloc=0" in line, (line, lost.proc.stderr.read() if lost.proc.poll() is not None
+                                   else "")
+        again, _ = world.run(["/probe", "3000"], SHARE_ENV, ann)
+        assert again.returncode == 0, again.stderr
+        assert (again.values["total_mib"], again.values["alloc"]) == (SHARE_MIB, CUDA_SUCCESS), (
+            again.stdout, again.stderr)
+        region = world.runtime_dir / "containers" / f"{ann['io.kubernetes.cri.sandbox-uid']}_main"
+        kept = (region / "region").stat().st_ino
+    finally:
+        lost.kill()
+        lost.wait()
+    # with nothing holding it, the next instance keeps the region (the exporter's peak and
+    # refusal counts of the container go on)
+    done, _ = world.run(["/probe", "0"], SHARE_ENV, ann)
+    assert done.returncode == 0, done.stderr
+    assert (region / "region").stat().st_ino == kept

@@ -258,3 +258,38 @@ def test_the_share_path_takes_the_roster_codec_from_the_bundle_and_nothing_heavy
                 if line.startswith("import time:") and not line.endswith("imported package")}
     assert "egpu.card_roster" in imported
     assert not imported & (HEAVY - {"ctypes"}), sorted(imported & HEAVY)
+
+
+def _egpu_imports(module: str) -> set[str]:
+    """The egpu and runtime_hook modules ``module``'s source imports, at any depth of its
+    code (the hook imports most of them inside functions, on the path that needs them)."""
+    import ast
+
+    tree = ast.parse(Path(bundle._source_path(module)).read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            # ``from egpu import safefile`` names a module, ``from egpu.x import y`` does not
+            found |= {f"{node.module}.{alias.name}" for alias in node.names
+                      if node.module in bundle.PACKAGES}
+    return {name for name in found if name.split(".")[0] in bundle.PACKAGES
+            and (name in bundle.PACKAGES or Path(bundle._source_path(name)).exists())}
+
+
+def test_every_module_the_hook_imports_is_carried_by_its_file() -> None:
+    """The installed hook runs as ``python3 -IS`` on a node without the egpu package: a module
+    its code imports on some path (driver limits, a held region) that the file does not carry
+    fails that path with ImportError, after the container was already half set up. The bug
+    this catches: egpu.driver_limits missing, so every container on a node whose driver takes
+    per-container memory limits failed to start."""
+    carried = set(bundle.MODULES)
+    # egpu.records loads the node annotations' records lazily (module __getattr__), which the
+    # hook never reads
+    never_on_the_hooks_path = {"egpu.node_records"}
+    missing = {f"{name} (imported by {module})" for module in carried
+               for name in _egpu_imports(module) - never_on_the_hooks_path
+               if name not in carried}
+    assert not missing, sorted(missing)
