@@ -17,8 +17,20 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from egpu.contract import RECORD_VERSION
+from egpu.contract import MAX_SHARE_MIB, RECORD_VERSION
 from egpu.records import RecordError, _field, _list, _load_object, _non_negative
+
+# The largest card size (MiB) an inventory may state: a card's whole memory is what a share of
+# 100% gets, so no card larger than a share may be (MAX_SHARE_MIB, 1 EiB, far above any GPU).
+# The bound also keeps placement's arithmetic finite (the extender multiplies a card's size by
+# the float oversubscription ratio: 10**400 MiB overflowed there, failing every filter).
+MAX_CARD_MIB = MAX_SHARE_MIB
+
+
+def _shown(value: int) -> str:
+    """An integer for a message: itself, or its digit count when it is too long to read."""
+    text = str(value)
+    return text if len(text) <= 20 else f"an integer of {len(text.lstrip('-'))} digits"
 
 
 @dataclass(frozen=True)
@@ -44,7 +56,10 @@ class Card:
             raise RecordError(f"{where}.uuid: empty")
         memory = _field(obj, "memory_mib", int, where)
         if memory <= 0:
-            raise RecordError(f"{where}.memory_mib: {memory} must be >= 1")
+            raise RecordError(f"{where}.memory_mib: {_shown(memory)} must be >= 1")
+        if memory > MAX_CARD_MIB:
+            raise RecordError(f"{where}.memory_mib: {_shown(memory)} out of range; "
+                              f"allowed: 1..{MAX_CARD_MIB}")
         return cls(
             uuid=uuid,
             index=_non_negative(_field(obj, "index", int, where), f"{where}.index"),

@@ -150,6 +150,16 @@ def _node(item: Any) -> KubeNode:
     return KubeNode(item)
 
 
+def _evaluation_failed(node: str, exc: Exception) -> Unfit:
+    """The answer for a node whose evaluation raised: that node fails (resolvably: the next
+    try may find it changed), with the error as the reason, and the traceback is logged; the
+    other nodes of the request are answered as usual."""
+    log.error("node %s: evaluating it for a pod failed; reported as not fitting",
+              node, exc_info=exc)
+    return Unfit(node, f"internal error of the egpu extender evaluating this node "
+                       f"({type(exc).__name__}: {str(exc)[:200]}); see the extender's log")
+
+
 def _errors_text(reading: PodReading) -> str:
     return "invalid egpu request: " + "; ".join(e.message for e in reading.errors)
 
@@ -225,7 +235,11 @@ class Extender:
             elif seen.get(name) is view:
                 append(answers[name])
             else:
-                result = answers[name] = run(view)
+                try:
+                    result = run(view)
+                except Exception as exc:  # a bug or absurd data: this node fails, not the call
+                    result = _evaluation_failed(name, exc)
+                answers[name] = result
                 seen[name] = view
                 append(result)
         return out
@@ -309,7 +323,11 @@ class Extender:
         view = self.state.node(node, excluding=uid)
         if view is None:
             return f"node {node}: {UNKNOWN_NODE}"
-        result = fit(view, PodDemand.from_request(reading.request), self.limits, self.clock())
+        try:
+            result = fit(view, PodDemand.from_request(reading.request), self.limits,
+                         self.clock())
+        except Exception as exc:  # a bug or absurd data: this bind fails, not the request
+            return f"node {node}: {_evaluation_failed(node, exc).reason}"
         if isinstance(result, Unfit):
             return f"node {node} no longer fits the pod: {result.reason}"
         # The reservation holds the very record the Binding writes: the watch confirms it.

@@ -10,7 +10,10 @@ view from a list of nodes and pods:
   annotation appears (even before the pod is bound) until the pod is gone or has finished
   (phase Succeeded or Failed). A terminating pod (deletionTimestamp set) keeps its bookings
   until it is deleted. Bookings are keyed by pod UID, so a delete event without annotations
-  still releases them. A pod without egpu resources books nothing, whatever it carries;
+  still releases them. A pod without egpu resources books nothing, whatever it carries; an
+  egpu pod whose request no longer reads as valid (its pod-level egpu annotations, such as
+  ``egpu.io/gpu-policy``, stay editable) books its record all the same, as the node agent
+  and ``kubectl egpu`` honour it;
 - the annotation is written once (the extender's Binding; the ValidatingAdmissionPolicy of
   manifests/webhook denies edits): the first allocation seen for a pod UID (or the one its
   own bind wrote) stands, and a later different or removed annotation is ignored with a
@@ -111,29 +114,43 @@ class Booking:
 def booking_from_pod(pod: Mapping[str, Any], config: Config,
                      reading: PodReading | None = None) -> Booking | None:
     """The booking a pod object holds, or None (no or unreadable allocation, finished pod,
-    or a pod without a valid egpu request: only the extender writes the annotation, and only
-    on egpu pods).
+    or a pod without egpu resources: only the extender writes the annotation, and only on
+    egpu pods).
+
+    An egpu pod whose request no longer reads as valid (its pod-level egpu annotations stay
+    editable after creation) keeps booking its record, as the node agent and ``kubectl egpu``
+    honour it: by the kinds the record carries, else every container summed.
 
     ``reading``: ``read_pod(pod, config)`` when the caller has it already."""
+    return pod_booking(pod, config, reading)[0]
+
+
+def pod_booking(pod: Mapping[str, Any], config: Config,
+                reading: PodReading | None = None) -> tuple[Booking | None, str]:
+    """``booking_from_pod`` and, when it is None, why (for logs; "" when the pod has no
+    allocation annotation, no UID or has finished)."""
     view = KubePod(pod)
     uid = view.uid
     text = view.annotation(ANN_ALLOCATION)
     if not uid or text is None or view.finished:
-        return None
+        return None, ""
     try:
         allocation = Allocation.decode(text)
-    except RecordError:
-        return None
+    except RecordError as exc:
+        return None, f"annotation {ANN_ALLOCATION} is unreadable: {exc}"
     node = allocation.node or view.node_name
     if not node:
-        return None
-    request = (reading or read_pod(pod, config)).request
-    if request is None:  # not an egpu pod (or an invalid one): a hand-written annotation
-        return None  # books nothing
-    # the kinds the extender decided and wrote; the spec's only for an older extender's record
+        return None, (f"annotation {ANN_ALLOCATION} names no node and the pod is not bound "
+                      "to one")
+    reading = reading or read_pod(pod, config)
+    if not reading.is_egpu_pod:  # a hand-written annotation on a pod without egpu resources
+        return None, ("the pod asks for no egpu resource, so its annotation "
+                      f"{ANN_ALLOCATION} books nothing")
+    # the kinds the extender decided and wrote; the spec's only for an older extender's
+    # record, and with no valid request (annotations edited invalid) every container summed
     bookings = (record_bookings(allocation) if allocation.complete
-                else allocation_bookings(allocation, request))
-    return Booking(uid, view.key, node, allocation, bookings)
+                else allocation_bookings(allocation, reading.request))
+    return Booking(uid, view.key, node, allocation, bookings), ""
 
 
 @dataclass
@@ -241,7 +258,7 @@ class ClusterState:
         reading = read_pod(pod, self.config)
         if reading.is_egpu_pod:
             self.pods[uid] = pod
-        booking = booking_from_pod(pod, self.config, reading)
+        booking, why_none = pod_booking(pod, self.config, reading)
         reservation = self._reserved.get(uid)
         prior = self._observed.get(uid)
         finished = view.finished
@@ -256,7 +273,7 @@ class ClusterState:
               and (booking is None or booking.allocation != prior.allocation)):
             # The first allocation seen stands until the pod finishes or is deleted: an
             # edited (or removed) annotation books nothing more and releases nothing.
-            self._ignored(uid, pod, booking, prior)
+            self._ignored(uid, pod, booking, prior, why_none)
             booking = prior
         touched = self._change(uid, observed=booking, reservation=None if confirmed else "keep")
         self._changed(touched | {view.node_name})
@@ -268,15 +285,18 @@ class ClusterState:
                     listener(node)
 
     def _ignored(self, uid: str, pod: Mapping[str, Any], seen: Booking | None,
-                 kept: Booking) -> None:
-        """Log (once per pod and value) that a changed allocation annotation was ignored."""
+                 kept: Booking, why_none: str = "") -> None:
+        """Log (once per pod and value) that a changed allocation annotation was ignored;
+        ``why_none``: why the pod, as it is now, books nothing (``pod_booking``)."""
         annotation = KubePod(pod).annotation(ANN_ALLOCATION)
         text = str(annotation)
         if self._warned.get(uid) == text:
             return
         self._warned[uid] = text
-        what = "removed" if seen is None and annotation is None else (
-            "changed to an unreadable value" if seen is None else "changed")
+        what = "removed" if seen is None and annotation is None else "changed"
+        if seen is None and annotation is not None:
+            what += (" to a value that books nothing ("
+                     f"{why_none or f'annotation {ANN_ALLOCATION} is unreadable'})")
         log.warning("pod %s (uid %s): annotation %s %s after it was set; ignored, the pod "
                     "keeps booking %s on node %s (the annotation is written once, by the "
                     "extender at bind time)", pod_key(pod), uid, ANN_ALLOCATION, what,

@@ -12,6 +12,7 @@ kubelet plugin (``node_agent.draplugin``: it prepares the claim) and by the clus
   (bytes, a Quantity, a whole number of MiB) and ``cores`` (% of the card, 0..100) are the
   share of that card (none recorded: the whole card's memory, no cores); ``shareID`` is
   passed back to the kubelet. ``claim_pool(claim)`` names the node whose pool holds them.
+  A result with ``adminAccess`` is refused (kube-scheduler books nothing for it).
 - ``share_config(claim, devices)``: the opaque config of the driver
   (``status.allocation.devices.config``, the class's and the claim's as the scheduler copied
   them; the last that applies wins), each decoded by
@@ -182,13 +183,24 @@ def claim_pool(claim: Mapping[str, Any]) -> str | None:
     return None
 
 
+# A result with adminAccess is not counted as allocated by kube-scheduler (its
+# GatherAllocatedState / foreachAllocatedDevice skip such results): its memory and cores would
+# stay free for every later claim, so a share prepared from it would overbook the card.
+ADMIN_ACCESS_REFUSED = (
+    "{where}: adminAccess: {value!r}: admin access is not supported by the " + DRA_DRIVER
+    + " driver (kube-scheduler books no memory or cores for an admin-access result, so the "
+    "card would be overbooked); to watch a card's use, read the node agent's exporter "
+    "metrics or run kubectl egpu; to use the card, request a share without adminAccess")
+
+
 def claim_devices(claim: Mapping[str, Any], node: str, cards: Sequence[Card],
                   healthy_only: bool = True) -> tuple[ClaimDevice, ...]:
     """The claim's devices of driver gpu.egpu.io on ``node`` (module docstring), in
     allocation order; ``cards``: the node's inventory. Raises ClaimError: not allocated, a
-    result on another node's pool, an unknown card (or, with ``healthy_only``, an unhealthy
-    one: the kubelet plugin prepares none; the cluster view shows what it books), a capacity
-    that is no whole MiB count >= 1 or outside 0..100 cores, no device of the driver."""
+    result with ``adminAccess`` (``ADMIN_ACCESS_REFUSED``), a result on another node's pool,
+    an unknown card (or, with ``healthy_only``, an unhealthy one: the kubelet plugin prepares
+    none; the cluster view shows what it books), a capacity that is no whole MiB count >= 1
+    or outside 0..100 cores, no device of the driver."""
     ref = claim_ref(claim)
     if not (claim.get("status") or {}).get("allocation"):
         raise ClaimError(f"ResourceClaim {ref} is not allocated")
@@ -201,6 +213,9 @@ def claim_devices(claim: Mapping[str, Any], node: str, cards: Sequence[Card],
     out = []
     for i, result in allocation_results(claim):
         where = f"ResourceClaim {ref} result {i} (device {result.get('device')!r})"
+        admin = result.get("adminAccess")
+        if admin is not None and admin is not False:
+            raise ClaimError(ADMIN_ACCESS_REFUSED.format(where=where, value=admin))
         if result.get("pool") != node:
             raise ClaimError(f"{where}: pool {result.get('pool')!r} is not this node's ({node})")
         found = by_name.get(str(result.get("device")))

@@ -26,6 +26,7 @@ from scheduler.placement.model import (
     Unfit,
 )
 from scheduler.placement.rule import (
+    HEARTBEAT_FUTURE_SKEW_S,
     MAX_CARDS_IN_REASON,
     NOTHING,
     Bounds,
@@ -127,7 +128,8 @@ def utilization_checker(demand: PodDemand, limits: Limits,
     # itself and words why; the property test check == fit holds the two to one answer.
     def run(node: NodeState) -> float | Unfit:
         heartbeat = node.heartbeat
-        if node.problem or heartbeat is None or now - heartbeat > timeout:
+        if (node.problem or heartbeat is None or now - heartbeat > timeout
+                or heartbeat - now > HEARTBEAT_FUTURE_SKEW_S):
             return slow(node)
         if fixed is not None:  # the amount does not vary by card: stop at the need-th card
             found = 0

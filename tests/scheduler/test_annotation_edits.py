@@ -123,3 +123,105 @@ def test_a_pod_without_egpu_resources_books_nothing_whatever_it_carries() -> Non
     ext = Extender(state, CFG, Api(), clock=lambda: NOW)
     c = pod("c", containers=[limits(memory=1000)], uid="uid-C")
     assert ext.filter({"Pod": c, "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
+
+
+# A tenant may still edit the pod-level egpu annotations of its running pod (only
+# egpu.io/allocation is guarded): the pod then no longer reads as a valid request, but it is an
+# egpu pod with the extender's record, which the node agent and kubectl egpu honour.
+INVALID_POLICY_EDITS = [
+    ("egpu.io/gpu-policy", "fullest"),
+    ("egpu.io/node-policy", "nearest"),
+    ("egpu.io/compute-policy", "greedy"),
+    ("egpu.io/memory-oversubscription", "maybe"),
+    ("egpu.io/use-gpu-type", "A10,,"),
+]
+
+
+def _annotated(a: dict[str, Any], key: str, value: str) -> dict[str, Any]:
+    out = json.loads(json.dumps(a))
+    out["metadata"]["annotations"][key] = value
+    return out
+
+
+@pytest.mark.parametrize(("key", "value"), INVALID_POLICY_EDITS)
+def test_a_fresh_view_still_books_a_running_pod_whose_policy_annotation_became_invalid(
+        key: str, value: str) -> None:
+    _, _, a, text = _bound()
+    edited = _annotated(a, key, value)
+    fresh = ClusterState(CFG)  # an extender restart, a rollout, the standby taking over
+    fresh.replace_nodes([node("n1", cards(1, memory=24576))])
+    fresh.replace_pods([edited])
+    booking = fresh.booking("uid-A")
+    assert booking is not None and booking.allocation.encode() == text
+    assert fresh.usage("n1")["GPU-0"].memory_mib == 20000
+    ext = Extender(fresh, CFG, Api(), clock=lambda: NOW)
+    b = pod("b", containers=[limits(memory=20000)], uid="uid-B")
+    fresh.observe_pod(b)
+    answer = ext.filter({"Pod": b, "NodeNames": ["n1"]})
+    assert answer["NodeNames"] == [] and "n1" in answer["FailedNodes"]
+
+
+@pytest.mark.parametrize(("key", "value"), INVALID_POLICY_EDITS)
+def test_a_live_view_keeps_the_booking_of_a_pod_whose_policy_annotation_became_invalid(
+        key: str, value: str, caplog: pytest.LogCaptureFixture) -> None:
+    state, ext, a, text = _bound()
+    before = state.usage("n1")
+    with caplog.at_level(logging.WARNING, logger="egpu.scheduler"):
+        state.observe_pod(_annotated(a, key, value))  # the watch's MODIFIED event
+    assert state.usage("n1") == before
+    assert state.booking("uid-A").allocation.encode() == text  # type: ignore[union-attr]
+    # the allocation record is intact: nothing may blame it
+    assert not [r for r in caplog.records if "unreadable" in r.getMessage()]
+    b = pod("b", containers=[limits(memory=20000)], uid="uid-B")
+    state.observe_pod(b)
+    assert ext.filter({"Pod": b, "NodeNames": ["n1"]})["NodeNames"] == []
+
+
+def test_a_bound_pod_first_seen_with_an_invalid_policy_annotation_confirms_its_bind() -> None:
+    """The watch's first sight of the bound pod already carries an invalid annotation: it
+    confirms the bind's reservation, so the booking outlives the reservation's expiry."""
+    state = ClusterState(CFG)
+    state.upsert_node(node("n1", cards(1, memory=24576)))
+    api = Api()
+    ext = Extender(state, CFG, api, clock=lambda: NOW)
+    a = pod("a", containers=[limits(memory=20000)], uid="uid-A")
+    state.observe_pod(a)
+    asyncio.run(ext.bind({"PodNamespace": "default", "PodName": "a", "PodUID": "uid-A",
+                          "Node": "n1"}))
+    text = api.bound["uid-A"][1]["egpu.io/allocation"]  # type: ignore[index]
+    a["spec"]["nodeName"] = "n1"
+    a["metadata"]["annotations"].update({"egpu.io/allocation": text,
+                                         "egpu.io/gpu-policy": "fullest"})
+    state.observe_pod(a)
+    assert state.reserved("uid-A") is None  # confirmed by the watch
+    state.expire_reservations(max_age_s=-1)
+    assert sum(u.memory_mib for u in state.usage("n1").values()) == 20000
+
+
+def test_an_older_record_of_a_pod_with_invalid_annotations_books_every_container_summed() -> None:
+    """Without a valid request to tell init containers from app containers, an older
+    extender's record (no kinds) books the sum of its containers: never less than the rule."""
+    record = json.dumps({"version": 1, "node": "n1", "containers": [
+        {"name": "init0", "init": True,
+         "cards": [{"uuid": "GPU-0", "index": 0, "memory_mib": 6000, "cores": 50}]},
+        {"name": "c0", "init": False,
+         "cards": [{"uuid": "GPU-0", "index": 0, "memory_mib": 4000, "cores": 30}]}]})
+    p = pod("a", containers=[limits(memory=4000, cores=30)],
+            inits=[limits(memory=6000, cores=50)], node="n1", allocation=record,
+            annotations={"egpu.io/gpu-policy": "fullest"}, uid="uid-A", phase="Running")
+    state = ClusterState(CFG)
+    state.replace_nodes([node("n1", cards(1, memory=24576))])
+    state.replace_pods([p])
+    usage = state.usage("n1")["GPU-0"]
+    assert (usage.memory_mib, usage.cores, usage.slots) == (10000, 80, 2)
+
+
+def test_an_unreadable_allocation_edit_is_logged_with_what_is_unreadable(
+        caplog: pytest.LogCaptureFixture) -> None:
+    state, _, a, _ = _bound()
+    with caplog.at_level(logging.WARNING, logger="egpu.scheduler"):
+        state.observe_pod(_edited(a, '{"version": 1, "containers": 7}'))
+    warnings = [r.getMessage() for r in caplog.records if "uid-A" in r.getMessage()]
+    assert len(warnings) == 1
+    # the decoder's reason, naming the field
+    assert "egpu.io/allocation is unreadable: allocation.containers" in warnings[0]

@@ -169,3 +169,21 @@ async def test_the_metrics_listener_never_binds() -> None:
             assert api.pods[("default", "p")]["spec"]["nodeName"] == "a"
     finally:
         await runner.cleanup()
+
+
+async def test_a_node_with_an_absurd_inventory_does_not_fail_the_filter_request() -> None:
+    """/tmp/review_placement/r5: one node's card of 10**400 MiB answered HTTP 500 for every
+    pod that opts into memory oversubscription."""
+    from egpu.records import Card
+    state = ClusterState(CONFIG)
+    state.replace_nodes([node("good", cards(2)),
+                         node("bad", [Card("GPU-x", 0, "NVIDIA A10", 10**400)])])
+    app = make_app(Extender(state, CONFIG, None, clock=lambda: NOW))
+    async with TestClient(TestServer(app)) as client:
+        p = pod(containers=[limits(memory=1000)],
+                annotations={"egpu.io/memory-oversubscription": "true"})
+        r = await client.post("/filter", json={"Pod": p, "NodeNames": ["good", "bad"]})
+        assert r.status == 200
+        result = await r.json()
+    assert result["NodeNames"] == ["good"]
+    assert "memory_mib" in result["FailedAndUnresolvableNodes"]["bad"]

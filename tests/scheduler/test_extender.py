@@ -393,3 +393,71 @@ def test_node_annotation_changes_are_seen() -> None:
     assert ext.filter(args(p, ["n"]))["NodeNames"] == ["n"]
     ext.state.delete_node("n")
     assert ext.filter(args(p, ["n"]))["FailedAndUnresolvableNodes"]
+
+
+# --- a node the extender cannot evaluate fails alone ---------------------------------------
+
+def _absurd_node(name: str) -> dict[str, Any]:
+    from egpu.records import Card
+    return node(name, [Card("GPU-x", 0, "NVIDIA A10", 10**400)])
+
+
+def test_a_node_whose_inventory_names_an_absurd_card_size_is_unresolvable_alone() -> None:
+    """10**400 MiB overflowed the oversubscription bound's float product, and the exception
+    failed the whole filter (HTTP 500) for every oversubscribing pod of the cluster."""
+    ext, _ = make([node("good", cards(2)), _absurd_node("bad")])
+    p = pod(containers=[limits(memory=1000)],
+            annotations={"egpu.io/memory-oversubscription": "true"})
+    result = ext.filter(args(p, ["good", "bad"]))
+    assert result["NodeNames"] == ["good"]
+    reason = result["FailedAndUnresolvableNodes"]["bad"]
+    assert reason.startswith("egpu inventory unreadable: inventory.cards[0].memory_mib: "
+                             "an integer of 401 digits out of range; allowed: 1.."), reason
+    scores = ext.prioritize(args(p, ["good", "bad"]))  # answers, scoring the node 0
+    assert {s["Host"]: s["Score"] for s in scores}["bad"] == 0
+
+
+def test_a_node_whose_evaluation_raises_fails_that_node_alone_and_is_logged(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import scheduler.extender as extender_module
+    real = extender_module.utilization_checker
+
+    def broken(*a: Any, **kw: Any) -> Any:
+        run = real(*a, **kw)
+
+        def wrapped(view: Any) -> Any:
+            if view.name == "bad":
+                raise OverflowError("int too large to convert to float")
+            return run(view)
+        return wrapped
+
+    monkeypatch.setattr(extender_module, "utilization_checker", broken)
+    ext, _ = make([node("good", cards(1)), node("bad", cards(1))])
+    p = pod(containers=[limits(memory=1000)])
+    with caplog.at_level("ERROR", logger="egpu.scheduler"):
+        result = ext.filter(args(p, ["good", "bad"]))
+        scores = ext.prioritize(args(p, ["good", "bad"]))
+    assert result["NodeNames"] == ["good"] and result["Error"] == ""
+    reason = result["FailedNodes"]["bad"]
+    assert "OverflowError" in reason and "int too large to convert to float" in reason
+    assert {s["Host"]: s["Score"] for s in scores}["bad"] == 0
+    logged = [r for r in caplog.records if "bad" in r.getMessage()]
+    assert logged and logged[0].exc_info is not None  # the traceback is in the log
+
+
+async def test_bind_answers_an_error_when_fitting_the_node_raises(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import scheduler.extender as extender_module
+
+    def broken(*a: Any, **kw: Any) -> Any:
+        raise OverflowError("int too large to convert to float")
+
+    monkeypatch.setattr(extender_module, "fit", broken)
+    ext, api = make([node("n", cards(1))])
+    p = api.add(pod(containers=[limits(memory=1000)]))
+    with caplog.at_level("ERROR", logger="egpu.scheduler"):
+        result = await ext.bind(bind_args(p, "n"))
+    assert "OverflowError" in result["Error"] and "node n" in result["Error"]
+    assert ext.state.reserved(p["metadata"]["uid"]) is None  # nothing booked
+    assert not api.pods[("default", p["metadata"]["name"])]["spec"].get("nodeName")
+    assert any(r.exc_info for r in caplog.records)

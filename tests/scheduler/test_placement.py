@@ -68,6 +68,26 @@ def test_missing_heartbeat() -> None:
     assert "heartbeat" in r.reason and r.unresolvable
 
 
+def test_a_heartbeat_from_the_future_beyond_the_clock_skew_is_stale() -> None:
+    """A node whose clock runs ahead would stay fresh long after its agent died (its
+    heartbeat's age is negative): one more than HEARTBEAT_FUTURE_SKEW_S ahead is stale, in the
+    full search (bind) and on the fast path (filter, prioritize) alike."""
+    from scheduler.placement import check
+    from scheduler.placement.rule import HEARTBEAT_FUTURE_SKEW_S
+    n = NodeState("n", (card(0),), heartbeat=NOW + HEARTBEAT_FUTURE_SKEW_S + 1)
+    for r in (unfit(place(n, pod())), unfit(check(n, demand(pod()), LIMITS, NOW))):
+        assert r.unresolvable
+        assert "61 s in the future" in r.reason and "clock" in r.reason, r.reason
+
+
+def test_a_heartbeat_slightly_ahead_of_the_clock_is_fresh() -> None:
+    from scheduler.placement import check
+    from scheduler.placement.rule import HEARTBEAT_FUTURE_SKEW_S
+    n = NodeState("n", (card(0),), heartbeat=NOW + HEARTBEAT_FUTURE_SKEW_S)
+    placed(place(n, pod()))
+    assert not isinstance(check(n, demand(pod()), LIMITS, NOW), Unfit)
+
+
 def test_inventory_problem_is_reported() -> None:
     r = unfit(place(NodeState("n", (), NOW, problem="egpu inventory unreadable: x"), pod()))
     assert r.reason == "egpu inventory unreadable: x" and r.unresolvable

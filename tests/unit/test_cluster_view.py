@@ -359,3 +359,12 @@ def test_kubectl_egpu_reads_the_config_of_the_namespace_egpu_is_installed_in(
     advise_cmd.add_arguments(advise)
     advise_cmd.run(advise.parse_args(["--egpu-namespace", "gpu-share"]), say=lambda _: None)
     assert configs and set(configs) == {"gpu-share"}, configs
+
+
+def test_an_admin_access_claim_is_a_problem_and_books_nothing() -> None:
+    """The node agent refuses to prepare it (kube-scheduler books nothing for it either)."""
+    admin = claim("admin", [("gpu", "gpu-a", "23028Mi", "100")])
+    admin["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    [view] = cluster_view([node()], [], claims=[admin])
+    assert (view.cards[0].booked_mib, view.cards[0].booked_cores) == (0, 0)
+    assert len(view.problems) == 1 and "admin access is not supported" in view.problems[0]

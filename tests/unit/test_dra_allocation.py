@@ -63,11 +63,50 @@ def test_claims_that_cannot_be_prepared(claim: dict[str, Any], message: str) -> 
         allocation.prepare(claim, [share_pod()], NODE, CARDS)
 
 
+def _admin_access_claim(value: Any = True) -> dict[str, Any]:
+    """/tmp/review_placement/r4: a share claim whose request and result ask adminAccess."""
+    claim = share_claim(memory="81559Mi", cores="100")
+    claim["spec"]["devices"]["requests"][0]["exactly"] = {
+        "deviceClassName": "share.gpu.egpu.io", "adminAccess": value}
+    claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = value
+    return claim
+
+
+def test_an_admin_access_result_is_refused_at_prepare_saying_what_to_do_instead() -> None:
+    """kube-scheduler does not count an adminAccess result as allocated (its memory and cores
+    are free for every later claim): prepared as a share, it would overbook the card."""
+    with pytest.raises(ClaimError) as info:
+        allocation.prepare(_admin_access_claim(), [share_pod()], NODE, CARDS)
+    message = str(info.value)
+    assert message.startswith("ResourceClaim ml/share-pod-gpu-x result 0 (device "
+                              "'gpu-aaaa-0001'): adminAccess: True: admin access is not "
+                              "supported by the gpu.egpu.io driver"), message
+    assert "kubectl egpu" in message and "exporter" in message and "without adminAccess" in (
+        message)
+    with pytest.raises(ClaimError, match="admin access is not supported"):  # the cluster view
+        allocation.claim_devices(_admin_access_claim(), NODE, CARDS, healthy_only=False)
+
+
+def test_a_result_with_admin_access_false_is_an_ordinary_share() -> None:
+    (device,) = allocation.prepare(_admin_access_claim(False), [share_pod()], NODE, CARDS).devices
+    assert (device.memory_mib, device.cores) == (81559, 100)
+
+
 def test_no_consumed_capacity_means_the_whole_card() -> None:
     claim = share_claim()
     del claim["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]
     (device,) = allocation.prepare(claim, [share_pod()], NODE, CARDS).devices
     assert (device.memory_mib, device.cores) == (81559, 0)
+
+
+def test_the_share_a_result_consumed_of_the_card_changes_nothing_on_the_node() -> None:
+    """The scheduler records each result's one ``shares`` (egpu.dra.slices.CAPACITY_SHARES)
+    in consumedCapacity: it bounds how many allocations a card takes, and gives the container
+    no memory or cores."""
+    claim = share_claim()
+    claim["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]["shares"] = "1"
+    assert (allocation.prepare(claim, [share_pod()], NODE, CARDS)
+            == allocation.prepare(share_claim(), [share_pod()], NODE, CARDS))
 
 
 def test_an_unhealthy_card_is_never_prepared_but_still_read_for_the_cluster_view() -> None:

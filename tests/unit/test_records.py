@@ -91,6 +91,25 @@ def test_inventory_errors_name_the_field(text: str, fragment: str) -> None:
     assert fragment in str(info.value)
 
 
+@pytest.mark.parametrize(("memory", "shown"), [
+    (2**40 + 1, "1099511627777"),
+    (10**400, "an integer of 401 digits"),
+], ids=["one-past-the-bound", "401-digits"])
+def test_an_inventory_card_larger_than_any_share_is_refused_naming_the_bound(
+        memory: int, shown: str) -> None:
+    """A card's size is bounded (placement multiplies it by float ratios: 10**400 MiB would
+    overflow there); the message names the field, the value (briefly) and what is allowed."""
+    text = json.dumps({"version": 1, "cards": [
+        {"uuid": "a", "index": 0, "model": "m", "memory_mib": 1024},
+        {"uuid": "b", "index": 1, "model": "m", "memory_mib": memory}]})
+    with pytest.raises(RecordError) as info:
+        Inventory.decode(text)
+    assert str(info.value) == (f"inventory.cards[1].memory_mib: {shown} out of range; "
+                               "allowed: 1..1099511627776")
+    biggest = text.replace(str(memory), str(2**40))
+    assert Inventory.decode(biggest).cards[1].memory_mib == 2**40
+
+
 def test_allocation_rejects_duplicate_cards_and_bad_cores() -> None:
     dup = {"version": 1, "containers": [{"name": "c", "init": False, "cards": [
         {"uuid": "a", "index": 0, "memory_mib": 1, "cores": 0},
