@@ -1,9 +1,10 @@
 """The node's ResourceSlices for the DRA driver ``gpu.egpu.io`` (``egpu-node-agent --dra``).
 
-The slices come from ``egpu.dra.slices`` (one device per healthy card, consumable ``memory``
-and ``cores``); this module is the API edge: ``KubeSliceStore`` lists, creates, replaces and
-deletes ResourceSlices through the kubernetes client (``CustomObjectsApi``, plain JSON: the
-client's model classes would drop v1 fields that are newer than the client), and
+The slices come from ``egpu.dra.slices`` (one device per healthy card, consumable ``memory``,
+``cores`` and ``shares``: the config's ``sharesPerCard``, at most the roster's 32); this
+module is the API edge: ``KubeSliceStore`` lists, creates, replaces and deletes
+ResourceSlices through the kubernetes client (``CustomObjectsApi``, plain JSON: the client's
+model classes would drop v1 fields that are newer than the client), and
 ``DraPublisher.publish(cards)`` runs ``egpu.dra.slices.sync`` for this node with the Node's UID
 as owner. The heartbeat loop calls it, and the health watcher's wake-up makes it run at once
 when a card turns unhealthy.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from egpu.card_roster import NSLOTS
 from egpu.contract import DRA_DRIVER
 from egpu.dra.slices import ResourceSlice, SlicePlan, sync
 from egpu.records import Card
@@ -67,12 +69,15 @@ class KubeSliceStore:
 
 class DraPublisher:
     """Publishes one node's slices (``publish``), each time with the Node's current UID as
-    owner (a Node deleted and created again gets its slices owned anew)."""
+    owner (a Node deleted and created again gets its slices owned anew). ``shares_per_card``:
+    the config's ``sharesPerCard``, how many allocations a card takes (``egpu.dra.slices``)."""
 
-    def __init__(self, core_v1: Any, node: str, memory_ratio: float = 1.0) -> None:
+    def __init__(self, core_v1: Any, node: str, memory_ratio: float = 1.0,
+                 shares_per_card: int = NSLOTS) -> None:
         self.core_v1 = core_v1
         self.node = node
         self.memory_ratio = memory_ratio
+        self.shares_per_card = shares_per_card
         self.store = KubeSliceStore(core_v1.api_client)
 
     def publish(self, cards: tuple[Card, ...]) -> SlicePlan:
@@ -80,7 +85,8 @@ class DraPublisher:
         ``egpu.dra.slices.SliceError`` for cards that cannot be published and the client's
         ``ApiException`` (a 409 when another writer came in between: the next beat retries)."""
         uid = self.core_v1.read_node(self.node).metadata.uid
-        done = sync(self.store, self.node, cards, self.memory_ratio, uid)
+        done = sync(self.store, self.node, cards, self.memory_ratio, uid,
+                    shares_per_card=self.shares_per_card)
         if done.changed:
             log.info("ResourceSlices of %s: generation %d, %d created, %d updated, %d deleted",
                      self.node, done.generation, len(done.create), len(done.update),

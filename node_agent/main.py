@@ -254,7 +254,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         log.warning("--dra without CDI (--cdi-spec-dir ''): no DRA kubelet plugin, only the "
                     "ResourceSlices")
     registry = PodRegistry(args.node_name, config, args.private_dir, args.runtime_dir,
-                           owned_elsewhere=dra_driver.owns_pod if dra_driver else None)
+                           owned_elsewhere=dra_driver.owns_pod if dra_driver else None,
+                           init_claim_folders=dra_driver.init_only_folders if dra_driver
+                           else None)
     catch_up = (PodCatchUp(registry, list_node_pods(core_v1, args.node_name))
                 if core_v1 is not None else None)
     dra = None
@@ -263,7 +265,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 
         dra = DraPublisher(core_v1, args.node_name,
                            config.memory_oversubscription_ratio
-                           if args.dra_memory_oversubscription else 1.0)
+                           if args.dra_memory_oversubscription else 1.0,
+                           shares_per_card=config.shares_per_card)
     plugin = EgpuDevicePlugin(
         AgentFunctions(cards.get, registry.pending, registry.consume, catch_up=catch_up,
                        cdi_names=cdi.names if cdi is not None else None),

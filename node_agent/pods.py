@@ -127,20 +127,27 @@ def plain_init_containers(allocation: Allocation, pod: Mapping[str, Any]) -> set
     return {name for name, kind in kinds.items() if kind == KIND_INIT}
 
 
+def succeeded_init_containers(pod: Mapping[str, Any]) -> dict[str, str]:
+    """name -> containerID of the pod's init containers whose status says they succeeded
+    (exit code 0), sidecars included (their status alone does not tell them apart)."""
+    out = {}
+    for entry in (pod.get("status") or {}).get("initContainerStatuses") or ():
+        if not isinstance(entry, dict):
+            continue
+        terminated = (entry.get("state") or {}).get("terminated") or {}
+        cid = terminated.get("containerID") or entry.get("containerID")
+        if terminated.get("exitCode") == 0 and isinstance(cid, str) and cid:
+            out[str(entry.get("name"))] = cid
+    return out
+
+
 def completed_init_containers(pod: Mapping[str, Any],
                               allocation: Allocation) -> list[tuple[str, str]]:
     """``(name, containerID)`` of the pod's plain init containers with a share
     (``plain_init_containers``) whose status says they succeeded (exit code 0)."""
     plain = plain_init_containers(allocation, pod)
-    out = []
-    for entry in (pod.get("status") or {}).get("initContainerStatuses") or ():
-        if not isinstance(entry, dict) or entry.get("name") not in plain:
-            continue
-        terminated = (entry.get("state") or {}).get("terminated") or {}
-        cid = terminated.get("containerID") or entry.get("containerID")
-        if terminated.get("exitCode") == 0 and isinstance(cid, str) and cid:
-            out.append((str(entry.get("name")), cid))
-    return out
+    return [(name, cid) for name, cid in succeeded_init_containers(pod).items()
+            if name in plain]
 
 
 def _pod_changed(kept: PodShares, seen: PodShares) -> bool:
@@ -238,15 +245,25 @@ def _unregister_on_cards(runtime_dir: str, uid: str, dir_names: set[str],
     return freed
 
 
+InitClaimFolders = Callable[[str], Mapping[str, frozenset[str]]]
+"""For a pod uid: the accounting folders of its prepared ResourceClaims that only its plain
+init containers draw on -> the names of those containers (the DRA kubelet plugin's
+``DraDriver.init_only_folders``)."""
+
+
 class PodRegistry:
     """This node's egpu pods (module docstring). ``private_dir``: NODE_PRIVATE_DIR;
     ``runtime_dir``: RUNTIME_DIR (both host paths); ``owned_elsewhere(uid)``: whether another
     writer (the DRA kubelet plugin) owns that pod's allocation file, which ``resync`` then
-    leaves in place (default: none)."""
+    leaves in place (default: none). ``init_claim_folders``: the claim folders of a DRA pod
+    that only its plain init containers draw on (``InitClaimFolders``); the registry frees
+    their roster entries once those containers succeeded (default: none)."""
 
     def __init__(self, node: str, config: Config, private_dir: str, runtime_dir: str,
-                 owned_elsewhere: Callable[[str], bool] | None = None) -> None:
+                 owned_elsewhere: Callable[[str], bool] | None = None,
+                 init_claim_folders: InitClaimFolders | None = None) -> None:
         self.owned_elsewhere = owned_elsewhere
+        self.init_claim_folders = init_claim_folders
         self.node = node
         self.config = config
         self.private_dir = private_dir
@@ -277,6 +294,7 @@ class PodRegistry:
             return None
         shares = pod_shares(pod, self.config)
         if shares is None:
+            self._release_claim_inits(pod, uid, view.finished)
             return None
         with self._lock:
             if only_new and (uid in self._pods or uid in self._deleted):
@@ -316,6 +334,44 @@ class PodRegistry:
             unregister_owners(self.runtime_dir, uid, {
                 container_dir_name(uid, name) for name, _ in done_inits})
         return shares
+
+    def _release_claim_inits(self, pod: Mapping[str, Any], uid: str, finished: bool) -> None:
+        """A DRA pod (no ``egpu.io/allocation``): free the roster entries of the claim folders
+        that only its plain init containers draw on (``init_claim_folders``) once all of
+        those containers succeeded. The webhook's plan gives an init container its own
+        request set (its app container's request and a headroom request), so its folder
+        held a roster entry beside the app container's for the pod's life. A folder any
+        other container draws on (of this pod or another) keeps its entry; the claim's
+        folders go at NodeUnprepareResources as before, and a finished pod's with them."""
+        if self.init_claim_folders is None or finished:
+            return
+        done = succeeded_init_containers(pod)
+        with self._lock:
+            if uid in self._deleted:
+                return
+            seen = set(self._released_inits.get(uid, ()))
+        if all(cid in seen for cid in done.values()):
+            return  # nothing new succeeded: the plugin's state is not read
+        try:
+            folders = self.init_claim_folders(uid)  # {} at once for a pod of no prepared claim
+        except OSError as exc:  # the plugin's state unreadable: the next change tries again
+            log.warning("pod %s: its claims' state unreadable, its succeeded init containers "
+                        "keep their roster entries for now: %s", KubePod(pod).key, exc)
+            return
+        if not folders:
+            return
+        release = {folder for folder, names in folders.items()
+                   if names and all(n in done for n in names)
+                   and any(done[n] not in seen for n in names)}
+        with self._lock:
+            if uid in self._deleted:
+                return
+            # each succeeded container is looked at once (a new sandbox runs it again under
+            # a new container id: its folder is freed again when it succeeds)
+            self._released_inits.setdefault(uid, set()).update(done.values())
+        if release:
+            # a succeeded init container never runs again in this sandbox
+            unregister_owners(self.runtime_dir, uid, release)
 
     def add_listed(self, pods: list[Mapping[str, Any]]) -> int:
         """Add the pods of a LIST that the registry does not know yet (never changes a known
@@ -395,10 +451,14 @@ class PodRegistry:
         for pod in pods:
             if self.update(pod) is not None:
                 uids.add(KubePod(pod).uid)
+        listed = {KubePod(pod).uid for pod in pods}
         with self._lock:
             newer = {u for u, seen in self._seen.items()
                      if listed_at is not None and seen > listed_at}
             gone = {u for u in self._pods if u not in uids and u not in newer}
+            for uid in [u for u in self._released_inits if u not in listed
+                        and u not in self._pods]:
+                del self._released_inits[uid]  # a DRA pod deleted while the watch was away
         gone.update(u for u in self._files_on_disk() if u not in uids and u not in newer
                     and not (self.owned_elsewhere is not None and self.owned_elsewhere(u)))
         for uid in sorted(gone):

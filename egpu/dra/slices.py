@@ -24,6 +24,18 @@ Each healthy card of the node's inventory (``egpu.records.Card``) is one device:
       cores:  value   = 100 (% of the card's compute)
               requestPolicy: default 0 (no cores named: nothing booked, section 1),
                              validRange {min 0, max 100, step 1}
+      shares: value   = min(sharesPerCard of the config, card_roster.NSLOTS): how many
+                        allocations the card takes (egpu's addition to CONTRACT.md section 5)
+              requestPolicy: default 1, validRange {min 1, max 1} (no step: valid for a
+                             value of 1): every allocation result books exactly one
+
+``shares`` bounds what memory and cores do not: a claim of 1Gi and no cores books little of
+either, so without it the scheduler would put 40 such claims on one 80 GiB card, while the
+card's roster (``egpu.card_roster``, one entry per accounting folder the runtime hook
+registers) holds 32: the 33rd container fails to start and its claim keeps its capacity. The
+extender path bounds a card by ``sharesPerCard`` the same way (scheduler.placement.rule). No
+claim names it (requests naming no amount book the default); a request naming more than 1
+fits no card.
 
 A request rounds up to the next step (8000.5Mi books 8001Mi); one above ``max`` does not fit
 the card. The memory ratio is 1 unless the node oversubscribes memory (``memory_ratio`` > 1):
@@ -50,6 +62,7 @@ from typing import Any, Protocol, Required, TypedDict
 
 from kubernetes.utils.quantity import parse_quantity as _k8s_parse_quantity
 
+from egpu.card_roster import NSLOTS
 from egpu.contract import (
     DRA_ATTR_HEALTHY,
     DRA_ATTR_INDEX,
@@ -68,6 +81,9 @@ KIND = "ResourceSlice"
 MIB = 1 << 20  # bytes
 MEMORY_STEP_MIB = 1  # MiB: the smallest memory a share books, and the rounding step
 CORES_TOTAL = 100  # %: one card's compute
+# egpu's own capacity beside CONTRACT.md section 5's memory and cores: how many allocation
+# results a card takes, each booking exactly one (module docstring)
+CAPACITY_SHARES = "shares"
 MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1: at most 128 devices in one ResourceSlice
 MAX_ATTRIBUTE_STRING = 64  # characters: the longest string attribute value v1 accepts
 MAX_OBJECT_NAME = 253  # characters: a DNS subdomain (metadata.name)
@@ -227,14 +243,25 @@ def memory_capacity_mib(card: Card, memory_ratio: float = 1.0) -> int:
     return int(card.memory_mib * ratio)
 
 
-def card_device(card: Card, memory_ratio: float = 1.0) -> Device:
+def shares_capacity(shares_per_card: int = NSLOTS) -> int:
+    """How many allocations a card takes: ``shares_per_card`` (the config's
+    ``sharesPerCard``), at most the roster's ``NSLOTS``. Raises SliceError below 1."""
+    if isinstance(shares_per_card, bool) or not isinstance(shares_per_card, int) \
+            or shares_per_card < 1:
+        raise SliceError(f"shares per card {shares_per_card!r}; allowed: a whole number >= 1")
+    return min(shares_per_card, NSLOTS)
+
+
+def card_device(card: Card, memory_ratio: float = 1.0, shares_per_card: int = NSLOTS) -> Device:
     """One card as a v1 ``Device`` (module docstring): attributes as the inventory, capacity
-    ``memory`` (bytes, 1 MiB steps, up to the card's MiB x ``memory_ratio``) and ``cores``
-    (0..100 %, step 1).
+    ``memory`` (bytes, 1 MiB steps, up to the card's MiB x ``memory_ratio``), ``cores``
+    (0..100 %, step 1) and ``shares`` (``shares_capacity(shares_per_card)``, one per
+    allocation).
 
     Raises SliceError for a UUID that is no DNS label, a UUID or model longer than 64
-    characters (the v1 limit of a string attribute), a ratio below 1, or memory that makes no
-    range: below 2 MiB (v1 wants min + step <= value) or above 2^63 - 1 bytes."""
+    characters (the v1 limit of a string attribute), a ratio below 1, memory that makes no
+    range: below 2 MiB (v1 wants min + step <= value) or above 2^63 - 1 bytes, or shares per
+    card below 1."""
     for field, value in ((DRA_ATTR_UUID, card.uuid), (DRA_ATTR_MODEL, card.model)):
         if len(value) > MAX_ATTRIBUTE_STRING:
             raise SliceError(f"card {card.uuid}: {field} {value!r} is longer than "
@@ -244,6 +271,7 @@ def card_device(card: Card, memory_ratio: float = 1.0) -> Device:
         raise SliceError(f"card {card.uuid}: memory {memory_mib} MiB; allowed: "
                          f"{2 * MEMORY_STEP_MIB}..{MAX_QUANTITY // MIB} MiB")
     memory = bytes_quantity(memory_mib * MIB)
+    shares = shares_capacity(shares_per_card)
     return {
         "name": device_name(card),
         "allowMultipleAllocations": True,
@@ -272,6 +300,13 @@ def card_device(card: Card, memory_ratio: float = 1.0) -> Device:
                                    "step": count_quantity(1)},
                 },
             },
+            CAPACITY_SHARES: {
+                "value": count_quantity(shares),
+                "requestPolicy": {
+                    "default": count_quantity(1),
+                    "validRange": {"min": count_quantity(1), "max": count_quantity(1)},
+                },
+            },
         },
     }
 
@@ -295,10 +330,12 @@ def node_owner(node: str, node_uid: str) -> OwnerReference:
 
 def node_slices(node: str, cards: Iterable[Card], generation: int = 1,
                 memory_ratio: float = 1.0, node_uid: str | None = None,
-                max_devices: int = MAX_DEVICES_PER_SLICE) -> list[ResourceSlice]:
+                max_devices: int = MAX_DEVICES_PER_SLICE,
+                shares_per_card: int = NSLOTS) -> list[ResourceSlice]:
     """The ResourceSlices of ``node`` for its ``cards``: the healthy ones, by index, as
     devices (``card_device``), ``max_devices`` per slice, in pool ``node`` at ``generation``.
     No healthy card: no slice (an empty list). ``node_uid``: owner reference to the Node.
+    ``shares_per_card``: the config's ``sharesPerCard`` (``shares_capacity``).
 
     Raises SliceError for an empty node name, a generation below 1, ``max_devices`` outside
     1..128, two cards with one device name, or a card ``card_device`` refuses."""
@@ -308,7 +345,7 @@ def node_slices(node: str, cards: Iterable[Card], generation: int = 1,
         raise SliceError(f"generation {generation} is below 1")
     if not 1 <= max_devices <= MAX_DEVICES_PER_SLICE:
         raise SliceError(f"max_devices {max_devices}; allowed: 1..{MAX_DEVICES_PER_SLICE}")
-    devices = [card_device(c, memory_ratio)
+    devices = [card_device(c, memory_ratio, shares_per_card)
                for c in sorted(cards, key=lambda c: (c.index, c.uuid)) if c.healthy]
     names = [d["name"] for d in devices]
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -409,7 +446,7 @@ def _generation(obj: dict[str, Any]) -> int:
 
 def plan(node: str, cards: Iterable[Card], existing: Sequence[dict[str, Any]],
          memory_ratio: float = 1.0, node_uid: str | None = None,
-         max_devices: int = MAX_DEVICES_PER_SLICE) -> SlicePlan:
+         max_devices: int = MAX_DEVICES_PER_SLICE, shares_per_card: int = NSLOTS) -> SlicePlan:
     """What to write so that the API server holds exactly ``node_slices(node, cards, ...)``.
 
     ``existing``: the ResourceSlices of this driver and node as read (plain JSON objects).
@@ -421,7 +458,8 @@ def plan(node: str, cards: Iterable[Card], existing: Sequence[dict[str, Any]],
     by_name = {str((s.get("metadata") or {}).get("name", "")): s for s in existing}
     seen = max((_generation(s) for s in existing), default=0)
     current = max(seen, 1)
-    wanted = node_slices(node, cards, current, memory_ratio, node_uid, max_devices)
+    wanted = node_slices(node, cards, current, memory_ratio, node_uid, max_devices,
+                         shares_per_card)
     same = (
         bool(existing)
         and {s["metadata"]["name"] for s in wanted} == set(by_name)
@@ -431,7 +469,8 @@ def plan(node: str, cards: Iterable[Card], existing: Sequence[dict[str, Any]],
     )
     generation = seen if same else seen + 1
     if not same:
-        wanted = node_slices(node, cards, generation, memory_ratio, node_uid, max_devices)
+        wanted = node_slices(node, cards, generation, memory_ratio, node_uid, max_devices,
+                             shares_per_card)
     create: list[ResourceSlice] = []
     update: list[ResourceSlice] = []
     for body in wanted:
@@ -473,12 +512,13 @@ class SliceStore(Protocol):
 
 
 def sync(store: SliceStore, node: str, cards: Iterable[Card], memory_ratio: float = 1.0,
-         node_uid: str | None = None) -> SlicePlan:
+         node_uid: str | None = None, shares_per_card: int = NSLOTS) -> SlicePlan:
     """Bring the node's slices in the API server to its cards (``plan``): creates and updates
     first, so that the new generation is complete before the old slices go, then deletes.
     Returns the plan run. Raises SliceError, and whatever the store raises (a conflict on an
     update means someone else wrote in between: run it again)."""
-    done = plan(node, cards, store.list_slices(node), memory_ratio, node_uid)
+    done = plan(node, cards, store.list_slices(node), memory_ratio, node_uid,
+                shares_per_card=shares_per_card)
     for body in done.create:
         store.create_slice(body)
     for body in done.update:

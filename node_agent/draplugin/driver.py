@@ -24,6 +24,10 @@ and the card region files, as for a share of the extender path (docs/node.md). E
 container naming the same requests of the claim, of any pod, draws on one accounting folder
 ``claim-<uid>_<requests>``: one memory budget and one compute cap.
 
+``init_only_folders(pod_uid)``: the claim folders of a pod that only its plain init containers
+draw on (``init_only_folders`` of its prepared claims): the node agent's pod registry frees
+their roster entries once those containers succeeded (``node_agent.pods.PodRegistry``).
+
 ``unprepare(uid)`` (after the claim's last pod) removes the claim's CDI spec, rewrites or
 removes its pods' allocation files (with their hook folders), removes the claim's accounting
 folders and their card roster entries, its shares file, then its state. An unknown claim is
@@ -36,14 +40,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from egpu.contract import CLAIM_SHARE_DIR_PREFIX, claim_request_device
 from egpu.dra import allocation
 from egpu.dra.allocation import ClaimError, PreparedClaim
-from egpu.records import Card, PodShares
+from egpu.records import KIND_INIT, Card, ContainerAllocation, PodShares
 from node_agent.cdi import CdiPublisher
 from node_agent.draplugin.cdienv import request_envs
 from node_agent.draplugin.state import ClaimStore
@@ -75,6 +79,27 @@ class PreparedDevice:
     cdi_device_ids: tuple[str, ...]
 
 
+def init_only_folders(claims: Iterable[PreparedClaim], pod_uid: str) -> dict[str, frozenset[str]]:
+    """The accounting folders of pod ``pod_uid``'s prepared ``claims`` that only its plain init
+    containers draw on -> their names: no app container or sidecar of the pod, no container
+    of another pod the claim was prepared for, and no folder the claim's shares file offers a
+    pod that joins it later (``egpu.dra.allocation.claim_shares``) names it. Such a folder is
+    done with once those init containers succeeded (they never run again in the sandbox)."""
+    out: dict[str, frozenset[str]] = {}
+    for claim in claims:
+        users: dict[str, list[tuple[str, ContainerAllocation]]] = {}
+        for use in claim.pods:
+            for entry in use.containers:
+                if entry.share is not None:
+                    users.setdefault(entry.share, []).append((use.uid, entry))
+        joinable = {c.share for c in allocation.claim_shares(claim).allocation.containers}
+        for folder, entries in users.items():
+            if folder not in joinable and all(uid == pod_uid and entry.kind == KIND_INIT
+                                              for uid, entry in entries):
+                out[folder] = frozenset(entry.name for _, entry in entries)
+    return out
+
+
 class DraDriver:
     """The claims of this node (module docstring); thread-safe (one call at a time).
     ``cards()``: the node's cards with health; ``low_priority_floor``: % (node config);
@@ -97,6 +122,16 @@ class DraDriver:
         """Whether a prepared claim names the pod (its allocation file is this driver's)."""
         with self._lock:
             return pod_uid in self._pods
+
+    def init_only_folders(self, pod_uid: str) -> dict[str, frozenset[str]]:
+        """The folders of the pod's prepared claims that only its plain init containers draw
+        on -> their names (module function ``init_only_folders``); {} for a pod of no
+        prepared claim, without reading the state."""
+        with self._lock:
+            if pod_uid not in self._pods:
+                return {}
+            claims = [c for c in self.store.all() if any(p.uid == pod_uid for p in c.pods)]
+        return init_only_folders(claims, pod_uid)
 
     def shares(self) -> dict[str, PodShares]:
         """pod uid -> PodShares of every pod of a prepared claim (metrics)."""

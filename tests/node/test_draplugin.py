@@ -27,7 +27,7 @@ from egpu.dra.shareconfig import ShareConfigError
 from egpu.records import PodShares
 from node_agent.cdi import CdiPublisher
 from node_agent.draplugin.cdienv import request_envs
-from node_agent.draplugin.driver import DraDriver
+from node_agent.draplugin.driver import DraDriver, init_only_folders
 from node_agent.draplugin.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -215,6 +215,181 @@ def test_the_exporter_labels_a_prepared_claims_share_with_its_pod_and_container(
     cores = {s.labels["UUID"]: s.value for s in families[METRIC_CARD_CORES_BOOKED].samples}
     assert (booked, cores) == ({CARDS[0].uuid: 4096 * MIB, CARDS[1].uuid: 0},
                                {CARDS[0].uuid: 30, CARDS[1].uuid: 0})
+
+
+# --- succeeded init containers give their own claim folder's roster entry back ---------------
+CARD_DIR = "GPU-AAAA-0001"
+
+
+def _paired_claim(uid: str = CLAIM_UID, pods: tuple[str, ...] = ("share-pod",),
+                  requests: tuple[tuple[str, str, str], ...] = (
+                      ("ocr", "8000Mi", "20"), ("compile", "4000Mi", "80"))
+                  ) -> dict[str, Any]:
+    """The webhook's claim of a pod whose init container is paired with its app container
+    (egpu.dra.claims, FC-07): both requests allocated on card 0, as the scheduler books them
+    (one share each)."""
+    claim = share_claim()
+    claim["metadata"]["uid"] = uid
+    claim["status"]["allocation"]["devices"]["results"] = [
+        {"request": name, "driver": "gpu.egpu.io", "pool": NODE, "device": "gpu-aaaa-0001",
+         "consumedCapacity": {"memory": memory, "cores": cores, "shares": "1"}}
+        for name, memory, cores in requests]
+    claim["status"]["reservedFor"] = [
+        {"resource": "pods", "name": name, "uid": f"{POD_UID[:-1]}{i + 1}"}
+        for i, name in enumerate(pods)]
+    return claim
+
+
+def _paired_pod(name: str = "share-pod", index: int = 0,
+                init: tuple[tuple[str, tuple[str, ...]], ...] = (("compile", ("ocr", "compile")),),
+                app: tuple[str, ...] = ("ocr",)) -> dict[str, Any]:
+    def claims(requests: tuple[str, ...]) -> dict[str, Any]:
+        return {"claims": [{"name": "gpu", "request": r} for r in requests]}
+
+    pod = share_pod(containers=[{"name": "ocr", "resources": claims(app)}])
+    pod["metadata"].update(name=name, uid=f"{POD_UID[:-1]}{index + 1}")
+    pod["spec"]["initContainers"] = [{"name": n, "resources": claims(r)} for n, r in init]
+    pod["status"]["phase"] = "Pending"
+    return pod
+
+
+class PodsReader(FakeReader):
+    """FakeReader with several pods, by name."""
+
+    def __init__(self, claim: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        super().__init__(claim, pods[0])
+        self.pods = {p["metadata"]["name"]: p for p in pods}
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.pods.get(name))
+
+
+def _started(node_dirs: dict[str, Path], folder: str) -> None:
+    """What the runtime hook does as a container of the claim starts: the folder's entry."""
+    card = node_dirs["runtime"] / "cards" / CARD_DIR
+    card.mkdir(parents=True, exist_ok=True)
+    card_roster.register(str(card), CARD_DIR, card_roster.RosterEntry(
+        card_roster.share_owner(folder), name=folder))
+
+
+def _entries(node_dirs: dict[str, Path]) -> set[str]:
+    """The folders of card 0's roster entries (by owner: a name is cut to 31 bytes)."""
+    roster = card_roster.read_roster(str(node_dirs["runtime"] / "cards" / CARD_DIR))
+    owners = {e.owner for e in roster.shares().values()}
+    known = {card_roster.share_owner(_folder(r)): _folder(r) for r in (
+        "ocr", "compile.ocr", "warm", "pair", "side")}
+    return {known.get(o, str(o)) for o in owners}
+
+
+def _folder(requests: str, uid: str = CLAIM_UID) -> str:
+    return f"claim-{uid}_{requests}"
+
+
+def _init_done(pod: dict[str, Any], *statuses: tuple[str, int, str]) -> dict[str, Any]:
+    """The pod with its init containers terminated: (name, exit code, container id)."""
+    done = copy.deepcopy(pod)
+    done["status"].update(phase="Running" if all(c == 0 for _, c, _ in statuses) else "Pending",
+                          startTime="2026-01-01T00:00:00Z", initContainerStatuses=[
+        {"name": name, "containerID": f"containerd://{cid}",
+         "state": {"terminated": {"exitCode": code, "containerID": f"containerd://{cid}"}}}
+        for name, code, cid in statuses])
+    return done
+
+
+def _registry(node_dirs: dict[str, Path], driver: DraDriver) -> PodRegistry:
+    """The pod registry as the node agent wires it to the plugin (node_agent/main.py)."""
+    return PodRegistry(NODE, Config(), str(node_dirs["private"]), str(node_dirs["runtime"]),
+                       owned_elsewhere=driver.owns_pod,
+                       init_claim_folders=driver.init_only_folders)
+
+
+def test_a_succeeded_init_containers_own_claim_folder_gives_its_roster_entry_back(
+        node_dirs: dict[str, Path]) -> None:
+    """The webhook's plan gives an init container its own request set (its app container's
+    request and a headroom request), so its own claim folder and roster entry. Bug caught:
+    only pods with an egpu.io/allocation had a succeeded init container's entry freed, so a
+    DRA pod held two roster entries for its life (16 such pods filled a card's 32). The app
+    container's entry stays; so does the claim's state, freed at NodeUnprepareResources."""
+    pod = _paired_pod()
+    driver = make_driver(node_dirs, FakeReader(_paired_claim(), pod))
+    driver.prepare("ml", CLAIM_UID, "share-pod-gpu-x")
+    registry = _registry(node_dirs, driver)
+    assert registry.update(pod) is None  # a DRA pod: not the registry's to write
+    _started(node_dirs, _folder("compile.ocr"))
+    registry.update(_init_done(pod, ("compile", 0, "i1")))
+    _started(node_dirs, _folder("ocr"))  # the app container, once the init container is done
+    assert _entries(node_dirs) == {_folder("ocr")}
+    # a new sandbox runs the init container again, under a new id: freed again
+    _started(node_dirs, _folder("compile.ocr"))
+    registry.update(_init_done(pod, ("compile", 0, "i1")))  # the same id: already done
+    assert _entries(node_dirs) == {_folder("ocr"), _folder("compile.ocr")}
+    registry.update(_init_done(pod, ("compile", 0, "i2")))
+    assert _entries(node_dirs) == {_folder("ocr")}
+    driver.unprepare(CLAIM_UID)
+    assert _entries(node_dirs) == set()
+
+
+def test_init_claim_folders_the_node_never_frees_early(node_dirs: dict[str, Path]) -> None:
+    """A failed init container (it runs again), one whose folder the app container draws on
+    too (it names the same requests), a sidecar (it runs on) and a plain init container whose
+    folder another init container of the pod still needs keep their entries."""
+    pod = _paired_pod(init=(("fails", ("warm",)), ("same", ("ocr",)),
+                            ("first", ("pair",)), ("second", ("pair",)),
+                            ("proxy", ("side",))),
+                      app=("ocr",))
+    pod["spec"]["initContainers"][4]["restartPolicy"] = "Always"
+    claim = _paired_claim(requests=(("ocr", "1Gi", "10"), ("warm", "1Gi", "10"),
+                                    ("pair", "1Gi", "10"), ("side", "1Gi", "10")))
+    driver = make_driver(node_dirs, FakeReader(claim, pod))
+    driver.prepare("ml", CLAIM_UID, "share-pod-gpu-x")
+    registry = _registry(node_dirs, driver)
+    for requests in ("warm", "ocr", "pair", "side"):
+        _started(node_dirs, _folder(requests))
+    everything = {_folder(r) for r in ("warm", "ocr", "pair", "side")}
+    registry.update(_init_done(pod, ("fails", 1, "f1"), ("same", 0, "s1"), ("first", 0, "a1"),
+                               ("proxy", 0, "p1")))
+    assert _entries(node_dirs) == everything
+    # both init containers of the "pair" folder done: it goes, the others stay
+    registry.update(_init_done(pod, ("fails", 1, "f1"), ("same", 0, "s1"), ("first", 0, "a1"),
+                               ("second", 0, "b1"), ("proxy", 0, "p1")))
+    assert _entries(node_dirs) == everything - {_folder("pair")}
+
+
+def test_an_init_claim_folder_another_pod_draws_on_keeps_its_entry(
+        node_dirs: dict[str, Path]) -> None:
+    """A claim shared by two pods whose init containers name the same requests: one pod's
+    init container succeeding leaves the folder to the other's."""
+    pods = [_paired_pod("a", 0), _paired_pod("b", 1)]
+    claim = _paired_claim(pods=("a", "b"))
+    driver = make_driver(node_dirs, PodsReader(claim, pods))
+    driver.prepare("ml", CLAIM_UID, "share-pod-gpu-x")
+    registry = _registry(node_dirs, driver)
+    _started(node_dirs, _folder("compile.ocr"))
+    registry.update(_init_done(pods[0], ("compile", 0, "a1")))
+    assert _entries(node_dirs) == {_folder("compile.ocr")}
+    assert init_only_folders(driver.store.all(), pods[0]["metadata"]["uid"]) == {}
+
+
+def test_a_dra_pod_deleted_while_the_watch_was_away_is_forgotten_at_the_resync(
+        node_dirs: dict[str, Path]) -> None:
+    pod = _paired_pod()
+    driver = make_driver(node_dirs, FakeReader(_paired_claim(), pod))
+    driver.prepare("ml", CLAIM_UID, "share-pod-gpu-x")
+    registry = _registry(node_dirs, driver)
+    uid = pod["metadata"]["uid"]
+    registry.update(_init_done(pod, ("compile", 0, "i1")))
+    assert uid in registry._released_inits  # the container ids it looked at
+    registry.resync([_paired_pod("other", 5)])
+    assert uid not in registry._released_inits
+
+
+def test_only_the_plugins_pods_are_looked_at(node_dirs: dict[str, Path]) -> None:
+    """A pod of no prepared claim (any pod of the node with an init container) costs no read
+    of the plugin's state."""
+    driver = make_driver(node_dirs, FakeReader(_paired_claim(), _paired_pod()))
+    other = _init_done(_paired_pod("other", 5), ("compile", 0, "o1"))
+    assert driver.init_only_folders(other["metadata"]["uid"]) == {}
+    assert _registry(node_dirs, driver).update(other) is None
 
 
 # --- the gRPC edge, as the kubelet calls it ---------------------------------------------------

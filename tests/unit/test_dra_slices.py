@@ -12,8 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from egpu.card_roster import NSLOTS
+from egpu.config import Config
 from egpu.contract import DRA_DRIVER
 from egpu.dra.slices import (
+    CAPACITY_SHARES,
     MAX_DEVICES_PER_SLICE,
     MIB,
     SliceError,
@@ -26,6 +29,7 @@ from egpu.dra.slices import (
     parse_quantity,
     plan,
     same_content,
+    shares_capacity,
     slice_name,
 )
 from egpu.records import Card
@@ -76,6 +80,80 @@ def test_cores_are_100_percent_in_steps_of_one_none_booked_by_default() -> None:
     cores = card_device(card(0))["capacity"]["cores"]
     assert cores == {"value": "100", "requestPolicy": {
         "default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}}}
+
+
+def allocate(device: dict[str, Any], requests: list[dict[str, str]]) -> int:
+    """How many of ``requests`` (``capacity.requests`` of one share each, in order) the
+    kube-scheduler's consumable-capacity check puts on ``device`` (KEP-5075: a capacity a
+    request does not name books its ``requestPolicy.default``; an amount below
+    ``validRange.min`` books min, one above ``max`` fits no device; the consumed sum of every
+    capacity stays within its ``value``)."""
+    used: dict[str, Decimal] = {}
+    placed = 0
+    for request in requests:
+        booked: dict[str, Decimal] = {}
+        fits = True
+        for name, capacity in device["capacity"].items():
+            policy = capacity.get("requestPolicy") or {}
+            text = request.get(name, policy.get("default", capacity["value"]))
+            amount = parse_quantity(text)
+            assert amount is not None
+            valid = policy.get("validRange") or {}
+            if "min" in valid:
+                amount = max(amount, parse_quantity(valid["min"]) or Decimal(0))
+            if "max" in valid and amount > (parse_quantity(valid["max"]) or Decimal(0)):
+                fits = False
+            booked[name] = amount
+            if used.get(name, Decimal(0)) + amount > (parse_quantity(capacity["value"])
+                                                      or Decimal(0)):
+                fits = False
+        if fits:
+            placed += 1
+            for name, amount in booked.items():
+                used[name] = used.get(name, Decimal(0)) + amount
+    return placed
+
+
+def test_a_card_takes_no_more_shares_than_its_roster_holds() -> None:
+    """Bug caught: 40 claims of 1Gi and no cores all fitted one 80 GiB card (memory and cores
+    bound nothing), while its roster holds 32 shares: replicas 33+ never started."""
+    many_small = [{"memory": "1Gi"}] * 40
+    assert allocate(card_device(card(0, memory_mib=81559)), many_small) == NSLOTS == 32
+
+
+@pytest.mark.parametrize(("shares_per_card", "placed"), [(10, 10), (1, 1), (32, 32), (33, 32)])
+def test_a_card_takes_as_many_shares_as_the_config_says_at_most_the_rosters(
+        shares_per_card: int, placed: int) -> None:
+    device = card_device(card(0, memory_mib=81559), shares_per_card=shares_per_card)
+    assert allocate(device, [{"memory": "1Gi"}] * 40) == placed
+    assert device["capacity"][CAPACITY_SHARES]["value"] == str(placed)
+
+
+def test_shares_are_one_per_allocation_whatever_a_claim_names() -> None:
+    shares = card_device(card(0), shares_per_card=Config().shares_per_card)["capacity"][
+        CAPACITY_SHARES]
+    assert CAPACITY_SHARES == "shares"
+    assert shares == {"value": "10", "requestPolicy": {
+        "default": "1", "validRange": {"min": "1", "max": "1"}}}
+    device = card_device(card(0), shares_per_card=4)
+    assert allocate(device, [{"memory": "1Gi", "shares": "0"}] * 6) == 4  # 0 books 1 anyway
+    assert allocate(device, [{"memory": "1Gi", "shares": "2"}]) == 0  # more than 1: no card
+
+
+def test_a_policy_of_one_share_per_card_has_no_step_that_would_overrun_it() -> None:
+    """v1 validation: min + step <= value; with a step of 1, sharesPerCard 1 would be refused
+    by the API server (and every slice with it)."""
+    valid = card_device(card(0), shares_per_card=1)["capacity"][CAPACITY_SHARES][
+        "requestPolicy"]["validRange"]
+    assert "step" not in valid and valid["min"] == valid["max"] == "1"
+
+
+@pytest.mark.parametrize("shares_per_card", [0, -1])
+def test_shares_per_card_below_one_is_refused(shares_per_card: int) -> None:
+    with pytest.raises(SliceError, match="shares per card"):
+        shares_capacity(shares_per_card)
+    with pytest.raises(SliceError, match="shares per card"):
+        node_slices("n", [card(0)], shares_per_card=shares_per_card)
 
 
 @pytest.mark.parametrize(("memory_mib", "ratio", "offered_mib"), [
@@ -277,6 +355,25 @@ def test_a_changed_ratio_is_a_change() -> None:
     done = plan("n", [card(0)], read, memory_ratio=1.5)
     assert done.generation == 2
     assert done.update[0]["spec"]["devices"][0]["capacity"]["memory"]["value"] == "60Gi"
+
+
+def test_a_changed_shares_per_card_is_a_change() -> None:
+    read = as_read(node_slices("n", [card(0)], 1, shares_per_card=10))
+    assert not plan("n", [card(0)], read, shares_per_card=10).changed
+    done = plan("n", [card(0)], read, shares_per_card=4)
+    assert done.generation == 2
+    assert done.update[0]["spec"]["devices"][0]["capacity"][CAPACITY_SHARES]["value"] == "4"
+
+
+def test_slices_published_without_shares_are_updated_to_bound_the_card() -> None:
+    """An agent of the version before the shares capacity published memory and cores alone:
+    the next publication adds shares (a new generation), else the card stays unbounded."""
+    read = as_read(node_slices("n", [card(0)], 3))
+    for device in read[0]["spec"]["devices"]:
+        del device["capacity"][CAPACITY_SHARES]
+    done = plan("n", [card(0)], read, shares_per_card=10)
+    assert done.generation == 4
+    assert done.update[0]["spec"]["devices"][0]["capacity"][CAPACITY_SHARES]["value"] == "10"
 
 
 def test_slices_of_the_node_that_are_not_wanted_are_deleted() -> None:
