@@ -332,7 +332,7 @@ def test_a_share_claim_is_placed_on_a_simulated_card_and_books_what_it_asks(dra:
     [result] = _results(dra.claim_of(pod))
     assert (result["driver"], result["pool"], result["request"]) == (DRA_DRIVER, node, "gpu")
     assert {k: _quantity(v) for k, v in result["consumedCapacity"].items()} == {
-        "memory": 8 * GI, "cores": 30}
+        "memory": 8 * GI, "cores": 30, "shares": 1}  # one share: the capacity's default
     assert result.get("shareID"), "a device allocated more than once has a share ID"
     devices = {d["name"] for s in dra.slices(node) for d in s["spec"]["devices"]}
     assert result["device"] in devices

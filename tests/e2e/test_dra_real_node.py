@@ -181,7 +181,8 @@ def test_a_share_claim_runs_and_its_container_sees_exactly_the_share(dra: RealCl
     _assert_share(result)
     claim = _claim_of(dra, "dra-share")
     (device,) = claim["status"]["allocation"]["devices"]["results"]
-    assert device["consumedCapacity"] == {"memory": "4Gi", "cores": "30"}
+    # one of the card's shares, the capacity's default (egpu/dra/slices.py)
+    assert device["consumedCapacity"] == {"memory": "4Gi", "cores": "30", "shares": "1"}
     assert device["pool"] == dra.node.name
     # The interposer's config, as the hook wrote it from the claim's allocation file.
     live = inst.get_json(dra, "pod", "-n", NS, "dra-share")

@@ -215,9 +215,11 @@ def deliver_later(registry: PodRegistry, pod: dict, delay_s: float = LATE_S) -> 
 
 def test_allocate_waits_for_a_pod_the_watch_delivers_after_the_call_started() -> None:
     with make_rig(options=waiting(wait_s=5.0)) as rig:
+        # timed from before the delivery starts: the pod cannot be there sooner than LATE_S
+        # after it (timed after, a loaded machine let the delivery's sleep start first)
+        start = time.monotonic()
         late = deliver_later(rig.registry, pod_manifest(
             "late", NODE, {"main": [(2, 4096, 30)]}, uid="uid-late"))
-        start = time.monotonic()
         envs = rig.kubelet.allocate([slot_id(CARD_UUIDS[2], 0)])
         took = time.monotonic() - start
         late.join()
