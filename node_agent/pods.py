@@ -281,6 +281,9 @@ class PodRegistry:
         # pod uid -> container ids of its succeeded init containers whose roster entries
         # were freed (a new sandbox runs its init containers again, each a new id)
         self._released_inits: dict[str, set[str]] = {}
+        # DRA pod uid -> claim folder -> the container ids of its init containers when its
+        # roster entry was last freed: freed again only once every one of them ran again
+        self._released_folders: dict[str, dict[str, frozenset[str]]] = {}
 
     # --- feeding ------------------------------------------------------------------------
     def update(self, pod: Mapping[str, Any], *, only_new: bool = False) -> PodShares | None:
@@ -360,15 +363,23 @@ class PodRegistry:
             return
         if not folders:
             return
-        release = {folder for folder, names in folders.items()
-                   if names and all(n in done for n in names)
-                   and any(done[n] not in seen for n in names)}
         with self._lock:
             if uid in self._deleted:
                 return
             # each succeeded container is looked at once (a new sandbox runs it again under
             # a new container id: its folder is freed again when it succeeds)
             self._released_inits.setdefault(uid, set()).update(done.values())
+            freed = self._released_folders.setdefault(uid, {})
+            # A folder is freed again only once EVERY init container drawing on it succeeded
+            # under an id other than those of the last release: after a sandbox is
+            # recreated, the pod's status may show one init container's new success beside
+            # another's old terminated(0) while that one's new run (its hook registered the
+            # folder again) is being created; freeing then pulls the entry from under it.
+            release = {folder for folder, names in folders.items()
+                       if names and all(n in done for n in names)
+                       and not any(done[n] in freed.get(folder, ()) for n in names)}
+            for folder in release:
+                freed[folder] = frozenset(done[n] for n in folders[folder])
         if release:
             # a succeeded init container never runs again in this sandbox
             unregister_owners(self.runtime_dir, uid, release)
@@ -429,6 +440,7 @@ class PodRegistry:
             self._warned.pop(uid, None)
             self._released.discard(uid)
             self._released_inits.pop(uid, None)
+            self._released_folders.pop(uid, None)
             self._deleted[uid] = None
             while len(self._deleted) > DELETED_UIDS_KEPT:
                 del self._deleted[next(iter(self._deleted))]
@@ -459,6 +471,9 @@ class PodRegistry:
             for uid in [u for u in self._released_inits if u not in listed
                         and u not in self._pods]:
                 del self._released_inits[uid]  # a DRA pod deleted while the watch was away
+            for uid in [u for u in self._released_folders if u not in listed
+                        and u not in self._pods]:
+                del self._released_folders[uid]
         gone.update(u for u in self._files_on_disk() if u not in uids and u not in newer
                     and not (self.owned_elsewhere is not None and self.owned_elsewhere(u)))
         for uid in sorted(gone):

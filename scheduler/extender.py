@@ -151,13 +151,16 @@ def _node(item: Any) -> KubeNode:
 
 
 def _evaluation_failed(node: str, exc: Exception) -> Unfit:
-    """The answer for a node whose evaluation raised: that node fails (resolvably: the next
-    try may find it changed), with the error as the reason, and the traceback is logged; the
-    other nodes of the request are answered as usual."""
-    log.error("node %s: evaluating it for a pod failed; reported as not fitting",
+    """The answer for a node whose evaluation raised: that node fails unresolvably
+    (FailedAndUnresolvableNodes: no preemption can make egpu place the pod there, so
+    kube-scheduler's DefaultPreemption must not evict pods of it for this one; the next
+    scheduling try evaluates the node again), with the error as the reason, and the
+    traceback is logged; the other nodes of the request are answered as usual."""
+    log.error("node %s: evaluating it for a pod failed; reported as not fitting (unresolvable)",
               node, exc_info=exc)
     return Unfit(node, f"internal error of the egpu extender evaluating this node "
-                       f"({type(exc).__name__}: {str(exc)[:200]}); see the extender's log")
+                       f"({type(exc).__name__}: {str(exc)[:200]}); see the extender's log",
+                 unresolvable=True)
 
 
 def _errors_text(reading: PodReading) -> str:

@@ -355,6 +355,30 @@ def test_init_claim_folders_the_node_never_frees_early(node_dirs: dict[str, Path
     assert _entries(node_dirs) == everything - {_folder("pair")}
 
 
+def test_a_recreated_sandbox_frees_a_shared_init_folder_only_once_every_init_container_ran_again(
+        node_dirs: dict[str, Path]) -> None:
+    """Two init containers draw on one folder. After the sandbox is recreated, the pod's
+    status can show the first one's new success beside the second one's OLD terminated(0)
+    while the kubelet already creates the second one again (its hook registered the folder
+    again). Bug caught: the folder was freed once any of its init containers had a new id,
+    pulling the roster entry from under the running second init container."""
+    pod = _paired_pod(init=(("first", ("pair",)), ("second", ("pair",))))
+    claim = _paired_claim(requests=(("ocr", "1Gi", "10"), ("pair", "1Gi", "10")))
+    driver = make_driver(node_dirs, FakeReader(claim, pod))
+    driver.prepare("ml", CLAIM_UID, "share-pod-gpu-x")
+    registry = _registry(node_dirs, driver)
+    _started(node_dirs, _folder("pair"))
+    registry.update(_init_done(pod, ("first", 0, "a1"), ("second", 0, "b1")))
+    assert _entries(node_dirs) == set()
+    # sandbox 2: the first init container ran again; the second one's status is still old
+    _started(node_dirs, _folder("pair"))
+    registry.update(_init_done(pod, ("first", 0, "a2"), ("second", 0, "b1")))
+    assert _entries(node_dirs) == {_folder("pair")}
+    # the second one succeeded again too: now the folder goes
+    registry.update(_init_done(pod, ("first", 0, "a2"), ("second", 0, "b2")))
+    assert _entries(node_dirs) == set()
+
+
 def test_an_init_claim_folder_another_pod_draws_on_keeps_its_entry(
         node_dirs: dict[str, Path]) -> None:
     """A claim shared by two pods whose init containers name the same requests: one pod's
@@ -379,8 +403,10 @@ def test_a_dra_pod_deleted_while_the_watch_was_away_is_forgotten_at_the_resync(
     uid = pod["metadata"]["uid"]
     registry.update(_init_done(pod, ("compile", 0, "i1")))
     assert uid in registry._released_inits  # the container ids it looked at
+    assert uid in registry._released_folders  # and those of each folder's last release
     registry.resync([_paired_pod("other", 5)])
     assert uid not in registry._released_inits
+    assert uid not in registry._released_folders
 
 
 def test_only_the_plugins_pods_are_looked_at(node_dirs: dict[str, Path]) -> None:

@@ -417,8 +417,12 @@ def test_a_node_whose_inventory_names_an_absurd_card_size_is_unresolvable_alone(
     assert {s["Host"]: s["Score"] for s in scores}["bad"] == 0
 
 
-def test_a_node_whose_evaluation_raises_fails_that_node_alone_and_is_logged(
+def test_a_node_whose_evaluation_raises_fails_that_node_alone_unresolvably_and_is_logged(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An internal error is no reason preemption could remove: the node lands in
+    FailedAndUnresolvableNodes. Bug caught: it was reported in FailedNodes, so
+    kube-scheduler's DefaultPreemption could evict lower-priority pods of a node egpu can
+    never place the pod on."""
     import scheduler.extender as extender_module
     real = extender_module.utilization_checker
 
@@ -438,7 +442,8 @@ def test_a_node_whose_evaluation_raises_fails_that_node_alone_and_is_logged(
         result = ext.filter(args(p, ["good", "bad"]))
         scores = ext.prioritize(args(p, ["good", "bad"]))
     assert result["NodeNames"] == ["good"] and result["Error"] == ""
-    reason = result["FailedNodes"]["bad"]
+    assert "bad" not in result["FailedNodes"]
+    reason = result["FailedAndUnresolvableNodes"]["bad"]
     assert "OverflowError" in reason and "int too large to convert to float" in reason
     assert {s["Host"]: s["Score"] for s in scores}["bad"] == 0
     logged = [r for r in caplog.records if "bad" in r.getMessage()]
