@@ -31,8 +31,9 @@ class Api:
         self.bound[uid] = (node, annotations)
 
 
-def _bound(memory: int = 20000) -> tuple[ClusterState, Extender, dict[str, Any], str]:
-    """A 24576 MiB card with pod A (``memory`` MiB) bound by the extender and observed."""
+def _bind(memory: int = 20000) -> tuple[ClusterState, Extender, dict[str, Any], str]:
+    """A 24576 MiB card with pod A (``memory`` MiB) bound by the extender, before the watch
+    has seen it bound (``a`` unbound as created; ``text``: the record the Binding wrote)."""
     state = ClusterState(CFG)
     state.upsert_node(node("n1", cards(1, memory=24576)))
     api = Api()
@@ -42,7 +43,12 @@ def _bound(memory: int = 20000) -> tuple[ClusterState, Extender, dict[str, Any],
     result = asyncio.run(ext.bind({"PodNamespace": "default", "PodName": "a",
                                    "PodUID": "uid-A", "Node": "n1"}))
     assert not result.get("Error")
-    text = api.bound["uid-A"][1]["egpu.io/allocation"]  # type: ignore[index]
+    return state, ext, a, api.bound["uid-A"][1]["egpu.io/allocation"]  # type: ignore[index]
+
+
+def _bound(memory: int = 20000) -> tuple[ClusterState, Extender, dict[str, Any], str]:
+    """``_bind``, then the watch's sight of A bound and Running with its record."""
+    state, ext, a, text = _bind(memory)
     a["spec"]["nodeName"] = "n1"
     a["metadata"]["annotations"]["egpu.io/allocation"] = text
     a["status"]["phase"] = "Running"
@@ -89,15 +95,7 @@ def test_an_edited_annotation_neither_shrinks_nor_releases_the_booking(
 def test_an_edit_racing_the_watch_after_the_bind_is_ignored_too() -> None:
     """The watch's first sight of the bound pod already shows an edited annotation: the
     extender's own bind (its reservation) says what the pod books."""
-    state = ClusterState(CFG)
-    state.upsert_node(node("n1", cards(1, memory=24576)))
-    api = Api()
-    ext = Extender(state, CFG, api, clock=lambda: NOW)
-    a = pod("a", containers=[limits(memory=20000)], uid="uid-A")
-    state.observe_pod(a)
-    asyncio.run(ext.bind({"PodNamespace": "default", "PodName": "a", "PodUID": "uid-A",
-                          "Node": "n1"}))
-    text = api.bound["uid-A"][1]["egpu.io/allocation"]  # type: ignore[index]
+    state, _, a, text = _bind()
     a["spec"]["nodeName"] = "n1"
     state.observe_pod(_edited(a, _shrunk(text)))
     assert state.booking("uid-A").allocation.encode() == text  # type: ignore[union-attr]
@@ -180,15 +178,7 @@ def test_a_live_view_keeps_the_booking_of_a_pod_whose_policy_annotation_became_i
 def test_a_bound_pod_first_seen_with_an_invalid_policy_annotation_confirms_its_bind() -> None:
     """The watch's first sight of the bound pod already carries an invalid annotation: it
     confirms the bind's reservation, so the booking outlives the reservation's expiry."""
-    state = ClusterState(CFG)
-    state.upsert_node(node("n1", cards(1, memory=24576)))
-    api = Api()
-    ext = Extender(state, CFG, api, clock=lambda: NOW)
-    a = pod("a", containers=[limits(memory=20000)], uid="uid-A")
-    state.observe_pod(a)
-    asyncio.run(ext.bind({"PodNamespace": "default", "PodName": "a", "PodUID": "uid-A",
-                          "Node": "n1"}))
-    text = api.bound["uid-A"][1]["egpu.io/allocation"]  # type: ignore[index]
+    state, _, a, text = _bind()
     a["spec"]["nodeName"] = "n1"
     a["metadata"]["annotations"].update({"egpu.io/allocation": text,
                                          "egpu.io/gpu-policy": "fullest"})
