@@ -361,14 +361,16 @@ class PodRegistry:
             log.warning("pod %s: its claims' state unreadable, its succeeded init containers "
                         "keep their roster entries for now: %s", KubePod(pod).key, exc)
             return
-        if not folders:
-            return
         with self._lock:
             if uid in self._deleted:
                 return
             # each succeeded container is looked at once (a new sandbox runs it again under
-            # a new container id: its folder is freed again when it succeeds)
+            # a new container id: its folder is freed again when it succeeds), also when the
+            # pod has no init-only folder (an init container without a share): its claims
+            # were prepared before its containers started, so the answer stays empty
             self._released_inits.setdefault(uid, set()).update(done.values())
+            if not folders:
+                return
             freed = self._released_folders.setdefault(uid, {})
             # A folder is freed again only once EVERY init container drawing on it succeeded
             # under an id other than those of the last release: after a sandbox is
@@ -468,12 +470,9 @@ class PodRegistry:
             newer = {u for u, seen in self._seen.items()
                      if listed_at is not None and seen > listed_at}
             gone = {u for u in self._pods if u not in uids and u not in newer}
-            for uid in [u for u in self._released_inits if u not in listed
-                        and u not in self._pods]:
-                del self._released_inits[uid]  # a DRA pod deleted while the watch was away
-            for uid in [u for u in self._released_folders if u not in listed
-                        and u not in self._pods]:
-                del self._released_folders[uid]
+            for kept in (self._released_inits, self._released_folders):
+                for uid in [u for u in kept if u not in listed and u not in self._pods]:
+                    del kept[uid]  # a DRA pod deleted while the watch was away
         gone.update(u for u in self._files_on_disk() if u not in uids and u not in newer
                     and not (self.owned_elsewhere is not None and self.owned_elsewhere(u)))
         for uid in sorted(gone):

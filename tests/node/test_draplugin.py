@@ -418,6 +418,31 @@ def test_only_the_plugins_pods_are_looked_at(node_dirs: dict[str, Path]) -> None
     assert _registry(node_dirs, driver).update(other) is None
 
 
+def test_a_succeeded_init_container_without_an_own_folder_reads_the_plugins_state_once(
+        node_dirs: dict[str, Path]) -> None:
+    """An init container that shares its folder with the app container (nothing to free):
+    the plugin's state (every claim file, under the driver's lock) is read once for it, not
+    at every later status event of the pod. Bug caught: the ids were recorded only when a
+    folder was freed, so each event of such a pod read every claim file again."""
+    pod = _paired_pod(init=(("same", ("ocr",)),), app=("ocr",))
+    driver = make_driver(node_dirs, FakeReader(_paired_claim(requests=(("ocr", "1Gi", "10"),)),
+                                               pod))
+    driver.prepare("ml", CLAIM_UID, "share-pod-gpu-x")
+    reads = 0
+    read_all = driver.store.all
+
+    def counted() -> Any:
+        nonlocal reads
+        reads += 1
+        return read_all()
+
+    driver.store.all = counted  # type: ignore[method-assign]
+    registry = _registry(node_dirs, driver)
+    for _ in range(3):
+        registry.update(_init_done(pod, ("same", 0, "s1")))
+    assert reads == 1
+
+
 # --- the gRPC edge, as the kubelet calls it ---------------------------------------------------
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
