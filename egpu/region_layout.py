@@ -26,12 +26,13 @@ MAX_CARDS = 16
 MAX_PROCS = 1024
 HEADER = struct.Struct("<QII64sIIQQ40s")
 CARD = struct.Struct("<48sQQQQ16s")
-PROC_SIZE = 144
+PROC = struct.Struct("<iIQ16Q")  # pid, flags, start_time, used[16] bytes
+PROC_SIZE = PROC.size
 PROCS_OFFSET = HEADER.size + CARD.size * MAX_CARDS  # the first process slot
 READ_SIZE = PROCS_OFFSET  # the header and the card table: what the exporter reads
 REGION_SIZE = PROCS_OFFSET + PROC_SIZE * MAX_PROCS
 
-assert HEADER.size == 144 and CARD.size == 96 and REGION_SIZE == 149136
+assert HEADER.size == 144 and CARD.size == 96 and PROC_SIZE == 144 and REGION_SIZE == 149136
 
 # struct flock (x86-64 and aarch64): short l_type, short l_whence, off_t l_start, off_t l_len,
 # pid_t l_pid, padding

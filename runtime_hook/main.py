@@ -326,14 +326,16 @@ def unlink_held_region(folder: int, folder_path: str) -> bool:
     otherwise find its share already used and start without it; the interposer creates a
     fresh region, and the holder keeps the old, unlinked one (docs/security.md: its memory is
     not counted in the new one). Raises OSError."""
-    from egpu import safefile
-    from egpu.region_layout import held_by_a_process
+    from egpu import safefile  # both loaded already, by apply's hostfs
     from runtime_hook import hostfs
 
     try:
         fd = safefile.open_regular(CONTAINER_REGION_FILE, dir_fd=folder)
     except (FileNotFoundError, safefile.NotRegularFile):
         return False  # none yet, or not a file: the interposer refuses what is not a region
+    # only on a restart: a container's first start has no region yet
+    from egpu.region_layout import held_by_a_process
+
     try:
         held = held_by_a_process(fd)
     finally:

@@ -295,8 +295,7 @@ class ClusterState:
         self._warned[uid] = text
         what = "removed" if seen is None and annotation is None else "changed"
         if seen is None and annotation is not None:
-            what += (" to a value that books nothing ("
-                     f"{why_none or f'annotation {ANN_ALLOCATION} is unreadable'})")
+            what += f" to a value that books nothing ({why_none})"
         log.warning("pod %s (uid %s): annotation %s %s after it was set; ignored, the pod "
                     "keeps booking %s on node %s (the annotation is written once, by the "
                     "extender at bind time)", pod_key(pod), uid, ANN_ALLOCATION, what,

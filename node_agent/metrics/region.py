@@ -4,14 +4,8 @@ The interposer keeps ``<RUNTIME_DIR>/containers/<pod-uid>_<container>/region``, 
 mapping updated under a robust process-shared mutex by every process of the container. The
 node agent only reads the header and the card table (the first 1680 bytes) with one pread;
 it takes no lock (aligned 64-bit fields do not tear on the platforms egpu supports, and a
-metric a moment stale is fine). Layout, little-endian (sizes in bytes)::
-
-    header (144): u64 magic "EEGPREG1" (0x3147455250474545) | u32 version (1) | u32 size
-                  | 64 lock | u32 ncards | u32 pad | u64 repairs | u64 reaped | 40 reserved
-    cards[16] (96 each): char uuid[48] ("" = free) | u64 limit_bytes | u64 used_bytes
-                  | u64 peak_bytes | u64 refused | 16 reserved (peak and refused were reserved
-                  and zero before: an older interposer's region reads 0 for both)
-    procs[1024] (144 each): not read here (egpu.region_layout).
+metric a moment stale is fine). The layout is egpu.region_layout's; of the card table, peak
+and refused were reserved and zero before, so an older interposer's region reads 0 for both.
 """
 
 from __future__ import annotations

@@ -162,28 +162,27 @@ def region_holders(cluster: RealCluster, pod: dict[str, Any], container: str) ->
     cgroup), and the region's process slots: what a wrong share is told apart by (a process
     of an earlier instance of the container still holding the share, or a stale slot)."""
     import os
-    import struct
 
     from devcluster import realnode
-    from egpu.region_layout import PROC_SIZE, PROCS_OFFSET
+    from egpu.contract import container_dir_name, container_region_path
+    from egpu.region_layout import PROC, PROC_SIZE, PROCS_OFFSET
 
     uid = pod["metadata"]["uid"]
     node = pod["spec"].get("nodeName", "")
     owner = cluster.node if node == cluster.node.name else realnode.RealNode.load(
         cluster.info.state_dir, node)
-    path = owner.host_path(f"/var/run/egpu/containers/{uid}_{container}/region")
+    path = owner.host_path(container_region_path(container_dir_name(uid, container)))
     out: list[str] = []
     try:
         info = os.stat(path)
         data = path.read_bytes()
     except OSError as exc:
         return [f"{path}: {exc}"]
-    base = PROCS_OFFSET
-    for i in range((len(data) - base) // PROC_SIZE):
-        pid, flags, start = struct.unpack_from("<iIQ", data, base + i * PROC_SIZE)
+    for i in range((len(data) - PROCS_OFFSET) // PROC_SIZE):
+        pid, flags, start, *used = PROC.unpack_from(data, PROCS_OFFSET + i * PROC_SIZE)
         if pid:
-            used = struct.unpack_from("<Q", data, base + i * PROC_SIZE + 16)[0]
-            out.append(f"slot {i}: pid {pid} flags {flags} start {start} used {used >> 20} MiB")
+            out.append(f"slot {i}: pid {pid} flags {flags} start {start} "
+                       f"used {sum(used) >> 20} MiB")
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
