@@ -111,13 +111,15 @@ static CUresult graph_mem(CUgraph g, uint64_t mem[EGPU_MAX_DEVS], int depth)
  * check of the epochs to the driver's return, and a trim (the one thing that unmaps) takes it
  * for writing, so no trim falls between the check and the launch. Without gm_mapped the
  * launch could find its graph mapped, a trim unmap it, and the driver map it again past the
- * cap, uncharged. The launch reads its graph's map entries under gm_mapped too, and every
- * MAP_GEXEC write (instantiate and destroy, across their driver calls; the mapped mark) takes
- * it for writing: an entry read cannot belong to an executable graph destroyed meanwhile
- * whose handle a new one reuses (unmapped, aux 0, while the read said mapped). A graph with
- * no entry (no allocation nodes) is launched without gm_mapped. Writers go first: a stream of launches
- * cannot hold a trim off. Lock order: gm_mu, then gm_mapped; a reader takes gm_mu only after
- * letting gm_mapped go. */
+ * cap, uncharged. The launch reads its graph's map entries again under gm_mapped, and
+ * instantiate and destroy put and take entries under it (for writing, within gm_mu, which
+ * they hold across their driver calls): a launch whose entries vanished between its first
+ * read and the locked one (destroyed, the handle perhaps reused by a new executable graph not
+ * yet entered) takes the checked path under gm_mu, where an instantiation is whole. A graph
+ * with no entry (no allocation nodes) is launched without gm_mapped. Writers go first: a
+ * stream of launches cannot hold a trim off; no writer holds gm_mapped across a driver call
+ * but the trim, so an instantiation never stalls the mapped launches. Lock order: gm_mu, then
+ * gm_mapped; a reader takes gm_mu only after letting gm_mapped go. */
 typedef struct { uint64_t reserve, booked, charged, epoch; } gm_dev;
 static gm_dev gm[EGPU_MAX_DEVS];
 static pthread_mutex_t gm_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -257,16 +259,15 @@ static CUresult booked_instantiate(CUgraphExec *pe, CUgraph g, instantiate_call 
     if ((r = gm_book_locked(mem)) != CUDA_SUCCESS) goto out;
     if (upload) r = gm_run_check_locked(mem, aux);
     if (r == CUDA_SUCCESS) {
-        /* the new handle and its map entries appear together for a launch (gm_mapped, above):
-         * none finds the handle (a destroyed one reused) in the driver without its entries */
-        pthread_rwlock_wrlock(&gm_mapped);
         r = call(args);
+        /* the entries appear together for a launch's locked read (gm_mapped, above) */
+        if (r == CUDA_SUCCESS) pthread_rwlock_wrlock(&gm_mapped);
         for (int d = 0; r == CUDA_SUCCESS && d < S->ndev; d++) {
             if (!mem[d]) continue;
             egpu_map_ent e = {gexec_key(*pe, d), mem[d], upload ? gm[d].epoch + 1 : 0, 0, d, MAP_GEXEC};
             egpu_map_put_ent(&S->map, &e);
         }
-        pthread_rwlock_unlock(&gm_mapped);
+        if (r == CUDA_SUCCESS) pthread_rwlock_unlock(&gm_mapped);
     }
     for (int d = 0; d < S->ndev; d++) {
         if (!mem[d]) continue;
@@ -281,8 +282,8 @@ out:
 /* The graph memory executable graph e booked on each device (mem[], aux[]: its map entries',
  * 0 where none); 0 when it booked none (no allocation nodes, or destroyed). Read-only: a
  * concurrent reader never finds an entry missing. What it reads with gm_mu or gm_mapped held
- * stays true while the lock is (every MAP_GEXEC writer holds both, gm_mapped for writing
- * across its driver call: a handle destroyed and reused by a new executable graph included). */
+ * stays true while the lock is (every MAP_GEXEC put and take holds both, gm_mapped for
+ * writing). */
 static int gexec_mem(CUgraphExec e, uint64_t mem[EGPU_MAX_DEVS], uint64_t aux[EGPU_MAX_DEVS])
 {
     int any = 0;
@@ -304,15 +305,15 @@ CUresult egpu_graph_run(CUresult (*fn)(CUgraphExec, CUstream), CUgraphExec e, CU
     /* no allocation nodes: nothing to check, and no gm_mapped (a launch of a plain graph
      * never waits behind a trim that waits for a mapped graph's launch) */
     if (!gexec_mem(e, mem, aux)) return fn(e, s);
-    /* read again under gm_mapped, held across the driver call: every MAP_GEXEC writer holds
-     * it for writing across its driver call, so no destroy and instantiate reusing the handle
-     * falls between the read and the launch (mapped by what was read before the lock, the
-     * new graph would skip the check) */
+    /* read again under gm_mapped, held across the driver call: what the first read said may
+     * belong to a graph destroyed since, whose handle a new one reuses (mapped by that read,
+     * the new graph would skip the check) */
     pthread_rwlock_rdlock(&gm_mapped);
-    gexec_mem(e, mem, aux); /* none now (destroyed meanwhile): the driver answers, below */
+    /* none now: destroyed meanwhile, the handle perhaps reused by a graph being instantiated
+     * (its entries not in yet): the checked path, under gm_mu (above) */
+    int mapped = gexec_mem(e, mem, aux);
     /* mapped on every device in its current epoch: no check, no gm_mu across the driver
      * (gm_mapped, above); the charge settles after, as a launch's does */
-    int mapped = 1;
     for (int d = 0; d < S->ndev; d++) mapped &= !mem[d] || aux[d] == gm[d].epoch + 1;
     if (mapped) {
         CUresult r = fn(e, s);
@@ -338,10 +339,9 @@ CUresult egpu_graph_run(CUresult (*fn)(CUgraphExec, CUstream), CUgraphExec e, CU
     for (int d = 0; d < S->ndev; d++) {
         if (!mem[d]) continue;
         gm_settle_locked(d);
-        if (r != CUDA_SUCCESS) continue;
-        pthread_rwlock_wrlock(&gm_mapped);
-        egpu_map_set_aux(&S->map, MAP_GEXEC, gexec_key(e, d), gm[d].epoch + 1); /* mapped now */
-        pthread_rwlock_unlock(&gm_mapped);
+        /* mapped now: gm_mu keeps the epoch and the entry as they are (a reader that sees
+         * the mark under gm_mapped is right: the driver did map it) */
+        if (r == CUDA_SUCCESS) egpu_map_set_aux(&S->map, MAP_GEXEC, gexec_key(e, d), gm[d].epoch + 1);
     }
     pthread_mutex_unlock(&gm_mu);
     return r;
@@ -417,14 +417,15 @@ CUresult cuGraphExecDestroy(CUgraphExec e)
     REAL_OR_UNSUPPORTED(cuGraphExecDestroy);
     if (!e || !__atomic_load_n(&gm_active, __ATOMIC_ACQUIRE)) return R.cuGraphExecDestroy(e);
     pthread_mutex_lock(&gm_mu);
-    /* the handle and its map entries go together for a launch (gm_mapped, above) */
     egpu_map_ent m[EGPU_MAX_DEVS];
     int had[EGPU_MAX_DEVS] = {0};
-    pthread_rwlock_wrlock(&gm_mapped);
     CUresult r = R.cuGraphExecDestroy(e);
+    /* the entries go together for a launch's locked read (gm_mapped, above); gm_mu, held,
+     * keeps an instantiation from reusing the handle before they are gone */
+    if (r == CUDA_SUCCESS) pthread_rwlock_wrlock(&gm_mapped);
     for (int d = 0; r == CUDA_SUCCESS && d < S->ndev; d++)
         had[d] = egpu_map_take_ent(&S->map, MAP_GEXEC, gexec_key(e, d), &m[d]) == 0;
-    pthread_rwlock_unlock(&gm_mapped);
+    if (r == CUDA_SUCCESS) pthread_rwlock_unlock(&gm_mapped);
     for (int d = 0; r == CUDA_SUCCESS && d < S->ndev; d++) {
         if (!had[d]) continue;
         gm[d].booked -= m[d].bytes < gm[d].booked ? m[d].bytes : gm[d].booked;

@@ -96,8 +96,6 @@ void pools_refresh(int only_dev);
 void pool_ptr_freed(uint64_t aux);
 /* hooks_graph.c: bring the graph memory pools' charges up to date (a capacity view). */
 void graph_mem_refresh(void);
-/* hooks_graph.c: a pointer egpu does not track was freed (cuMemFree, cuMemFreeAsync): it may be
- * a graph allocation left live; the graph memory pools' charges are brought up to date. */
 
 #pragma GCC visibility pop
 
