@@ -2046,6 +2046,7 @@ static CUresult graph_launch_meet(void)
     while (g_meet_in < group_end && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&g_meet_cv, &g_meet_mu, &until);
     g_meet_waiting--;
     int met = g_meet_in >= group_end;
+    if (!met) g_meet_in--; /* withdrawn: the next launch starts its own group, not this one */
     pthread_mutex_unlock(&g_meet_mu);
     return met ? CUDA_SUCCESS : CUDA_ERROR_TIMEOUT;
 }
