@@ -160,14 +160,21 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 /* no device attributes: an H100 SXM's resident threads (132 SMs x 2048), the largest card */
 #define RESIDENT_THREADS_FALLBACK (132ull * 2048ull)
 
+/* Under dev_mu: each device's resident threads as the driver gave them, 0 until asked. A
+ * device's SM count and threads a SM never change, so cuCtxSetLimit asks them once per device,
+ * not on every call. */
+static uint64_t resident_cache[EGPU_MAX_DEVS];
+
+/* dev_mu held, 0 <= dev < S->ndev. The fallback is not cached: a later call asks again. */
 static uint64_t resident_threads(int dev)
 {
+    if (resident_cache[dev]) return resident_cache[dev];
     int sms = 0, per_sm = 0;
     if (!R.cuDeviceGetAttribute || R.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) ||
         R.cuDeviceGetAttribute(&per_sm, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) || sms <= 0 ||
         per_sm <= 0)
         return RESIDENT_THREADS_FALLBACK;
-    return (uint64_t)sms * (uint64_t)per_sm;
+    return resident_cache[dev] = (uint64_t)sms * (uint64_t)per_sm;
 }
 
 /* Device bytes a limit takes at `value` beyond what it takes at `base` (saturating); per: the
@@ -202,7 +209,7 @@ CUresult cuCtxSetLimit(CUlimit limit, size_t value)
         }
         e = (egpu_map_ent){key, 0, base, ctx, dev, MAP_LIMIT};
     }
-    uint64_t per = limit == CU_LIMIT_STACK_SIZE ? resident_threads(dev) : 1; /* asked once */
+    uint64_t per = limit == CU_LIMIT_STACK_SIZE ? resident_threads(dev) : 1; /* once a device */
     uint64_t want = limit_bytes(value, (size_t)e.aux, per);
     uint64_t grow = want > e.bytes ? want - e.bytes : 0;
     CUresult r = grow ? charge(dev, grow) : CUDA_SUCCESS;

@@ -69,17 +69,13 @@ static CUresult stream_dev(CUstream s, int *dev)
     return r;
 }
 
-/* The device whose memory pool `pool` holds (cuMemAllocFromPoolAsync: the pool names it, whatever
- * the stream's device): egpu's record of the pool, else the device whose default or current pool
- * it is, else (a pool egpu cannot place) the stream's. -1 when none can say. The stream's
- * device costs up to 4 driver calls before CUDA 12.8; the record, none. */
+/* The device whose memory a pool egpu has no record of holds (cuMemAllocFromPoolAsync: the
+ * pool names it, whatever the stream's device; a pool egpu records names its own, pool_alloc):
+ * the device whose default or current pool it is, else (a pool egpu cannot place) the stream's.
+ * -1 when none can say. The stream's device costs up to 4 driver calls before CUDA 12.8. */
 static int pool_owner(CUmemoryPool pool, CUstream s)
 {
-    pthread_mutex_lock(&S->pool_mu);
-    egpu_pool_rec *p = pool_rec(pool, -1, 0);
-    int dev = p ? p->dev : -1;
-    pthread_mutex_unlock(&S->pool_mu);
-    if (dev < 0) dev = pool_device(pool);
+    int dev = pool_device(pool);
     if (dev < 0 && stream_dev(s, &dev) != CUDA_SUCCESS) dev = -1;
     return dev;
 }
@@ -283,11 +279,8 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
     if (!dptr || !size) return CALL_REAL();
     if (!from_pool && stream_dev(egpu_stream_of(st, pt), &dev) != CUDA_SUCCESS) return CALL_REAL();
     if (egpu_config_ready() != 0) return EGPU_REFUSED_CU;
-    if (!devs_ready() || (from_pool && !pool)) return CALL_REAL(); /* let the driver report */
-    if (from_pool) dev = pool_owner(pool, egpu_stream_of(st, pt));
-    if (dev < 0 || dev >= S->ndev) return CALL_REAL();
-    if (!from_pool && (!R.cuDeviceGetMemPool || R.cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS)) pool = NULL;
-    if (!pool || !R.cuMemPoolGetAttribute) return CALL_REAL(); /* let the driver report */
+    if (!devs_ready() || (from_pool && !pool) || !R.cuMemPoolGetAttribute)
+        return CALL_REAL(); /* let the driver report */
     /* Under pool_mu: what the pool's cache seems to hold, less what concurrent in-flight
      * allocations already count on (claims), is taken from the cache; the rest (need) is
      * charged against the cap BEFORE the driver call and kept as pending until the call has
@@ -295,8 +288,28 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
      * both count on the same cached bytes, nor both grow the pool past the cap. Where the
      * driver grows the pool more than that (pool_settle), the growth is charged after the
      * call or the allocation undone. */
-    pthread_mutex_lock(&S->pool_mu);
-    egpu_pool_rec *p = pool_rec(pool, dev, 1); /* first seen here: dev holds it (pool_owner) */
+    egpu_pool_rec *p = NULL;
+    if (from_pool) {
+        /* a pool egpu records names its device (its record's): looked up once, and pool_mu
+         * held from there to the charge */
+        pthread_mutex_lock(&S->pool_mu);
+        p = pool_rec(pool, -1, 0);
+        if (p && (p->dev < 0 || p->dev >= S->ndev)) { /* made on a device outside the table */
+            pthread_mutex_unlock(&S->pool_mu);
+            return CALL_REAL();
+        }
+        if (!p) pthread_mutex_unlock(&S->pool_mu);
+    }
+    if (!p) {
+        /* no record yet: placed by driver calls made without pool_mu, then recorded under it
+         * (or found, where another thread recorded it meanwhile) */
+        if (from_pool) dev = pool_owner(pool, egpu_stream_of(st, pt));
+        if (dev < 0 || dev >= S->ndev) return CALL_REAL();
+        if (!from_pool && (!R.cuDeviceGetMemPool || R.cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS)) pool = NULL;
+        if (!pool) return CALL_REAL(); /* let the driver report */
+        pthread_mutex_lock(&S->pool_mu);
+        p = pool_rec(pool, dev, 1); /* first seen here: dev holds it (pool_owner) */
+    }
     CUresult r;
     if (!p) {
         pthread_mutex_unlock(&S->pool_mu);

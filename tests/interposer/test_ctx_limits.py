@@ -20,6 +20,8 @@ CTX_MIB = 256  # EGPU_CONTEXT_OVERHEAD_MIB's default
 HEAP_DEFAULT = 8 * MIB  # the driver's default malloc heap (the fake's too)
 STACK_DEFAULT = 1024  # bytes a thread, the driver's default
 RESIDENT_THREADS = 80 * 2048  # the fake card: SMs x resident threads a SM
+CARD_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+CARD_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
 
 
 def _used(rows, step="nvml", nth=0):
@@ -78,17 +80,22 @@ def test_a_stack_for_every_resident_thread_is_charged(rig):
     assert _used(rows, "nvml", 1) == CTX_MIB * MIB, rows
 
 
-def test_a_stack_limit_asks_the_device_once_a_call(rig, tmp_path):
-    """Setting the stack asks the device's SM count and resident threads a SM once a call
-    (the fake driver's call counts): the same figures, asked again for the charge after the
-    driver's rounding, cost an application two more driver calls each time (the hook asked
-    4). The charge is as before."""
+def test_a_stack_limit_asks_the_device_once_a_device(rig, tmp_path):
+    """Setting the stack asks the device's SM count and resident threads a SM once for each
+    device, not on every call (the fake driver's call counts): they never change for a
+    device, so three stack limits on card 0 ask 2 attributes and card 1 asks its own 2. The
+    hook asked 2 a call (12 here). The charge is as before."""
+    rig.fake_config([(CARD_A, 24576), (CARD_B, 24576)])
     counts = tmp_path / "calls.jsonl"
     rows = rig.probe(
-        "init", "ctx", "setlimit", "stack", 2048, "setlimit", "stack", 4096, "held",
+        "init", "ctx", 0,
+        "setlimit", "stack", 2048, "setlimit", "stack", 4096, "setlimit", "stack", 3072, "held", 0,
+        "ctx", 1, "setlimit", "stack", 2048, "setlimit", "stack", 4096, "setlimit", "stack", 3072,
+        "held", 1,
         EGPU_MEMORY_LIMIT_MIB=SHARE_MIB, FAKEGPU_CALL_COUNTS=counts,
     )  # fmt: skip
     [calls] = [json.loads(line) for line in counts.read_text().splitlines()]
-    assert one(rows, "setlimit", 0)["rc"] == 0 and one(rows, "setlimit", 1)["rc"] == 0, rows
-    assert one(rows, "held")["used"] == (4096 - STACK_DEFAULT) * RESIDENT_THREADS, rows
-    assert calls["device_attribute"] == 2 * 2, calls
+    assert all(r["rc"] == 0 for r in rows if r["step"] == "setlimit"), rows
+    for card in (0, 1):
+        assert one(rows, "held", card)["used"] == (3072 - STACK_DEFAULT) * RESIDENT_THREADS, rows
+    assert calls["device_attribute"] == 2 * 2, calls  # 2 attributes x 2 devices, asked once
