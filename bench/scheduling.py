@@ -292,11 +292,11 @@ def main(argv: list[str] | None = None) -> int:
                                           "heartbeatTimeoutSeconds": 3600}))
         heartbeat(api, names)
         t = time.monotonic()
-        # as the node agent with --dra publishes them
+        # as the node agent with --dra publishes them, on the config the extender gets
         with ThreadPoolExecutor(CLIENT_THREADS) as pool:
             list(pool.map(lambda n: devdra.publish_node_slices(
-                info.api_client(), n, devnodes.inventory(node_spec(n, args.cards)).cards),
-                names))
+                info.api_client(), n, devnodes.inventory(node_spec(n, args.cards)).cards,
+                shares_per_card=SHARES), names))
         install_device_classes(api)
         with contextlib.suppress(ApiStatusError):
             api.json("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from egpu.card_roster import NSLOTS
 from egpu.contract import DRA_DRIVER
 from egpu.dra.slices import ResourceSlice, SlicePlan, sync
 from egpu.records import Card
@@ -72,8 +71,8 @@ class DraPublisher:
     owner (a Node deleted and created again gets its slices owned anew). ``shares_per_card``:
     the config's ``sharesPerCard``, how many allocations a card takes (``egpu.dra.slices``)."""
 
-    def __init__(self, core_v1: Any, node: str, memory_ratio: float = 1.0,
-                 shares_per_card: int = NSLOTS) -> None:
+    def __init__(self, core_v1: Any, node: str, memory_ratio: float = 1.0, *,
+                 shares_per_card: int) -> None:
         self.core_v1 = core_v1
         self.node = node
         self.memory_ratio = memory_ratio

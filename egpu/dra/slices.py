@@ -243,7 +243,7 @@ def memory_capacity_mib(card: Card, memory_ratio: float = 1.0) -> int:
     return int(card.memory_mib * ratio)
 
 
-def shares_capacity(shares_per_card: int = NSLOTS) -> int:
+def shares_capacity(shares_per_card: int) -> int:
     """How many allocations a card takes: ``shares_per_card`` (the config's
     ``sharesPerCard``), at most the roster's ``NSLOTS``. Raises SliceError below 1."""
     if isinstance(shares_per_card, bool) or not isinstance(shares_per_card, int) \
@@ -252,7 +252,7 @@ def shares_capacity(shares_per_card: int = NSLOTS) -> int:
     return min(shares_per_card, NSLOTS)
 
 
-def card_device(card: Card, memory_ratio: float = 1.0, shares_per_card: int = NSLOTS) -> Device:
+def card_device(card: Card, memory_ratio: float = 1.0, *, shares_per_card: int) -> Device:
     """One card as a v1 ``Device`` (module docstring): attributes as the inventory, capacity
     ``memory`` (bytes, 1 MiB steps, up to the card's MiB x ``memory_ratio``), ``cores``
     (0..100 %, step 1) and ``shares`` (``shares_capacity(shares_per_card)``, one per
@@ -330,8 +330,8 @@ def node_owner(node: str, node_uid: str) -> OwnerReference:
 
 def node_slices(node: str, cards: Iterable[Card], generation: int = 1,
                 memory_ratio: float = 1.0, node_uid: str | None = None,
-                max_devices: int = MAX_DEVICES_PER_SLICE,
-                shares_per_card: int = NSLOTS) -> list[ResourceSlice]:
+                max_devices: int = MAX_DEVICES_PER_SLICE, *,
+                shares_per_card: int) -> list[ResourceSlice]:
     """The ResourceSlices of ``node`` for its ``cards``: the healthy ones, by index, as
     devices (``card_device``), ``max_devices`` per slice, in pool ``node`` at ``generation``.
     No healthy card: no slice (an empty list). ``node_uid``: owner reference to the Node.
@@ -345,7 +345,7 @@ def node_slices(node: str, cards: Iterable[Card], generation: int = 1,
         raise SliceError(f"generation {generation} is below 1")
     if not 1 <= max_devices <= MAX_DEVICES_PER_SLICE:
         raise SliceError(f"max_devices {max_devices}; allowed: 1..{MAX_DEVICES_PER_SLICE}")
-    devices = [card_device(c, memory_ratio, shares_per_card)
+    devices = [card_device(c, memory_ratio, shares_per_card=shares_per_card)
                for c in sorted(cards, key=lambda c: (c.index, c.uuid)) if c.healthy]
     names = [d["name"] for d in devices]
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -446,7 +446,7 @@ def _generation(obj: dict[str, Any]) -> int:
 
 def plan(node: str, cards: Iterable[Card], existing: Sequence[dict[str, Any]],
          memory_ratio: float = 1.0, node_uid: str | None = None,
-         max_devices: int = MAX_DEVICES_PER_SLICE, shares_per_card: int = NSLOTS) -> SlicePlan:
+         max_devices: int = MAX_DEVICES_PER_SLICE, *, shares_per_card: int) -> SlicePlan:
     """What to write so that the API server holds exactly ``node_slices(node, cards, ...)``.
 
     ``existing``: the ResourceSlices of this driver and node as read (plain JSON objects).
@@ -459,7 +459,7 @@ def plan(node: str, cards: Iterable[Card], existing: Sequence[dict[str, Any]],
     seen = max((_generation(s) for s in existing), default=0)
     current = max(seen, 1)
     wanted = node_slices(node, cards, current, memory_ratio, node_uid, max_devices,
-                         shares_per_card)
+                         shares_per_card=shares_per_card)
     same = (
         bool(existing)
         and {s["metadata"]["name"] for s in wanted} == set(by_name)
@@ -470,7 +470,7 @@ def plan(node: str, cards: Iterable[Card], existing: Sequence[dict[str, Any]],
     generation = seen if same else seen + 1
     if not same:
         wanted = node_slices(node, cards, generation, memory_ratio, node_uid, max_devices,
-                             shares_per_card)
+                             shares_per_card=shares_per_card)
     create: list[ResourceSlice] = []
     update: list[ResourceSlice] = []
     for body in wanted:
@@ -512,7 +512,7 @@ class SliceStore(Protocol):
 
 
 def sync(store: SliceStore, node: str, cards: Iterable[Card], memory_ratio: float = 1.0,
-         node_uid: str | None = None, shares_per_card: int = NSLOTS) -> SlicePlan:
+         node_uid: str | None = None, *, shares_per_card: int) -> SlicePlan:
     """Bring the node's slices in the API server to its cards (``plan``): creates and updates
     first, so that the new generation is complete before the old slices go, then deletes.
     Returns the plan run. Raises SliceError, and whatever the store raises (a conflict on an

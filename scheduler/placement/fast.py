@@ -26,12 +26,13 @@ from scheduler.placement.model import (
     Unfit,
 )
 from scheduler.placement.rule import (
-    HEARTBEAT_FUTURE_SKEW_S,
     MAX_CARDS_IN_REASON,
     NOTHING,
     Bounds,
     card_filter,
     filter_reason,
+    fresh_heartbeats,
+    is_stale,
     reason,
     refused,
     short_of_cards,
@@ -77,7 +78,7 @@ def utilization_checker(demand: PodDemand, limits: Limits,
     ratio = bounds.memory_ratio
     plain = ratio == 1.0
     cores_cap, slots_cap = bounds.cores, bounds.slots
-    timeout = limits.heartbeat_timeout_s
+    oldest, newest = fresh_heartbeats(now, limits)  # the staleness rule's clock, once
     allowed = card_filter(demand)
     card_key = strategies.get(demand.gpu_policy).card_key
     added_fixed = (fixed or 0) * need
@@ -123,13 +124,12 @@ def utilization_checker(demand: PodDemand, limits: Limits,
                      unresolvable=emptied < need)
 
     # The loops below are the fit rule (``rule.refused`` with nothing held, ``Bounds.memory``)
-    # and the node's staleness (``rule.stale_reason``), inlined: they run for every card of
-    # every node. A node they do not fit goes to ``unfit`` (or ``slow``), which asks the rule
-    # itself and words why; the property test check == fit holds the two to one answer.
+    # inlined: they run for every card of every node. The node's staleness is the rule's own
+    # ``rule.is_stale``, asked once per node. A node they do not fit goes to ``unfit`` (or
+    # ``slow``), which asks the rule itself and words why; the property test check == fit
+    # holds the two to one answer.
     def run(node: NodeState) -> float | Unfit:
-        heartbeat = node.heartbeat
-        if (node.problem or heartbeat is None or now - heartbeat > timeout
-                or heartbeat - now > HEARTBEAT_FUTURE_SKEW_S):
+        if is_stale(node, oldest, newest):
             return slow(node)
         if fixed is not None:  # the amount does not vary by card: stop at the need-th card
             found = 0

@@ -7,7 +7,7 @@ A card is *allowed* when it is healthy and passes the pod's model filters
 (``use/nouse-gpu-type``, token rule of ``egpu.requests.model_matches``) and UUID filters
 (``use/nouse-gpu-uuid``); a node is usable when its inventory was read and its heartbeat is
 at most ``heartbeat_timeout_s`` old and at most ``HEARTBEAT_FUTURE_SKEW_S`` ahead of the
-extender's clock (``stale_reason``).
+extender's clock (``is_stale``, worded by ``stale_reason``).
 
 An allowed card takes the pod's booking ``new`` (the pod's whole booking on the card with the
 share added, ``egpu.booking.book_card``) on top of ``held`` (the pod's booking there before)
@@ -155,21 +155,42 @@ def card_allowed(card: CardState, demand: PodDemand) -> bool:
 HEARTBEAT_FUTURE_SKEW_S: Final = 60.0
 
 
+def fresh_heartbeats(now: float, limits: Limits) -> tuple[float, float]:
+    """The heartbeats (unix seconds) fresh at ``now``, oldest and newest, both included: at most
+    ``limits.heartbeat_timeout_s`` old and at most ``HEARTBEAT_FUTURE_SKEW_S`` ahead of ``now``.
+    (Computed once per clock reading, for ``is_stale`` on many nodes.)"""
+    return now - limits.heartbeat_timeout_s, now + HEARTBEAT_FUTURE_SKEW_S
+
+
+def is_stale(node: NodeState, oldest: float, newest: float) -> bool:
+    """Whether the node's inventory cannot be trusted: it has a problem, it has no heartbeat, or
+    the heartbeat is outside ``oldest``..``newest`` (``fresh_heartbeats``). The staleness rule,
+    written only here: ``stale_reason`` words it, the fast path asks it once per node (a bool,
+    no message: it is cheap)."""
+    heartbeat = node.heartbeat
+    if node.problem or heartbeat is None:
+        return True
+    return not oldest <= heartbeat <= newest
+
+
 def stale_reason(node: NodeState, now: float, limits: Limits) -> str:
-    """Why the node's inventory cannot be trusted now ("" when it can)."""
+    """Why the node's inventory cannot be trusted now ("" when it can; the rule is
+    ``is_stale``)."""
+    oldest, newest = fresh_heartbeats(now, limits)
+    if not is_stale(node, oldest, newest):
+        return ""
     if node.problem:
         return node.problem
-    if node.heartbeat is None:
+    heartbeat = node.heartbeat
+    if heartbeat is None:
         return "no inventory heartbeat (annotation egpu.io/inventory-heartbeat missing)"
-    age = now - node.heartbeat
-    if -age > HEARTBEAT_FUTURE_SKEW_S:
+    age = now - heartbeat
+    if heartbeat > newest:
         return (f"inventory heartbeat is {-age:.0f} s in the future (more than "
                 f"{HEARTBEAT_FUTURE_SKEW_S:.0f} s ahead of the extender's clock): the node's "
                 "clock is wrong, so whether its node agent is reporting cannot be told")
-    if age > limits.heartbeat_timeout_s:
-        return (f"inventory heartbeat is {age:.0f} s old (limit "
-                f"{limits.heartbeat_timeout_s:.0f} s): the node agent is not reporting")
-    return ""
+    return (f"inventory heartbeat is {age:.0f} s old (limit "
+            f"{limits.heartbeat_timeout_s:.0f} s): the node agent is not reporting")
 
 
 def _models(cards: Sequence[CardState]) -> str:

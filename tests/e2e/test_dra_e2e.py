@@ -30,6 +30,7 @@ from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
 from devcluster.dra import SLICES_PATH, DevSliceStore, publish_node_slices
 from devcluster.fake_toolkit import make_device_nodes
+from egpu.config import Config
 from egpu.contract import (
     ANN_INVENTORY,
     DEVICE_CLASS_SHARE,
@@ -262,7 +263,8 @@ def test_edge_case_slices_pass_the_api_servers_validation(dra: Dra) -> None:
     cards = [Card(uuid=f"GPU-{i:08x}-0000-0000-0000-{i:012x}", index=i, model="M" * 64,
                   memory_mib=2 if i == 0 else 1 << 20, numa_node=-1)
              for i in range(130)]
-    slices = node_slices(NODE_PREFIX + "edge", cards, generation=2**40, memory_ratio=1.5)
+    slices = node_slices(NODE_PREFIX + "edge", cards, generation=2**40, memory_ratio=1.5,
+                         shares_per_card=Config().shares_per_card)
     assert [len(s["spec"]["devices"]) for s in slices] == [128, 2]
     for body in slices:
         dra.api("POST", SLICES_PATH, copy.deepcopy(body), dryRun="All",

@@ -88,6 +88,26 @@ def test_a_heartbeat_slightly_ahead_of_the_clock_is_fresh() -> None:
     assert not isinstance(check(n, demand(pod()), LIMITS, NOW), Unfit)
 
 
+@pytest.mark.parametrize(("heartbeat", "problem", "stale"), [
+    (NOW - 120, "", False), (NOW - 120.5, "", True), (NOW + 60, "", False),
+    (NOW + 60.5, "", True), (NOW, "", False), (None, "", True), (NOW, "bad inventory", True),
+])
+def test_staleness_is_one_rule_for_bind_filter_and_wording(
+        heartbeat: float | None, problem: str, stale: bool) -> None:
+    """``rule.is_stale`` is the staleness rule: ``stale_reason`` words exactly the nodes it
+    calls stale, and the full search (bind) and the fast path (filter) both follow it, at the
+    timeout's and the clock skew's edges alike."""
+    from scheduler.placement import check
+    from scheduler.placement.rule import fresh_heartbeats, is_stale, stale_reason
+    n = NodeState("n", (card(0),), heartbeat=heartbeat, problem=problem)
+    assert is_stale(n, *fresh_heartbeats(NOW, LIMITS)) is stale
+    assert bool(stale_reason(n, NOW, LIMITS)) is stale
+    for r in (place(n, pod()), check(n, demand(pod()), LIMITS, NOW)):
+        assert isinstance(r, Unfit) is stale, r
+        if isinstance(r, Unfit):
+            assert r.unresolvable and r.reason == stale_reason(n, NOW, LIMITS)
+
+
 def test_inventory_problem_is_reported() -> None:
     r = unfit(place(NodeState("n", (), NOW, problem="egpu inventory unreadable: x"), pod()))
     assert r.reason == "egpu inventory unreadable: x" and r.unresolvable

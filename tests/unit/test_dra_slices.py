@@ -5,6 +5,7 @@ to the inventory (generation kept while nothing changes, bumped when something d
 from __future__ import annotations
 
 import copy
+import functools
 from decimal import Decimal
 from typing import Any
 
@@ -15,19 +16,17 @@ from hypothesis import strategies as st
 from egpu.card_roster import NSLOTS
 from egpu.config import Config
 from egpu.contract import DRA_DRIVER
+from egpu.dra import slices
 from egpu.dra.slices import (
     CAPACITY_SHARES,
     MAX_DEVICES_PER_SLICE,
     MIB,
     SliceError,
     bytes_quantity,
-    card_device,
     count_quantity,
     device_name,
     memory_capacity_mib,
-    node_slices,
     parse_quantity,
-    plan,
     same_content,
     shares_capacity,
     slice_name,
@@ -35,6 +34,12 @@ from egpu.dra.slices import (
 from egpu.records import Card
 
 A100 = "NVIDIA A100-SXM4-40GB"
+# The functions take sharesPerCard from their caller, who holds the config (no default):
+# here the config's default, unless a test names its own.
+SHARES = Config().shares_per_card
+card_device = functools.partial(slices.card_device, shares_per_card=SHARES)
+node_slices = functools.partial(slices.node_slices, shares_per_card=SHARES)
+plan = functools.partial(slices.plan, shares_per_card=SHARES)
 
 
 def card(index: int, memory_mib: int = 40960, healthy: bool = True, model: str = A100,
@@ -118,7 +123,8 @@ def test_a_card_takes_no_more_shares_than_its_roster_holds() -> None:
     """Bug caught: 40 claims of 1Gi and no cores all fitted one 80 GiB card (memory and cores
     bound nothing), while its roster holds 32 shares: replicas 33+ never started."""
     many_small = [{"memory": "1Gi"}] * 40
-    assert allocate(card_device(card(0, memory_mib=81559)), many_small) == NSLOTS == 32
+    device = card_device(card(0, memory_mib=81559), shares_per_card=len(many_small))
+    assert allocate(device, many_small) == NSLOTS == 32
 
 
 @pytest.mark.parametrize(("shares_per_card", "placed"), [(10, 10), (1, 1), (32, 32), (33, 32)])
@@ -146,6 +152,21 @@ def test_a_policy_of_one_share_per_card_has_no_step_that_would_overrun_it() -> N
     valid = card_device(card(0), shares_per_card=1)["capacity"][CAPACITY_SHARES][
         "requestPolicy"]["validRange"]
     assert "step" not in valid and valid["min"] == valid["max"] == "1"
+
+
+@pytest.mark.parametrize("call", [
+    lambda: slices.shares_capacity(),  # type: ignore[call-arg]
+    lambda: slices.card_device(card(0)),  # type: ignore[call-arg]
+    lambda: slices.node_slices("n", [card(0)]),  # type: ignore[call-arg]
+    lambda: slices.plan("n", [card(0)], []),  # type: ignore[call-arg]
+    lambda: slices.sync(None, "n", [card(0)]),  # type: ignore[arg-type, call-arg]
+])
+def test_shares_per_card_has_no_default(call: Any) -> None:
+    """Bug caught: the functions defaulted to the roster's 32 shares a card, so a caller
+    without the config (the dev cluster, the scheduling bench) published 32 where a node agent
+    on the default config publishes 10. The caller names the config's sharesPerCard."""
+    with pytest.raises(TypeError, match="shares_per_card"):
+        call()
 
 
 @pytest.mark.parametrize("shares_per_card", [0, -1])
