@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+pytest_plugins = ("tests.cpu_report",)
+
 # The machines are small and shared with builds: judge properties, not timings.
 settings.register_profile("egpu", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("egpu")
