@@ -10,7 +10,9 @@ add ``namespace``, ``pod``, ``container``. Units: bytes and percent.
   time), where the card's roster lists the share.
 - Per card (inventory, NVML, allocations of the node's active pods): memory total / used /
   booked bytes, cores booked %, compute used % (NVML; else the shares' measured use from the
-  card's folder).
+  card's folder). Booked: an extender pod's record by the booking rule (``egpu.booking``);
+  a claim's requests once, however many containers or pods name them
+  (``booked_claim_folders``), as the kube-scheduler's allocation consumes them.
 - Per node: ``egpu_node_heartbeat_timestamp_seconds{Hostname}``, the last successful
   inventory heartbeat (unix seconds), once there is one.
 
@@ -20,7 +22,7 @@ The collector's inputs are callables, so that it is tested without NVML or the A
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -29,6 +31,7 @@ from prometheus_client.registry import Collector
 from egpu.booking import record_bookings
 from egpu.card_roster import share_owner
 from egpu.contract import (
+    CLAIM_SHARE_DIR_PREFIX,
     LABELS_CARD,
     LABELS_CONTAINER,
     LABELS_NODE,
@@ -47,8 +50,9 @@ from egpu.contract import (
     METRIC_CONTAINER_MEMORY_REFUSED,
     METRIC_CONTAINER_MEMORY_USED,
     METRIC_NODE_HEARTBEAT,
+    claim_share_dir_requests,
 )
-from egpu.records import Card, ContainerAllocation, PodShares
+from egpu.records import Card, CardShare, ContainerAllocation, PodShares
 from node_agent.metrics.card_region import CardRegion, SlotUse
 from node_agent.metrics.region import RegionUsage, scan, split_dir_name
 
@@ -109,6 +113,31 @@ def shared_region_users(shares: dict[str, PodShares]
             if entry.share is not None:
                 out.setdefault(entry.share, []).append((pod, entry))
     return out
+
+
+def _claim_requests(folder: str) -> tuple[str, frozenset[str]]:
+    """(the claim, its requests) of a claim's accounting folder ``claim-<uid>_<r1>.<r2>``
+    (``egpu.contract.claim_share_dir_name``); a folder of another form is a claim of its own."""
+    head = folder.rpartition("_")[0]
+    requests = (claim_share_dir_requests(folder, head.removeprefix(CLAIM_SHARE_DIR_PREFIX))
+                if head.startswith(CLAIM_SHARE_DIR_PREFIX) else None)
+    return (head, requests) if requests is not None else (folder, frozenset())
+
+
+def booked_claim_folders(folders: Iterable[str]) -> set[str]:
+    """The claim folders (``ContainerAllocation.share``) whose cards the card's booked figures
+    count: a claim's requests are booked once (each allocation result consumes its capacity
+    once), so a folder whose requests all lie within another folder of the same claim is not
+    counted again: a paired init container names its app container's request plus a
+    headroom request (``egpu.dra.claims``, FC-07), and the card holds the pair once, max(init,
+    app), not the app's request twice. Folders that overlap without one holding the other
+    (hand-written claims only) are both counted: never less than is booked."""
+    by_claim: dict[str, dict[str, frozenset[str]]] = {}
+    for folder in folders:
+        claim, requests = _claim_requests(folder)
+        by_claim.setdefault(claim, {})[folder] = requests
+    return {folder for sets in by_claim.values() for folder, requests in sets.items()
+            if not any(requests < other for other in sets.values())}
 
 
 def region_labels(name: str, shares: dict[str, PodShares],
@@ -213,7 +242,12 @@ class EgpuCollector(Collector):
 
         booked_mib: dict[str, int] = {}
         booked_cores: dict[str, int] = {}
-        counted: set[str] = set()
+
+        def book(cards: Iterable[CardShare]) -> None:
+            for s in cards:
+                booked_mib[s.uuid] = booked_mib.get(s.uuid, 0) + s.memory_mib
+                booked_cores[s.uuid] = booked_cores.get(s.uuid, 0) + s.cores
+
         for pod in shares.values():
             if all(entry.share is None for entry in pod.allocation.containers):
                 # the extender's record: what the pod books per card by the booking rule (an
@@ -222,14 +256,13 @@ class EgpuCollector(Collector):
                     booked_mib[uuid] = booked_mib.get(uuid, 0) + booking.memory_mib
                     booked_cores[uuid] = booked_cores.get(uuid, 0) + booking.cores
                 continue
-            for entry in pod.allocation.containers:
-                if entry.share is not None:  # a claim's requests: booked once, however shared
-                    if entry.share in counted:
-                        continue
-                    counted.add(entry.share)
-                for s in entry.cards:
-                    booked_mib[s.uuid] = booked_mib.get(s.uuid, 0) + s.memory_mib
-                    booked_cores[s.uuid] = booked_cores.get(s.uuid, 0) + s.cores
+            book(c for entry in pod.allocation.containers if entry.share is None
+                 for c in entry.cards)
+        # a claim's requests: booked once, however many containers or pods name them, and a
+        # paired init container's folder holds its app container's request (the claim's
+        # consumed capacity, as kube-scheduler allocated it and `egpu top` counts it)
+        for folder in booked_claim_folders(users):
+            book(users[folder][0][1].cards)
         total = GaugeMetricFamily(METRIC_CARD_MEMORY_TOTAL, "Card device memory, bytes",
                                   labels=LABELS_CARD)
         used = GaugeMetricFamily(METRIC_CARD_MEMORY_USED,

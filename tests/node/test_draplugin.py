@@ -443,6 +443,66 @@ def test_a_succeeded_init_container_without_an_own_folder_reads_the_plugins_stat
     assert reads == 1
 
 
+# --- the card's booked figures of a DRA pod with an init container ----------------------------
+def _card_booked(driver: DraDriver) -> tuple[int, int]:
+    """Card 0's booked MiB and cores, as the node agent's exporter reports them (registry +
+    driver shares, as node_agent/main.py wires them)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from egpu.contract import METRIC_CARD_CORES_BOOKED, METRIC_CARD_MEMORY_BOOKED
+    from node_agent.metrics.collector import EgpuCollector, Sources
+
+    registry = CollectorRegistry()
+    registry.register(EgpuCollector(Sources(NODE, lambda: CARDS, driver.shares, lambda: {},
+                                            lambda u: None, lambda u: None)))
+    families = {f.name: f for f in text_string_to_metric_families(
+        generate_latest(registry).decode())}
+
+    def card0(metric: str) -> float:
+        return next(s.value for s in families[metric].samples
+                    if s.labels["UUID"] == CARDS[0].uuid)
+
+    return int(card0(METRIC_CARD_MEMORY_BOOKED)) >> 20, int(card0(METRIC_CARD_CORES_BOOKED))
+
+
+def test_a_dra_pods_init_share_paired_with_its_main_share_is_booked_once(
+        node_dirs: dict[str, Path]) -> None:
+    """The webhook pairs an init container of 12000 MiB / 100% with its app container of
+    8000 MiB / 20% (egpu.dra.claims, FC-07): the claim asks the app's request and a headroom
+    of 4000 MiB / 80% on the same card, so the card holds 12000 MiB / 100%, max(init, app).
+    Bug caught (found by review): the exporter counted each claim folder once, and the init
+    container's folder (app request + headroom) holds the app's request again: 20000 MiB /
+    120% booked where the card holds 12000 MiB / 100%."""
+    driver = make_driver(node_dirs, FakeReader(_paired_claim(), _paired_pod()))
+    driver.prepare("ml", CLAIM_UID, "share-pod-gpu-x")
+    assert _card_booked(driver) == (12000, 100)
+    # a second app container with a request of its own: its booking adds up beside the pair
+    pod = _paired_pod()
+    pod["spec"]["containers"].append(
+        {"name": "log", "resources": {"claims": [{"name": "gpu", "request": "log"}]}})
+    claim = _paired_claim(requests=(("ocr", "8000Mi", "20"), ("compile", "4000Mi", "80"),
+                                    ("log", "2000Mi", "5")))
+    claim["metadata"]["uid"] = other = CLAIM_UID[:-1] + "2"
+    driver.unprepare(CLAIM_UID)
+    driver = make_driver(node_dirs, FakeReader(claim, pod))
+    driver.prepare("ml", other, "share-pod-gpu-x")
+    assert _card_booked(driver) == (14000, 105)
+
+
+def test_a_dra_pods_init_container_with_a_request_of_its_own_stays_booked_beside_its_app(
+        node_dirs: dict[str, Path]) -> None:
+    """An init container the webhook does not pair (several cards, a percentage, no app
+    partner) names a request of its own: DRA allocates it beside the app containers' for the
+    pod's life, so the card holds both (the claim's consumed capacity, as `egpu top` counts
+    it), not the extender's max(init, app): 8000 + 12000 MiB, 30 + 50%."""
+    pod = _paired_pod(init=(("warm", ("warm",)),), app=("ocr",))
+    claim = _paired_claim(requests=(("ocr", "12000Mi", "50"), ("warm", "8000Mi", "30")))
+    driver = make_driver(node_dirs, FakeReader(claim, pod))
+    driver.prepare("ml", CLAIM_UID, "share-pod-gpu-x")
+    assert _card_booked(driver) == (20000, 80)
+
+
 # --- the gRPC edge, as the kubelet calls it ---------------------------------------------------
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
