@@ -96,12 +96,13 @@ struct pool_free {
 };
 struct CUmemPoolHandle_st {
     uint32_t magic;
-    int dev;
+    int dev; /* -1: a pool at a host location (host memory: no card's) */
     int alive; /* 0 once destroyed: its memory stays until its last allocation is freed */
     uint64_t reserved, used, threshold, reserved_high, used_high;
     struct CUmemPoolHandle_st *next;
     int reuse_follow, reuse_opportunistic, reuse_internal; /* CU_MEMPOOL_ATTR_REUSE_*, default 1 */
     struct pool_free *frees; /* part of the cache (reserved - used), under g_mu */
+    int access[FG_MAX_CARDS]; /* cuMemPoolSetAccess, per device (CUmemAccess_flags) */
 };
 /* A physical VMM allocation. As the driver: the memory is freed only when every handle to it
  * is released (cuMemCreate/cuMemImportFromShareableHandle/cuMemRetainAllocationHandle each
@@ -403,7 +404,8 @@ FG_EXPORT CUresult cuInit(unsigned int flags)
         meet_init();
         for (int d = 0; d < g_nvis; d++) {
             g_primary[d] = (struct CUctx_st){.magic = CTX_MAGIC, .dev = d, .primary = 1};
-            g_default_pool[d] = (struct CUmemPoolHandle_st){POOL_MAGIC, d, 1, 0, 0, 0, 0, 0, NULL, 1, 1, 1, NULL};
+            g_default_pool[d] = (struct CUmemPoolHandle_st){POOL_MAGIC, d, 1, 0, 0, 0, 0, 0, NULL, 1, 1, 1, NULL, {0}};
+            g_default_pool[d].access[d] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
             g_cur_pool[d] = &g_default_pool[d];
         }
         atomic_store(&g_inited, 1);
@@ -1075,6 +1077,17 @@ static void pool_frees_drop(struct CUmemPoolHandle_st *p)
     }
 }
 
+/* A pool's memory is its device's card's; a pool at a host location takes host memory only
+ * (none of any card's, so cuMemGetInfo does not move). 0, or -1 when the card is full. */
+static int pool_charge(const struct CUmemPoolHandle_st *p, uint64_t bytes)
+{
+    return p->dev < 0 ? 0 : fg_charge(card_of(p->dev), bytes);
+}
+static void pool_uncharge(const struct CUmemPoolHandle_st *p, uint64_t bytes)
+{
+    if (p->dev >= 0) fg_uncharge(card_of(p->dev), bytes);
+}
+
 /* g_mu held: `bytes` of p's memory are free again. A stream-ordered free (ordered, on stream
  * key of ctx) stays unobserved until a synchronisation; a destroyed pool goes with its last
  * allocation (cuMemPoolDestroy). */
@@ -1084,7 +1097,7 @@ static void pool_put_back(struct CUmemPoolHandle_st *p, uint64_t bytes, int orde
     p->used -= bytes;
     if (!p->alive) {
         if (!p->used) {
-            fg_uncharge(card_of(p->dev), p->reserved);
+            pool_uncharge(p, p->reserved);
             p->reserved = 0;
             pool_frees_drop(p);
         }
@@ -1165,14 +1178,14 @@ static void pools_trim_dev(int dev, int to_threshold, uint64_t keep_min)
     int n = 0;
     all[n++] = &g_default_pool[dev];
     for (struct CUmemPoolHandle_st *p = g_pools; p && n < 64; p = p->next)
-        if (p->dev == dev && p->alive) all[n++] = p;
+        if ((p->dev == dev || p->dev < 0) && p->alive) all[n++] = p; /* host pools: any sync */
     for (int i = 0; i < n; i++) {
         struct CUmemPoolHandle_st *p = all[i];
         uint64_t keep = to_threshold ? p->threshold : keep_min;
         uint64_t used_r = (p->used + GRAN - 1) / GRAN * GRAN;
         if (keep < used_r) keep = used_r;
         if (p->reserved > keep) {
-            fg_uncharge(card_of(dev), p->reserved - keep);
+            pool_uncharge(p, p->reserved - keep);
             p->reserved = keep;
             pool_frees_clamp(p);
         }
@@ -2130,9 +2143,14 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool p, CUstr
     if (!pool_ok(p)) return CUDA_ERROR_INVALID_VALUE;
     if (atomic_load(&g_ncaptures) && !is_default_stream(s)) {
         /* captured: an allocation node of the stream's graph, its address now, its memory
-         * the executable graph's (programming guide, "Graph Memory Nodes", stream capture) */
+         * the executable graph's (programming guide, "Graph Memory Nodes", stream capture).
+         * The fake's graph memory is device memory: a host pool's allocation is not captured. */
         pthread_mutex_lock(&g_mu);
         struct CUgraph_st *g = s->capture;
+        if (g && p->dev < 0) {
+            pthread_mutex_unlock(&g_mu);
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
         uint64_t ptr = g ? va_take(size) : 0;
         struct CUgraphNode_st *n = g ? graph_add_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, p->dev, ptr, size) : NULL;
         pthread_mutex_unlock(&g_mu);
@@ -2149,7 +2167,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool p, CUstr
     uint64_t key = stream_key(s, c), served = pool_cache_serve(p, key, size, 0);
     if (served < size) { /* what the cache cannot serve grows the pool */
         uint64_t grow = (size - served + GRAN - 1) / GRAN * GRAN;
-        if (fg_charge(card_of(p->dev), grow) != 0) {
+        if (pool_charge(p, grow) != 0) {
             pthread_mutex_unlock(&g_mu);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -2215,15 +2233,35 @@ FG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s)
 }
 FG_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) { return cuMemFreeAsync(ptr, s); }
 
+/* CUDA driver API, cuMemPoolCreate: a pool on a device (CU_MEM_LOCATION_TYPE_DEVICE, id the
+ * device), or (CUDA 12.2+) in host memory: CU_MEM_LOCATION_TYPE_HOST (id ignored; not IPC
+ * capable: handleTypes must be 0) or CU_MEM_LOCATION_TYPE_HOST_NUMA (id a host NUMA node; the
+ * fake does not check the host's nodes, only that it is not negative). HOST_NUMA_CURRENT, or
+ * any other type, is CUDA_ERROR_INVALID_VALUE. A device pool is accessible from its device, a
+ * host pool from the host CPU only until cuMemPoolSetAccess. */
 FG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pp, const CUmemPoolProps *props)
 {
     NEED_INIT();
-    if (!pp || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-    if (!dev_ok(props->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!pp || !props) return CUDA_ERROR_INVALID_VALUE;
+    int dev = -1;
+    switch (props->location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        if (!dev_ok(props->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+        dev = props->location.id;
+        break;
+    case CU_MEM_LOCATION_TYPE_HOST:
+        if (props->handleTypes != CU_MEM_HANDLE_TYPE_NONE) return CUDA_ERROR_INVALID_VALUE;
+        break;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+        if (props->location.id < 0) return CUDA_ERROR_INVALID_VALUE;
+        break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
     struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
     if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
     p->magic = POOL_MAGIC;
-    p->dev = props->location.id;
+    p->dev = dev;
+    if (dev >= 0) p->access[dev] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     p->alive = 1;
     p->reuse_follow = p->reuse_opportunistic = p->reuse_internal = 1;
     pthread_mutex_lock(&g_mu);
@@ -2237,14 +2275,14 @@ FG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pp, const CUmemPoolProps *props
 FG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool p)
 {
     NEED_INIT();
-    if (!pool_ok(p) || p == &g_default_pool[p->dev]) return CUDA_ERROR_INVALID_VALUE;
+    if (!pool_ok(p) || (p->dev >= 0 && p == &g_default_pool[p->dev])) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
     /* CUDA driver API, cuMemPoolDestroy: with allocations outstanding it returns at once and
      * the pool's memory goes when the last of them is freed (pool_put_back) */
     p->alive = 0;
     pool_frees_drop(p);
     if (!p->used) {
-        fg_uncharge(card_of(p->dev), p->reserved);
+        pool_uncharge(p, p->reserved);
         p->reserved = 0;
     }
     for (int d = 0; d < g_nvis; d++)
@@ -2261,7 +2299,7 @@ FG_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool p, size_t keep)
     uint64_t k = keep, used_r = (p->used + GRAN - 1) / GRAN * GRAN;
     if (k < used_r) k = used_r;
     if (p->reserved > k) {
-        fg_uncharge(card_of(p->dev), p->reserved - k);
+        pool_uncharge(p, p->reserved - k);
         p->reserved = k;
         pool_frees_clamp(p);
     }
@@ -2304,6 +2342,50 @@ FG_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool p, CUmemPool_attribute a, 
     }
     pthread_mutex_unlock(&g_mu);
     return r;
+}
+
+/* CUDA driver API, cuMemPoolSetAccess: which devices may access the pool's memory (each
+ * descriptor a device and CU_MEM_ACCESS_FLAGS_PROT_*). Access takes no memory: a host pool made
+ * accessible to a device stays host memory. A device pool's own device keeps read-write
+ * access. */
+static int access_flags_ok(int f)
+{
+    return f == CU_MEM_ACCESS_FLAGS_PROT_NONE || f == CU_MEM_ACCESS_FLAGS_PROT_READ || f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
+FG_EXPORT CUresult cuMemPoolSetAccess(CUmemoryPool p, const CUmemAccessDesc *map, size_t count)
+{
+    NEED_INIT();
+    if (!pool_ok(p) || !map || !count) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) {
+        if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !access_flags_ok(map[i].flags))
+            return CUDA_ERROR_INVALID_VALUE;
+        if (!dev_ok(map[i].location.id)) return CUDA_ERROR_INVALID_DEVICE;
+        if (map[i].location.id == p->dev && map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&g_mu);
+    for (size_t i = 0; i < count; i++) p->access[map[i].location.id] = map[i].flags;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+/* CUDA driver API, cuMemPoolGetAccess: the access of a location to the pool; the host's to a
+ * host pool is read-write, to a device pool none. */
+FG_EXPORT CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool p, CUmemLocation *loc)
+{
+    NEED_INIT();
+    if (!pool_ok(p) || !flags || !loc) return CUDA_ERROR_INVALID_VALUE;
+    if (loc->type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (!dev_ok(loc->id)) return CUDA_ERROR_INVALID_DEVICE;
+        pthread_mutex_lock(&g_mu);
+        *flags = (CUmemAccess_flags)p->access[loc->id];
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_SUCCESS;
+    }
+    if (loc->type != CU_MEM_LOCATION_TYPE_HOST && loc->type != CU_MEM_LOCATION_TYPE_HOST_NUMA) return CUDA_ERROR_INVALID_VALUE;
+    *flags = p->dev < 0 ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    return CUDA_SUCCESS;
 }
 
 FG_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pp, CUdevice d)

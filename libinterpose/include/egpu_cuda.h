@@ -92,6 +92,12 @@ typedef struct {
     } allocFlags;
 } CUmemAllocationProp;
 
+typedef enum {
+    CU_MEM_ACCESS_FLAGS_PROT_NONE = 0,
+    CU_MEM_ACCESS_FLAGS_PROT_READ = 1,
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+} CUmemAccess_flags;
+
 typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
 
 typedef enum {

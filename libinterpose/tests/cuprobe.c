@@ -7,6 +7,10 @@
  *   nvml [idx] | nvml2 [idx] | async MiB | freeasync | sync | pool_create [dev] | pool_alloc MiB
  *   pool_default DEV (the device's default pool becomes the one pool_alloc takes from)
  *   pool_trim MiB | pool_threshold MiB | pool_destroy
+ *   pool_host host|numa|numa_current [ID] (a pool at a host location: CU_MEM_LOCATION_TYPE_HOST,
+ *             HOST_NUMA (ID: the NUMA node) or HOST_NUMA_CURRENT, the one pool_alloc takes from)
+ *   pool_access DEV (cuMemPoolSetAccess: device DEV may read and write the pool)
+ *   pool_attr ("pool_attr rc=R reserved=BYTES used=BYTES": the driver's RESERVED/USED_MEM_CURRENT)
  *   pool_reuse 0|1 (the pool's three CU_MEMPOOL_ATTR_REUSE_* policies)
  *   stream (a new stream of the current context; the stream-ordered steps use it from then on)
  *   on K (async, freeasync, pool_alloc and sync use stream K: 0 NULL, 1.. the streams made)
@@ -265,6 +269,24 @@ static int step(int argc, char **argv, int i)
         pr.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         pr.location.id = (int)ARG(0);
         out(s, p_cuMemPoolCreate(&pool, &pr), NULL);
+    } else if (!strcmp(s, "pool_host")) {
+        const char *where = i < argc ? argv[i++] : "host";
+        CUmemPoolProps pr;
+        memset(&pr, 0, sizeof pr);
+        pr.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        pr.location.type = !strcmp(where, "numa")           ? CU_MEM_LOCATION_TYPE_HOST_NUMA
+                           : !strcmp(where, "numa_current") ? CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT
+                                                            : CU_MEM_LOCATION_TYPE_HOST;
+        pr.location.id = (int)ARG(0);
+        out(s, p_cuMemPoolCreate(&pool, &pr), NULL);
+    } else if (!strcmp(s, "pool_access")) {
+        CUmemAccessDesc ad = {{CU_MEM_LOCATION_TYPE_DEVICE, (int)ARG(0)}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        out(s, p_cuMemPoolSetAccess(pool, &ad, 1), NULL);
+    } else if (!strcmp(s, "pool_attr")) {
+        cuuint64_t res = 0, used = 0;
+        CUresult r = p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &res);
+        if (!r) r = p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+        out(s, r, "reserved=%llu used=%llu", (unsigned long long)res, (unsigned long long)used);
     } else if (!strcmp(s, "pool_default")) { /* the default pool of a device, to allocate from */
         out(s, p_cuDeviceGetDefaultMemPool(&pool, (int)ARG(0)), NULL);
     } else if (!strcmp(s, "pool_alloc")) {

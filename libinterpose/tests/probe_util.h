@@ -25,6 +25,8 @@
     X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream)) \
     X(cuMemPoolCreate, (CUmemoryPool *, const CUmemPoolProps *)) X(cuMemPoolDestroy, (CUmemoryPool)) \
     X(cuMemPoolTrimTo, (CUmemoryPool, size_t)) X(cuMemPoolSetAttribute, (CUmemoryPool, CUmemPool_attribute, void *)) \
+    X(cuMemPoolGetAttribute, (CUmemoryPool, CUmemPool_attribute, void *)) \
+    X(cuMemPoolSetAccess, (CUmemoryPool, const CUmemAccessDesc *, size_t)) \
     X(cuStreamCreate, (CUstream *, unsigned)) X(cuStreamSynchronize, (CUstream)) X(cuCtxSynchronize, (void)) \
     X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
     X(cuMemRelease, (CUmemGenericAllocationHandle)) \
