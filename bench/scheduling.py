@@ -311,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                 rounds.setdefault(r, {})[kind] = rate
                 print(f"round {r + 1} {kind}: {rate:.1f} pods/s (gates lifted at {ungate:.0f}/s)",
                       flush=True)
+        print(scheduler_memory(state_dir), flush=True)
     finally:
         if extender is not None:
             extender.stop()
@@ -320,6 +321,21 @@ def main(argv: list[str] | None = None) -> int:
             devcluster.down(state_dir)
     print(summary_line(args.nodes, list(rounds.values())))
     return 0
+
+
+def scheduler_memory(state_dir: Path) -> str:
+    """The kube-scheduler's peak resident memory over the rounds (its VmHWM: the process
+    ``set_extender`` started before them) and the GOGC it ran with."""
+    pid = devcluster.ClusterInfo.load(state_dir).processes["kube-scheduler"].pid
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError as exc:
+        return f"kube-scheduler peak RSS: unknown ({exc})"
+    hwm_kib = next((int(line.split()[1]) for line in status.splitlines()
+                    if line.startswith("VmHWM:")), 0)
+    gogc = devcluster.scheduler_env() or {}
+    return (f"kube-scheduler peak RSS: {hwm_kib // 1024} MiB "
+            f"(GOGC={gogc.get('GOGC', '100, Go default')})")
 
 
 def round_order(r: int) -> tuple[str, ...]:
