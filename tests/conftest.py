@@ -21,14 +21,23 @@ SHARED = Path(os.environ.get("EGPU_SHARED_DIR", REPO.parent / "shared"))
 # a control plane or a real node (those stay up for the whole session, tests/e2e/conftest.py)
 # and takes cores from their launching threads.
 REALTIME_SUITES = (REPO / "tests" / "compute", REPO / "tests" / "security")
+# The suite that starts control planes, real nodes and demos: last, because what its session
+# fixtures start stays up until the session ends, and would idle beside every test after it.
+E2E_SUITE = REPO / "tests" / "e2e"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def realtime(item: pytest.Item) -> bool:
-        path = Path(str(item.path)).resolve()
-        return any(path.is_relative_to(suite) for suite in REALTIME_SUITES)
+    from tests.lanes import serial_rank
 
-    items.sort(key=lambda item: not realtime(item))  # stable: each part keeps its order
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        path = Path(str(item.path)).resolve()
+        if any(path.is_relative_to(suite) for suite in REALTIME_SUITES):
+            return (0, 0)
+        if path.is_relative_to(E2E_SUITE):
+            return (2, serial_rank(item.nodeid))
+        return (1, 0)
+
+    items.sort(key=rank)  # stable: each part keeps its order
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -31,6 +31,18 @@ LANES = {
     "demo": ("test_demo", "test_demo_dra"),
 }
 LANE_OF = {module: lane for lane, modules in LANES.items() for module in modules}
+# The lanes in the order a serial run (no workers) takes them: the demos (a control plane and
+# real node each, stopped with their module) first; then the kwok lane, whose shared cluster
+# is stopped after its last test (tests/e2e/conftest.py); then the real-node lanes, which share
+# one real node, the helm lane last as it replaces the kustomize install.
+SERIAL_ORDER = ("demo", "kwok", "real-node", "real-node-density", "real-node-helm")
+
+
+def serial_rank(nodeid: str) -> int:
+    """Where a test of tests/e2e runs in a serial run: its lane's place in ``SERIAL_ORDER``
+    (a test in no lane after them)."""
+    lane = lane_of(nodeid)
+    return SERIAL_ORDER.index(lane) if lane in SERIAL_ORDER else len(SERIAL_ORDER)
 
 
 def lane_of(nodeid: str) -> str | None:

@@ -188,6 +188,49 @@ def _release(state_dir: Path, info: devcluster.ClusterInfo) -> None:
         owned.unlink(missing_ok=True)
 
 
+# Session fixtures a serial run stops early, after the last test that uses them: fixture name
+# -> the function that stops what it started (idempotent; the fixture's own end calls it too).
+_EARLY_STOPS: dict[str, Callable[[], None]] = {}
+_LAST_USER: dict[str, str] = {}  # fixture name -> nodeid of its last test in a serial run
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In a serial run (no xdist workers: a worker does not know which tests it gets next),
+    note the last test that uses ``cluster``: the kwok lane's shared control plane is stopped
+    after it instead of idling beside the real-node lanes until the session ends."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    last_path = None
+    for item in session.items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            last_path = item.path
+    # the last test of that test's module: the module's own fixtures that use the cluster end
+    # with it, before the cluster stops
+    for item in session.items:
+        if item.path == last_path:
+            _LAST_USER["cluster"] = item.nodeid
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    for name, last in list(_LAST_USER.items()):
+        if item.nodeid == last and nextitem is not None:
+            stop = _EARLY_STOPS.pop(name, None)
+            if stop is not None:
+                stop()
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    done = False
+
+    def run() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            fn()
+    return run
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[E2ECluster]:
     state_dir = devcluster.default_state_dir().expanduser().resolve()
@@ -197,7 +240,6 @@ def cluster() -> Iterator[E2ECluster]:
             "run `python -m devcluster.build`"
         )
     info, started_here = _acquire(state_dir)
-    handle = None
     try:
         # Waits until every node is Ready and without the not-ready taint that a new Node
         # carries until kwok reports it Ready (DevClusterError naming the nodes otherwise).
@@ -207,12 +249,21 @@ def cluster() -> Iterator[E2ECluster]:
         finally:
             client.close()
         handle = E2ECluster(info=info, node_names=names, inputs=INPUTS, started_here=started_here)
+    except BaseException:
+        _release(state_dir, info)
+        raise
+
+    def stop() -> None:
+        for client in handle._clients:
+            client.close()
+        _release(state_dir, info)
+
+    _EARLY_STOPS["cluster"] = stop_once = _once(stop)
+    try:
         yield handle
     finally:
-        if handle is not None:
-            for client in handle._clients:
-                client.close()
-        _release(state_dir, info)
+        _EARLY_STOPS.pop("cluster", None)
+        stop_once()
 
 
 # --- lanes (tests/lanes.py; tests/unit/test_lanes.py checks every module has one): each

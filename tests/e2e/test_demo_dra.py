@@ -59,7 +59,9 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
     lines: list[str] = []
     try:
         assert demo.up(demo.Options(state_dir=state_dir, say=lines.append, wait_s=120,
-                                    container=False, dra=True)) == 0
+                                    container=False, dra=True,
+                                    # right-sizing, its one reader, runs in extender mode
+                                    prometheus=False)) == 0
         yield Outcome(state_dir, lines)
     finally:
         demo.down(state_dir, say=lines.append)
