@@ -53,15 +53,15 @@ size_t egpu_map_take_ctx(egpu_map *m, uint64_t ctx, egpu_map_ent **out);
  * allocations count on. id: unique (a destroyed pool's handle may come back), names the pool in its
  * allocations' map entries. created: made by cuMemPoolCreate, so it can be destroyed: live
  * counts its allocations not yet freed; dead: destroyed with some live, its charge stays until
- * the last is freed (hooks_pool.c). host: created at a host location (CU_MEM_LOCATION_TYPE_HOST,
- * HOST_NUMA, HOST_NUMA_CURRENT; dev -1): its memory is host memory, never charged, and its
- * allocations go straight to the driver. */
+ * the last is freed (hooks_pool.c). dev -1: created at a host location (CU_MEM_LOCATION_TYPE_HOST,
+ * HOST_NUMA): its memory is host memory, never charged, and its allocations go straight to the
+ * driver. */
 typedef struct {
     CUmemoryPool pool;
     int dev;
     uint64_t charged, pending, claims;
     uint64_t id, live;
-    int created, dead, host;
+    int created, dead;
 } egpu_pool_rec;
 /* Memory bound to a multicast object (hooks_vmm.c): it keeps `mem` alive like a mapping. */
 typedef struct { CUmemGenericAllocationHandle mc, mem; int dev; uint64_t mc_offset, size; } egpu_mc_bind;

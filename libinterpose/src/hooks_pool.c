@@ -105,7 +105,7 @@ static int charge_locked(int dev, uint64_t bytes)
  * stands. Returns the reserve. */
 static uint64_t pool_sync_locked(egpu_pool_rec *p)
 {
-    if (p->host) return 0; /* host memory: nothing to charge */
+    if (p->dev < 0) return 0; /* a host pool: host memory, nothing to charge */
     if (p->dead) return p->charged;
     uint64_t reserved = pool_attr(p->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
     uint64_t floor = sat_add(reserved, p->pending);
@@ -295,14 +295,6 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
          * held from there to the charge */
         pthread_mutex_lock(&S->pool_mu);
         p = pool_rec(pool, -1, 0);
-        if (p && p->host) { /* a pool in host memory takes none of the card's: not charged */
-            pthread_mutex_unlock(&S->pool_mu);
-            return CALL_REAL();
-        }
-        if (p && (p->dev < 0 || p->dev >= S->ndev)) { /* made on a device outside the table */
-            pthread_mutex_unlock(&S->pool_mu);
-            return CALL_REAL();
-        }
         if (!p) pthread_mutex_unlock(&S->pool_mu);
     }
     if (!p) {
@@ -321,7 +313,9 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
         EGPU_ERR("more than %d memory pools; refusing the allocation", EGPU_MAX_POOLS);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (p->host) { /* (a device's current pool is always on the device: not expected) */
+    /* a pool in host memory (dev -1, cuMemPoolCreate) takes none of the card's: not charged;
+     * nor one made on a device outside the table */
+    if (p->dev < 0 || p->dev >= S->ndev) {
         pthread_mutex_unlock(&S->pool_mu);
         return CALL_REAL();
     }
@@ -452,12 +446,6 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
     return free_async(p, s, 1);
 }
 
-static int loc_is_host(CUmemLocationType t)
-{
-    return t == CU_MEM_LOCATION_TYPE_HOST || t == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
-           t == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
-}
-
 /* A pool at a host location (CUDA 12.2+: CU_MEM_LOCATION_TYPE_HOST, HOST_NUMA, whose id is a
  * NUMA node, not a device ordinal) keeps host memory, whichever devices cuMemPoolSetAccess lets
  * read it: it is recorded as such (so that cuMemAllocFromPoolAsync does not take it for a pool
@@ -467,15 +455,12 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     REAL_OR_UNSUPPORTED(cuMemPoolCreate);
     if (egpu_config_ready() != 0) return EGPU_REFUSED_CU;
     CUresult r = R.cuMemPoolCreate(pool, props);
-    if (r != CUDA_SUCCESS || !pool || !props) return r;
-    int host = loc_is_host(props->location.type);
-    if (!host && props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return r;
+    if (r != CUDA_SUCCESS) return r;
+    /* the driver makes pools only on a device or at a host location (HOST, HOST_NUMA) */
+    int host = props->location.type != CU_MEM_LOCATION_TYPE_DEVICE;
     pthread_mutex_lock(&S->pool_mu);
-    egpu_pool_rec *p = pool_rec(*pool, host ? -1 : props->location.id, 1);
-    if (p) {
-        p->created = 1;
-        p->host = host;
-    }
+    egpu_pool_rec *p = pool_rec(*pool, host ? -1 : props->location.id, 1); /* host: dev -1 */
+    if (p) p->created = 1;
     pthread_mutex_unlock(&S->pool_mu);
     if (!p && host)
         EGPU_WARN("more than %d memory pools: a host pool's allocations will be charged to the stream's device",
