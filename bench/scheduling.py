@@ -325,17 +325,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def scheduler_memory(state_dir: Path) -> str:
     """The kube-scheduler's peak resident memory over the rounds (its VmHWM: the process
-    ``set_extender`` started before them) and the GOGC it ran with."""
+    ``set_extender`` started before them) and the GOGC it ran with (its own environment)."""
     pid = devcluster.ClusterInfo.load(state_dir).processes["kube-scheduler"].pid
     try:
         status = Path(f"/proc/{pid}/status").read_text()
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError as exc:
         return f"kube-scheduler peak RSS: unknown ({exc})"
     hwm_kib = next((int(line.split()[1]) for line in status.splitlines()
                     if line.startswith("VmHWM:")), 0)
-    gogc = devcluster.scheduler_env() or {}
-    return (f"kube-scheduler peak RSS: {hwm_kib // 1024} MiB "
-            f"(GOGC={gogc.get('GOGC', '100, Go default')})")
+    gogc = next((v[5:].decode() for v in environ if v.startswith(b"GOGC=")), "100, Go default")
+    return f"kube-scheduler peak RSS: {hwm_kib // 1024} MiB (GOGC={gogc})"
 
 
 def round_order(r: int) -> tuple[str, ...]:

@@ -245,16 +245,18 @@ class EgpuCollector(Collector):
 
         def book(cards: Iterable[CardShare]) -> None:
             for s in cards:
-                booked_mib[s.uuid] = booked_mib.get(s.uuid, 0) + s.memory_mib
-                booked_cores[s.uuid] = booked_cores.get(s.uuid, 0) + s.cores
+                add(s.uuid, s.memory_mib, s.cores)
+
+        def add(uuid: str, mib: int, cores: int) -> None:
+            booked_mib[uuid] = booked_mib.get(uuid, 0) + mib
+            booked_cores[uuid] = booked_cores.get(uuid, 0) + cores
 
         for pod in shares.values():
             if all(entry.share is None for entry in pod.allocation.containers):
                 # the extender's record: what the pod books per card by the booking rule (an
                 # init container's share reused by the app containers after it)
                 for uuid, booking in record_bookings(pod.allocation).items():
-                    booked_mib[uuid] = booked_mib.get(uuid, 0) + booking.memory_mib
-                    booked_cores[uuid] = booked_cores.get(uuid, 0) + booking.cores
+                    add(uuid, booking.memory_mib, booking.cores)
                 continue
             book(c for entry in pod.allocation.containers if entry.share is None
                  for c in entry.cards)

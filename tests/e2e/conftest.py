@@ -189,7 +189,8 @@ def _release(state_dir: Path, info: devcluster.ClusterInfo) -> None:
 
 
 # Session fixtures a serial run stops early, after the last test that uses them: fixture name
-# -> the function that stops what it started (idempotent; the fixture's own end calls it too).
+# -> the function that stops what it started (run by whoever pops it: the early stop, else the
+# fixture's own end).
 _EARLY_STOPS: dict[str, Callable[[], None]] = {}
 _LAST_USER: dict[str, str] = {}  # fixture name -> nodeid of its last test in a serial run
 
@@ -220,17 +221,6 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
                 stop()
 
 
-def _once(fn: Callable[[], None]) -> Callable[[], None]:
-    done = False
-
-    def run() -> None:
-        nonlocal done
-        if not done:
-            done = True
-            fn()
-    return run
-
-
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[E2ECluster]:
     state_dir = devcluster.default_state_dir().expanduser().resolve()
@@ -258,12 +248,13 @@ def cluster() -> Iterator[E2ECluster]:
             client.close()
         _release(state_dir, info)
 
-    _EARLY_STOPS["cluster"] = stop_once = _once(stop)
+    _EARLY_STOPS["cluster"] = stop
     try:
         yield handle
     finally:
-        _EARLY_STOPS.pop("cluster", None)
-        stop_once()
+        # not stopped early: stop now (whoever pops it stops it, once)
+        if _EARLY_STOPS.pop("cluster", None) is not None:
+            stop()
 
 
 # --- lanes (tests/lanes.py; tests/unit/test_lanes.py checks every module has one): each

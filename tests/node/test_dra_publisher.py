@@ -76,9 +76,9 @@ def test_the_agent_publishes_the_shares_per_card_of_its_config_file(
         tmp_path: Any, monkeypatch: Any) -> None:
     """Through node_agent.main's wiring (``egpu-node-agent --dra --config <file>``, one beat):
     a card's ``shares`` capacity is the config file's sharesPerCard (4, neither the config's
-    default 10 nor the roster's 32). Bug caught: the agent built its DraPublisher without
-    ``shares_per_card=config.shares_per_card``, and every card offered the roster's 32
-    shares while the cluster's config said otherwise."""
+    default 10 nor the roster's 32). Bug caught: the agent's wiring not passing the config
+    file's sharesPerCard to its DraPublisher (a dropped or wrong argument), so that every card
+    offered another number of shares than the cluster's config says."""
     import signal
 
     from node_agent import discovery, dra, inventory
