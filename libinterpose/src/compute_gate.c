@@ -228,6 +228,7 @@ void egpu_compute_before(CUstream s, int kind, egpu_launch_ticket *t)
     int dev = ctx_device(th, ctx);
     if (dev < 0 || dev >= EGPU_COMPUTE_MAX_DEVS) return;
     card_ent *c = &g_c.card[dev];
+    if (__builtin_expect(__atomic_load_n(&g_c.napping, __ATOMIC_RELAXED), 0)) poller_wake(c);
     int mode = __atomic_load_n(&c->mode, __ATOMIC_RELAXED);
     if (mode == MODE_NONE || stream_capturing(s, kind)) return;
     uint64_t now = egpu_fastclock_ns();

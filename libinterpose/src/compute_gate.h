@@ -127,6 +127,7 @@ typedef struct {
     uint64_t poll_ns;
     uint64_t hi_mark_ns; /* a launch marks high-priority activity at most this often */
     uint64_t last_modes_ns;
+    uint32_t napping; /* 1 while the poller naps, idle (atomic; the first launch wakes it) */
 } gate_state;
 
 #pragma GCC visibility push(hidden)
@@ -146,6 +147,7 @@ void settle(int dev, const egpu_group *g, int counted, uint64_t end_ns); /* any 
 int poll_locked(CUcontext only_ctx, int switch_ctx, int *busy_mask);
 uint64_t batch_card(int d, uint64_t now);
 void *poller(void *arg);
+void poller_wake(card_ent *c); /* a launching thread, g_c.mu not held */
 
 /* compute_setup.c */
 void update_modes(void);

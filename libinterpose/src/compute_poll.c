@@ -14,6 +14,13 @@
 #define MAX_BLOCKED_STREAMS 16     /* streams one poll remembers as not fired (their later groups wait) */
 #define MODES_PER_TICK 4           /* modes, clock base, ticks and anchors: every quarter tick (12.5 ms) */
 #define IDLE_POLL_FACTOR 10        /* nothing in flight: poll ten times less often (5 ms) */
+/* Quiet (nothing in flight or queued, and the share's file says idle to its co-tenants and
+ * the exporter): nap this long between passes, or until a launch wakes the poller. An idle
+ * process then costs a pass every 250 ms, not every 5 ms (~7 ms of CPU a second). */
+#define QUIET_NAP_NS 250000000ULL
+/* ... once it has been quiet this long (a process that just made its context, or just ran
+ * work, is about to launch): the exporter's own idle time. */
+#define QUIET_AFTER_NS 1000000000ULL
 
 /* ---- contexts, anchors, events (g_c.mu held) --------------------------------------- */
 
@@ -218,6 +225,16 @@ int egpu_compute_poll_now(void)
 
 /* ---- the poller ---------------------------------------------------------------------- */
 
+/* The first gated launch after a nap: wakes the poller, and brings the card's view of its
+ * co-tenants and the gate's modes up to date for this launch (they are a nap old). */
+void poller_wake(card_ent *c)
+{
+    if (!__atomic_exchange_n(&g_c.napping, 0, __ATOMIC_ACQ_REL)) return; /* another launch did */
+    egpu_nap_wake(&g_c.napping);
+    egpu_card_refresh(c->r, egpu_now_ns(), 0);
+    update_modes();
+}
+
 /* What the process did on card d since the last pass, handed to the slot under one lock:
  * launches counted by its threads, groups newly recorded (in flight), events, the predicted
  * end of its queued work. Returns the launches. */
@@ -288,10 +305,46 @@ static int poll_pass(uint64_t *last_launches)
     return active;
 }
 
+/* How long the poller may nap (g_c.mu held; 0: not quiet). Quiet on every card it shares:
+ * nothing recorded or queued, and its share's own figures at rest, so that a pass would change
+ * nothing that co-tenants, the exporter or its next launch read (egpu_ctl_slot_at_rest). A
+ * launch through the gate wakes it; a card in MODE_NONE launches past the gate, so there the
+ * nap is the modes' own period (a co-tenant that turns the gate on is seen as soon as now). */
+static uint64_t nap_ns(uint64_t now)
+{
+    uint64_t ns = QUIET_NAP_NS;
+    if (g_c.npend) return 0;
+    for (int d = 0; d < g_c.cfg.ndev && d < EGPU_COMPUTE_MAX_DEVS; d++) {
+        card_ent *c = &g_c.card[d];
+        if (!c->r || c->slot < 0) continue;
+        if (threads_busy(d, now) || !egpu_ctl_slot_at_rest(c->r, c->slot, &g_c.p, now)) return 0;
+        if (__atomic_load_n(&c->mode, __ATOMIC_RELAXED) == MODE_NONE) ns = g_c.p.tick_ns / MODES_PER_TICK;
+    }
+    return ns;
+}
+
+/* Arms the nap (g_c.mu held): `napping` set, then the launches counted again, so that a
+ * launch whose gate read `napping` as 0 just before it was set and has counted itself keeps
+ * the poller awake. One still between its gate and its count is seen at the next launch's
+ * gate or at the nap's end. Returns whether to nap. */
+static int nap_arm(void)
+{
+    __atomic_store_n(&g_c.napping, 1, __ATOMIC_SEQ_CST);
+    for (int d = 0; d < g_c.cfg.ndev && d < EGPU_COMPUTE_MAX_DEVS; d++) {
+        uint64_t sum = 0;
+        for (int i = 0; i < g_c.nthreads; i++) sum += __atomic_load_n(&g_c.threads[i]->launches[d], __ATOMIC_RELAXED);
+        if (sum != g_c.card[d].launches_seen) {
+            __atomic_store_n(&g_c.napping, 0, __ATOMIC_RELAXED);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 void *poller(void *arg)
 {
     (void)arg;
-    uint64_t last_launches = 0;
+    uint64_t last_launches = 0, busy_ns = egpu_now_ns(); /* last pass with work to watch */
     /* this thread only ever queries: RELAXED for good, so its polls need no exchange */
     (void)relax_capture();
     while (!__atomic_load_n(&g_c.stop, __ATOMIC_RELAXED)) {
@@ -316,8 +369,15 @@ void *poller(void *arg)
                     make_anchor(e);
             }
         }
+        if (active) busy_ns = now;
+        uint64_t nap = now - busy_ns < QUIET_AFTER_NS ? 0 : nap_ns(now);
+        if (nap && !nap_arm()) nap = 0;
         pthread_mutex_unlock(&g_c.mu);
-        egpu_sleep_ns(active ? g_c.poll_ns : u64min(g_c.poll_ns * IDLE_POLL_FACTOR, g_c.p.tick_ns / MODES_PER_TICK));
+        if (nap) {
+            egpu_nap_ns(&g_c.napping, nap);
+            __atomic_store_n(&g_c.napping, 0, __ATOMIC_RELAXED);
+        } else
+            egpu_sleep_ns(active ? g_c.poll_ns : u64min(g_c.poll_ns * IDLE_POLL_FACTOR, g_c.p.tick_ns / MODES_PER_TICK));
     }
     return NULL;
 }

@@ -3,9 +3,12 @@
 #include "fastclock.h"
 
 #include <errno.h>
+#include <linux/futex.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 /* A base older than this is not trusted (the poller stopped): clock_gettime instead. */
 #define FASTCLOCK_STALE_NS 1000000000ULL
@@ -26,6 +29,18 @@ void egpu_sleep_ns(uint64_t ns)
 {
     struct timespec ts = {(time_t)(ns / 1000000000ULL), (long)(ns % 1000000000ULL)};
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
+}
+
+void egpu_nap_ns(uint32_t *word, uint64_t ns)
+{
+    /* one wait: a signal or a spurious wake-up ends the nap early, which costs one more pass */
+    struct timespec ts = {(time_t)(ns / 1000000000ULL), (long)(ns % 1000000000ULL)};
+    syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, 1, &ts, NULL, 0);
+}
+
+void egpu_nap_wake(uint32_t *word)
+{
+    syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 #if defined(__x86_64__)

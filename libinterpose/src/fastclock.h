@@ -29,5 +29,10 @@ uint64_t egpu_fastclock_ns(void);
 uint64_t egpu_now_ns(void);
 /* Sleeps ns nanoseconds (again after a signal): the gate's only way to wait. */
 void egpu_sleep_ns(uint64_t ns);
+/* Sleeps up to ns nanoseconds while *word is 1, or until egpu_nap_wake(word) (a futex: an
+ * idle poller's long sleep that a launch can cut short). Returns early if *word is not 1. */
+void egpu_nap_ns(uint32_t *word, uint64_t ns);
+/* Wakes the thread napping on word (none: nothing happens). */
+void egpu_nap_wake(uint32_t *word);
 
 #endif

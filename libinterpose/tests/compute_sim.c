@@ -80,8 +80,10 @@ typedef struct {
     void *(*fn)(void *);
     void *arg;
     uint64_t wake, seq;
+    uint64_t sleeps; /* times it slept or napped (a poller: its passes) */
     int alive;
     pthread_mutex_t *blocked_on; /* waits for this lock's release */
+    uint32_t *napping_on;        /* naps on this word (egpu_nap_ns) until woken or its time */
     CUcontext ctx;               /* the driver's current context of this thread */
     CUstreamCaptureMode capture_mode;
 } actor;
@@ -135,6 +137,7 @@ static void sim_sleep(uint64_t ns)
     }
     a->wake = g_now + ns;
     a->seq = ++g_seq;
+    a->sleeps++;
     reschedule(a);
 }
 
@@ -197,6 +200,25 @@ uint64_t egpu_fastclock_ns(void) { return g_now; }
 void egpu_fastclock_init(void) {}
 void egpu_fastclock_rebase(void) {}
 void egpu_sleep_ns(uint64_t ns) { sim_sleep(ns); }
+
+void egpu_nap_ns(uint32_t *word, uint64_t ns)
+{
+    if (__atomic_load_n(word, __ATOMIC_RELAXED) != 1) return;
+    if (g_cur) g_cur->napping_on = word;
+    sim_sleep(ns);
+    if (g_cur) g_cur->napping_on = NULL;
+}
+
+/* The napping thread runs next, at the waker's time, once the waker sleeps. */
+void egpu_nap_wake(uint32_t *word)
+{
+    for (int i = 0; i < g_nactors; i++)
+        if (g_actors[i].alive && g_actors[i].napping_on == word) {
+            g_actors[i].napping_on = NULL;
+            g_actors[i].wake = g_now;
+            g_actors[i].seq = ++g_seq;
+        }
+}
 
 /* ---- the card and the driver --------------------------------------------------------- */
 
@@ -936,6 +958,38 @@ static void case_floor(void)
         }
 }
 
+/* An idle process's poller naps (compute_poll.c, QUIET_NAP_NS): a share that made its context
+ * and launched nothing for 3 s passes at most 5 times in a quiet second (polling at its idle
+ * 5 ms it passed 200 times); its first launch wakes it at once (a nap that only times out
+ * would leave it asleep until 3.25 s), and the cap holds from the first second. */
+static uint64_t poller_passes(const share *s)
+{
+    uint64_t n = 0;
+    for (int a = s->actor_first; a < s->actor_end; a++) n += g_actors[a].sleeps;
+    return n;
+}
+
+static double nap_body(const void *arg)
+{
+    (void)arg;
+    share sh[1] = {{.name = "a", .kernel_ns = 50 * US, .active = 1, .start_at = 3100 * MS}};
+    int cores[] = {30}, pols[] = {EGPU_CARD_STRICT};
+    setup(sh, 1, cores, pols, 0);
+    run(1500 * MS);
+    uint64_t quiet_from = poller_passes(&sh[0]);
+    run(2500 * MS);
+    check("nap", "quiet_second_passes", (double)(poller_passes(&sh[0]) - quiet_from), 0, 5);
+    run(3100 * MS);
+    uint64_t woken_from = poller_passes(&sh[0]);
+    run(3200 * MS);
+    check("nap", "passes_in_first_100ms_of_work", (double)(poller_passes(&sh[0]) - woken_from), 20, 1e9);
+    run(4100 * MS);
+    check("nap", "use_first_second", use_in(&sh[0], 3100 * MS, 4100 * MS), 27, 33);
+    return 0;
+}
+
+static void case_nap(void) { in_child(nap_body, NULL); }
+
 /* ---- hostile co-tenants: a lie may cost the liar, never a co-tenant (docs/security.md) -- */
 
 /* A strict 10% share that never launches and writes use = demand = 100% (LIE_FULL_USE) is
@@ -1081,6 +1135,7 @@ int main(int argc, char **argv)
         {"priority", case_priority}, {"floor", case_floor}, {"caps10us", case_caps10us},
         {"split10us", case_split10us}, {"gaps", case_gaps}, {"realistic", case_realistic},
         {"liar-use", case_liar_use}, {"elastic-mix", case_elastic_mix}, {"killed", case_killed}, {"liar-shift", case_liar_shift},
+        {"nap", case_nap},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int want = argc < 2;

@@ -15,6 +15,7 @@ import json
 import struct
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_the_simulated_clock_runs_the_shipped_gate() -> None:
     supplied = {name for name in undefined if name.startswith("egpu_")}
     assert supplied == {
         "egpu_now_ns", "egpu_fastclock_ns", "egpu_fastclock_init", "egpu_fastclock_rebase",
-        "egpu_sleep_ns",
+        "egpu_sleep_ns", "egpu_nap_ns", "egpu_nap_wake",
     }
 
 
@@ -129,6 +130,44 @@ def test_fc14_sim_priority_gating_and_resumption() -> None:
 
 def test_fc14_sim_starvation_floor() -> None:
     sim("floor")
+
+
+def test_sim_an_idle_poller_naps_and_the_first_launch_wakes_it() -> None:
+    """A share that launches nothing for seconds passes its poller at most 5 times a quiet
+    second (it polled every 5 ms, 200 times, before the nap); its first launch wakes the
+    poller at once (not at the nap's end), and its 30% cap holds in the first second.
+    Catches a poller that polls while quiet, and a nap that only times out."""
+    sim("nap")
+
+
+# An idle share's poller sleeps in QUIET_NAP_NS (250 ms) naps once quiet for 1 s
+# (libinterpose/src/compute_poll.c): over QUIET_S a second of quiet, at most this many sleeps
+# of any of its threads (a poll at the idle 5 ms is 400).
+QUIET_S = 2.0
+QUIET_MAX_SLEEPS = 20
+
+
+def _voluntary_switches(pid: int) -> int:
+    """Voluntary context switches of every thread of process pid (each is one sleep)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
+
+
+def test_an_idle_capped_process_sleeps_in_naps(node: Node) -> None:
+    """A process holding a context under a 30% cap, launching nothing: after its first quiet
+    second its threads sleep at most QUIET_MAX_SLEEPS times in QUIET_S (a 5 ms poll: 400),
+    so that 256 idle shares on a node cost no core. Counts sleeps, not CPU time: a loaded
+    host does not change how often a thread goes to sleep."""
+    p = node.spawn("cuprobe", ["init", "ctx", "hold"], node.env("idle", [0], cores=30))
+    wait_for_hold(p, every_ok=True)
+    time.sleep(1.5)
+    before = _voluntary_switches(p.pid)
+    time.sleep(QUIET_S)
+    assert _voluntary_switches(p.pid) - before <= QUIET_MAX_SLEEPS
 
 
 # --------------------------------------------------------------------------------------
