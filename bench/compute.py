@@ -16,8 +16,11 @@ each with the fake driver's CPU cost per call off (its own tens of ns) and on
 cuEventRecord and cuEventQuery; fakegpu/src/fake_cuda.c gives the figures and their
 sources). Best of --repeat runs. Then the events the gate records per 1000 launches
 (counted by the fake driver: FAKEGPU_CALL_COUNTS) for 10 us kernels launched back to back by
-a share capped at 50%. --old runs the same loops with another build of the interposer
-(e.g. the previous commit's) side by side.
+a share capped at 50%. Then what an idle share costs the node: IDLE_SHARES processes holding
+a context under a 50% cap and launching nothing, their threads' CPU time (schedstat, ns) over
+IDLE_S once quiet, per share and second, beside as many processes without the interposer.
+--old runs the same loops with another build of the interposer (e.g. the previous commit's)
+side by side.
 
 The zero-length kernels never reach a cap: they time the gate's bookkeeping only. The cap
 binds in the events run (10 us kernels back to back, 50% cap): its measured use is reported
@@ -25,9 +28,10 @@ beside the cap (``binding_use_pct``; compute_load's own windows over the whole r
 
 Last line (realistic costs on; capped: the worse of strict and elastic):
     uncapped_added_ns=N capped_added_ns=N events_per_1000_launches=N binding_cap_pct=50
-    binding_use_pct=N
+    binding_use_pct=N idle_share_cpu_us_per_s=N
 Targets (issue 17): capped_added_ns <= 60, events_per_1000_launches <= 50; FC-13: the binding
-use within the cap + 3 points.
+use within the cap + 3 points; issue 23: an idle share at most 500 us of CPU a second (256 idle
+shares on a node: an eighth of a core).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ FAKE = ROOT / "fakegpu" / "build"
 UUID = "GPU-b0b0b0b0-0000-4000-8000-000000000001"
 CHUNK = 20000  # launches timed together: many lease refills and events fall in each
 BINDING_CAP_PCT = 50  # the events run's cap, which its 10 us kernels reach
+IDLE_SHARES = 20  # idle processes measured together
+IDLE_QUIET_S = 2.0  # after their hold line: the poller naps once quiet for 1 s
+IDLE_S = 5.0  # the measured quiet
 
 # name: (priority, policy, cores); None: no interposer
 SHARES = {
@@ -159,6 +166,41 @@ class Bench:
         return 1000.0 * c["event_record"] / max(1, c["launch"]), {"use_pct": load["use_pct"], **c}
 
 
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of process pid so far (ns, /proc/<pid>/task/*/schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):  # a thread that just ended
+            pass
+    return total
+
+
+def idle_cost(b: Bench, lib: Path | None) -> float:
+    """CPU us a second of one idle share: IDLE_SHARES probes holding a context (50% cap; no
+    interposer when lib is None) and launching nothing, over IDLE_S once quiet."""
+    procs = []
+    try:
+        for _ in range(IDLE_SHARES):
+            cfg = b.config("idle", "high", "strict", BINDING_CAP_PCT) if lib else None
+            p = subprocess.Popen([str(LIB / "cuprobe"), "init", "ctx", "hold"],
+                                 env=b.env(cfg, lib, False, 0), stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True)
+            procs.append(p)
+            while p.stdout and "hold" not in (p.stdout.readline() or "hold"):
+                pass
+        time.sleep(IDLE_QUIET_S)
+        before = sum(cpu_ns(p.pid) for p in procs)
+        time.sleep(IDLE_S)
+        used = sum(cpu_ns(p.pid) for p in procs) - before
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    return used / 1000 / IDLE_SHARES / IDLE_S
+
+
 def measure(b: Bench, lib: Path, seconds: float, repeat: int) -> dict:
     best: dict = {}
     for _ in range(repeat):
@@ -197,10 +239,14 @@ def main() -> None:
         libs = [("this build", lib)] + ([("--old", a.old.resolve())] if a.old else [])
         results = {label: measure(b, path, a.seconds, a.repeat) for label, path in libs}
         events = {label: b.events(path, max(a.seconds, 2.0)) for label, path in libs}
+        idle = {"no interposer": idle_cost(b, None)}
+        idle.update({label: idle_cost(b, path) for label, path in libs})
     for label, best in results.items():
         report(f"ns per launch, {label}", best)
         ev, detail = events[label]
         print(f"  events per 1000 launches (10 us kernels, cap 50%, realistic): {ev:.1f} {detail}")
+    print(f"CPU of an idle share ({IDLE_SHARES} processes holding a context, {IDLE_S:.0f} s "
+          "once quiet), us a second: " + ", ".join(f"{k} {v:.1f}" for k, v in idle.items()))
     best = results["this build"]
     base = best[("no interposer", True)]
     unc = best[("uncapped", True)] - base
@@ -209,7 +255,8 @@ def main() -> None:
         f"uncapped_added_ns={unc:.0f} capped_added_ns={cap:.0f} "
         f"events_per_1000_launches={events['this build'][0]:.1f} "
         f"binding_cap_pct={BINDING_CAP_PCT} "
-        f"binding_use_pct={events['this build'][1]['use_pct']:.1f}"
+        f"binding_use_pct={events['this build'][1]['use_pct']:.1f} "
+        f"idle_share_cpu_us_per_s={idle['this build']:.1f}"
     )
 
 

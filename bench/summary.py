@@ -39,7 +39,7 @@ TARGETS: dict[str, tuple[tuple[str, str, float], ...]] = {
     "scheduling": (("dra_ratio", ">=", 0.5), ("extender_ratio", ">=", 0.8)),
     "node": (("hook_p50_ms", "<=", 50), ("scrape_ms", "<=", 50)),
     "compute": (("capped_added_ns", "<=", 60), ("events_per_1000_launches", "<=", 50),
-                ("binding_use_pct", "<=", 53)),
+                ("binding_use_pct", "<=", 53), ("idle_share_cpu_us_per_s", "<=", 500)),
     "compute_caps": (("cap_err_max_pts_10us", "<=", 3), ("cap_err_max_pts_50us", "<=", 3),
                      ("cap_err_max_pts_20ms", "<=", 3), ("over_cap_max_pts", "<=", 3)),
     "compute_priority": (("hi_p50_added_us", "<=", 2500), ("hi_p99_added_us", "<=", 2500),

@@ -12,6 +12,7 @@ Two levels:
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import time
@@ -141,33 +142,41 @@ def test_sim_an_idle_poller_naps_and_the_first_launch_wakes_it() -> None:
 
 
 # An idle share's poller sleeps in QUIET_NAP_NS (250 ms) naps once quiet for 1 s
-# (libinterpose/src/compute_poll.c): over QUIET_S a second of quiet, at most this many sleeps
-# of any of its threads (a poll at the idle 5 ms is 400).
+# (libinterpose/src/compute_poll.c): over QUIET_S a second of quiet, at most QUIET_MAX_SLEEPS
+# sleeps of any of its threads (a poll at the idle 5 ms is 400), and at most QUIET_MAX_CPU_S of
+# CPU (a nap that returns at once, a spinning poller, sleeps never and burns a core; napping,
+# ~1 ms in 2 s, polling every 5 ms ~10 ms).
 QUIET_S = 2.0
 QUIET_MAX_SLEEPS = 20
+QUIET_MAX_CPU_S = 0.1
 
 
-def _voluntary_switches(pid: int) -> int:
-    """Voluntary context switches of every thread of process pid (each is one sleep)."""
-    total = 0
+def _sleeps_and_cpu_s(pid: int) -> tuple[int, float]:
+    """Voluntary context switches of every thread of process pid (each is one sleep), and
+    the process's CPU time (user + system, s)."""
+    sleeps = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         for line in (task / "status").read_text().splitlines():
             if line.startswith("voluntary_ctxt_switches:"):
-                total += int(line.split()[1])
-    return total
+                sleeps += int(line.split()[1])
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sleeps, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_an_idle_capped_process_sleeps_in_naps(node: Node) -> None:
     """A process holding a context under a 30% cap, launching nothing: after its first quiet
-    second its threads sleep at most QUIET_MAX_SLEEPS times in QUIET_S (a 5 ms poll: 400),
-    so that 256 idle shares on a node cost no core. Counts sleeps, not CPU time: a loaded
-    host does not change how often a thread goes to sleep."""
+    second its threads sleep at most QUIET_MAX_SLEEPS times in QUIET_S (a 5 ms poll: 400)
+    and use at most QUIET_MAX_CPU_S (a poller spinning on a nap that returns at once: a
+    core), so that 256 idle shares on a node cost no core. Sleeps are counted, not timed, and
+    the CPU bound is 100 times what a nap takes: a loaded host moves neither past its bound."""
     p = node.spawn("cuprobe", ["init", "ctx", "hold"], node.env("idle", [0], cores=30))
     wait_for_hold(p, every_ok=True)
     time.sleep(1.5)
-    before = _voluntary_switches(p.pid)
+    sleeps0, cpu0 = _sleeps_and_cpu_s(p.pid)
     time.sleep(QUIET_S)
-    assert _voluntary_switches(p.pid) - before <= QUIET_MAX_SLEEPS
+    sleeps1, cpu1 = _sleeps_and_cpu_s(p.pid)
+    assert sleeps1 - sleeps0 <= QUIET_MAX_SLEEPS and cpu1 - cpu0 <= QUIET_MAX_CPU_S, (
+        sleeps1 - sleeps0, cpu1 - cpu0)
 
 
 # --------------------------------------------------------------------------------------
