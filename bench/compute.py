@@ -37,6 +37,7 @@ shares on a node: an eighth of a core).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -170,10 +171,8 @@ def cpu_ns(pid: int) -> int:
     """CPU time of every thread of process pid so far (ns, /proc/<pid>/task/*/schedstat)."""
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
+        with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that just ended
             total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, IndexError, ValueError):  # a thread that just ended
-            pass
     return total
 
 
