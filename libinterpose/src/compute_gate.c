@@ -228,15 +228,25 @@ void egpu_compute_before(CUstream s, int kind, egpu_launch_ticket *t)
     int dev = ctx_device(th, ctx);
     if (dev < 0 || dev >= EGPU_COMPUTE_MAX_DEVS) return;
     card_ent *c = &g_c.card[dev];
-    if (__builtin_expect(__atomic_load_n(&g_c.napping, __ATOMIC_RELAXED), 0)) poller_wake(c);
     int mode = __atomic_load_n(&c->mode, __ATOMIC_RELAXED);
     if (mode == MODE_NONE || stream_capturing(s, kind)) return;
+    /* the first launch the poller will count since its nap (a launch it never counts, on a
+     * card without the gate or into a capture, must not wake it: it would nap again at once) */
+    if (__builtin_expect(__atomic_load_n(&g_c.napping, __ATOMIC_RELAXED), 0)) {
+        poller_wake(c);
+        mode = __atomic_load_n(&c->mode, __ATOMIC_RELAXED);
+        if (mode == MODE_NONE) return;
+    }
     uint64_t now = egpu_fastclock_ns();
     int k = EGPU_LAUNCH_KIND(kind);
     gate_stream *gs = th ? stream_get(th, ctx, egpu_stream_of(s, kind & EGPU_LAUNCH_PTSZ), dev) : NULL;
     uint64_t e = __atomic_load_n(&c->est[k], __ATOMIC_RELAXED);
     if (mode == MODE_CTL) {
-        if (!admit_fast(c, th, gs, dev, e, now)) e = admit_slow(c, th, gs, dev, ctx, kind, &now);
+        if (!admit_fast(c, th, gs, dev, e, now)) {
+            e = admit_slow(c, th, gs, dev, ctx, kind, &now);
+            /* a wait longer than the poller's quiet second lets it nap: this launch wakes it */
+            if (__atomic_load_n(&g_c.napping, __ATOMIC_RELAXED)) poller_wake(c);
+        }
         t->gated = 1;
     }
     if (g_c.cfg.priority == EGPU_CARD_PRIO_HIGH) hi_mark(c, now);

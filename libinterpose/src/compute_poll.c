@@ -231,6 +231,7 @@ void poller_wake(card_ent *c)
 {
     if (!__atomic_exchange_n(&g_c.napping, 0, __ATOMIC_ACQ_REL)) return; /* another launch did */
     egpu_nap_wake(&g_c.napping);
+    if (__atomic_load_n(&g_c.stop, __ATOMIC_RELAXED)) return; /* shut down: the gate stays off */
     egpu_card_refresh(c->r, egpu_now_ns(), 0);
     update_modes();
 }
@@ -318,15 +319,16 @@ static uint64_t nap_ns(uint64_t now)
         card_ent *c = &g_c.card[d];
         if (!c->r || c->slot < 0) continue;
         if (threads_busy(d, now) || !egpu_ctl_slot_at_rest(c->r, c->slot, &g_c.p, now)) return 0;
-        if (__atomic_load_n(&c->mode, __ATOMIC_RELAXED) == MODE_NONE) ns = g_c.p.tick_ns / MODES_PER_TICK;
+        if (__atomic_load_n(&c->mode, __ATOMIC_RELAXED) == MODE_NONE) ns = u64min(ns, g_c.p.tick_ns / MODES_PER_TICK);
     }
     return ns;
 }
 
 /* Arms the nap (g_c.mu held): `napping` set, then the launches counted again, so that a
  * launch whose gate read `napping` as 0 just before it was set and has counted itself keeps
- * the poller awake. One still between its gate and its count is seen at the next launch's
- * gate or at the nap's end. Returns whether to nap. */
+ * the poller awake. One still between its gate and its count (a few us; no fence on the
+ * launch path) is seen at the next launch's gate or at the nap's end, 250 ms at worst; one
+ * that waited in admission wakes the poller itself after its wait. Returns whether to nap. */
 static int nap_arm(void)
 {
     __atomic_store_n(&g_c.napping, 1, __ATOMIC_SEQ_CST);
@@ -375,7 +377,8 @@ void *poller(void *arg)
         pthread_mutex_unlock(&g_c.mu);
         if (nap) {
             egpu_nap_ns(&g_c.napping, nap);
-            __atomic_store_n(&g_c.napping, 0, __ATOMIC_RELAXED);
+            /* a launch cut the nap short: poll as after work, not nap again at once */
+            if (!__atomic_exchange_n(&g_c.napping, 0, __ATOMIC_ACQ_REL)) busy_ns = egpu_now_ns();
         } else
             egpu_sleep_ns(active ? g_c.poll_ns : u64min(g_c.poll_ns * IDLE_POLL_FACTOR, g_c.p.tick_ns / MODES_PER_TICK));
     }

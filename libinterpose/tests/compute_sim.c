@@ -339,10 +339,14 @@ static CUresult drv_stream_create(CUstream *st, unsigned flags)
     (*st)->s = g_cur->ctx ? g_cur->ctx->s : NULL;
     return CUDA_SUCCESS;
 }
+/* A share whose application stream captures (its launches are recorded into a graph, not
+ * run) from g_capture.from to g_capture.to: none but the nap case's. */
+static struct { share *s; uint64_t from, to; } g_capture;
+
 static CUresult drv_stream_is_capturing(CUstream st, CUstreamCaptureStatus *status)
 {
-    (void)st;
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    int on = g_capture.s && st && st->s == g_capture.s && g_now >= g_capture.from && g_now < g_capture.to;
+    *status = on ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
     return CUDA_SUCCESS;
 }
 static CUresult drv_exchange_capture_mode(CUstreamCaptureMode *mode)
@@ -988,7 +992,59 @@ static double nap_body(const void *arg)
     return 0;
 }
 
-static void case_nap(void) { in_child(nap_body, NULL); }
+/* A launch that waits in admission longer than the poller's quiet second (a strict 10% share
+ * of 200 ms kernels, one at a time: each waits ~1.9 s) wakes the napping poller after its
+ * wait, so that its high-priority mark stays fresh while the kernel runs: a low co-tenant
+ * launches nothing inside a high kernel (past its first 3 ms). A gate that wakes the poller
+ * only before the wait: 18 of 21 high kernels had low launches inside. */
+static double nap_wait_body(const void *arg)
+{
+    (void)arg;
+    share sh[2] = {{.name = "hi", .kernel_ns = 200 * MS, .depth = 1, .active = 1, .priority = EGPU_CARD_PRIO_HIGH},
+                   {.name = "lo", .kernel_ns = 2 * MS, .active = 1, .depth = 16, .priority = EGPU_CARD_PRIO_LOW}};
+    int cores[] = {10, 0}, pols[] = {EGPU_CARD_STRICT, EGPU_CARD_STRICT};
+    setup(sh, 2, cores, pols, 0);
+    run(20 * SEC);
+    int inside = 0;
+    for (int i = 0; i < sh[0].ndone; i++) {
+        const kern *h = &sh[0].done[i];
+        for (int j = 0; j < sh[1].ndone; j++)
+            if (sh[1].done[j].launch > h->start + 3 * MS && sh[1].done[j].launch < h->fin) {
+                inside++;
+                break;
+            }
+    }
+    check("nap", "hi_kernels_run", sh[0].ndone, 8, 1e9);
+    check("nap", "hi_kernels_with_low_launches_inside_after_a_wait", inside, 0, 0);
+    return 0;
+}
+
+/* Launches the poller never counts (into a capturing stream) do not wake it from its nap: in
+ * a second of 100 000 such launches after 2 s idle it passes as it polls when idle (200 a
+ * second), not once a launch. */
+static double nap_capture_body(const void *arg)
+{
+    (void)arg;
+    share sh[1] = {{.name = "a", .kernel_ns = 1 * US, .active = 1, .depth = 100000, .cpu_ns = 10 * US,
+                    .start_at = 2000 * MS, .stop_at = 3000 * MS}};
+    int cores[] = {30}, pols[] = {EGPU_CARD_STRICT};
+    setup(sh, 1, cores, pols, 0);
+    g_capture.s = &sh[0];
+    g_capture.from = 2000 * MS;
+    g_capture.to = 3000 * MS;
+    run(2000 * MS);
+    uint64_t from = poller_passes(&sh[0]);
+    run(3000 * MS);
+    check("nap", "passes_in_a_second_of_captured_launches", (double)(poller_passes(&sh[0]) - from), 0, 250);
+    return 0;
+}
+
+static void case_nap(void)
+{
+    in_child(nap_body, NULL);
+    in_child(nap_wait_body, NULL);
+    in_child(nap_capture_body, NULL);
+}
 
 /* ---- hostile co-tenants: a lie may cost the liar, never a co-tenant (docs/security.md) -- */
 

@@ -136,8 +136,13 @@ def test_fc14_sim_starvation_floor() -> None:
 def test_sim_an_idle_poller_naps_and_the_first_launch_wakes_it() -> None:
     """A share that launches nothing for seconds passes its poller at most 5 times a quiet
     second (it polled every 5 ms, 200 times, before the nap); its first launch wakes the
-    poller at once (not at the nap's end), and its 30% cap holds in the first second.
-    Catches a poller that polls while quiet, and a nap that only times out."""
+    poller at once (not at the nap's end), and its 30% cap holds in the first second. A
+    launch that waited in admission past the quiet second wakes the poller after its wait, so
+    a high share's mark holds a low co-tenant off its kernels; launches the poller never
+    counts (into a capture) do not wake it once a launch. Catches a poller that polls while
+    quiet, a nap that only times out, a wake only before admission (low launches inside 12 of
+    14 high kernels), and a poller that naps again at once after each wake (100 001 passes in
+    a second)."""
     sim("nap")
 
 
