@@ -260,14 +260,16 @@ static CUresult booked_instantiate(CUgraphExec *pe, CUgraph g, instantiate_call 
     if (upload) r = gm_run_check_locked(mem, aux);
     if (r == CUDA_SUCCESS) {
         r = call(args);
-        /* the entries appear together for a launch's locked read (gm_mapped, above) */
-        if (r == CUDA_SUCCESS) pthread_rwlock_wrlock(&gm_mapped);
-        for (int d = 0; r == CUDA_SUCCESS && d < S->ndev; d++) {
-            if (!mem[d]) continue;
-            egpu_map_ent e = {gexec_key(*pe, d), mem[d], upload ? gm[d].epoch + 1 : 0, 0, d, MAP_GEXEC};
-            egpu_map_put_ent(&S->map, &e);
+        if (r == CUDA_SUCCESS) {
+            /* the entries appear together for a launch's locked read (gm_mapped, above) */
+            pthread_rwlock_wrlock(&gm_mapped);
+            for (int d = 0; d < S->ndev; d++) {
+                if (!mem[d]) continue;
+                egpu_map_ent e = {gexec_key(*pe, d), mem[d], upload ? gm[d].epoch + 1 : 0, 0, d, MAP_GEXEC};
+                egpu_map_put_ent(&S->map, &e);
+            }
+            pthread_rwlock_unlock(&gm_mapped);
         }
-        if (r == CUDA_SUCCESS) pthread_rwlock_unlock(&gm_mapped);
     }
     for (int d = 0; d < S->ndev; d++) {
         if (!mem[d]) continue;
@@ -422,10 +424,12 @@ CUresult cuGraphExecDestroy(CUgraphExec e)
     CUresult r = R.cuGraphExecDestroy(e);
     /* the entries go together for a launch's locked read (gm_mapped, above); gm_mu, held,
      * keeps an instantiation from reusing the handle before they are gone */
-    if (r == CUDA_SUCCESS) pthread_rwlock_wrlock(&gm_mapped);
-    for (int d = 0; r == CUDA_SUCCESS && d < S->ndev; d++)
-        had[d] = egpu_map_take_ent(&S->map, MAP_GEXEC, gexec_key(e, d), &m[d]) == 0;
-    if (r == CUDA_SUCCESS) pthread_rwlock_unlock(&gm_mapped);
+    if (r == CUDA_SUCCESS) {
+        pthread_rwlock_wrlock(&gm_mapped);
+        for (int d = 0; d < S->ndev; d++)
+            had[d] = egpu_map_take_ent(&S->map, MAP_GEXEC, gexec_key(e, d), &m[d]) == 0;
+        pthread_rwlock_unlock(&gm_mapped);
+    }
     for (int d = 0; r == CUDA_SUCCESS && d < S->ndev; d++) {
         if (!had[d]) continue;
         gm[d].booked -= m[d].bytes < gm[d].booked ? m[d].bytes : gm[d].booked;
