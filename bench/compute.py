@@ -115,18 +115,23 @@ class Bench:
             env["LD_PRELOAD"] = str(lib)
         return env
 
-    def idle_high(self, lib: Path) -> subprocess.Popen:
-        """A high-priority share that holds its slot on the card and launches nothing."""
-        env = self.env(self.config("idle", "high", "strict", 0), lib, False, 0)
+    def holder(self, cfg: Path | None, lib: Path | None) -> subprocess.Popen:
+        """A process that holds a context (share cfg under lib; none: no interposer) and
+        launches nothing, once it has said so."""
         p = subprocess.Popen(
             [str(LIB / "cuprobe"), "init", "ctx", "hold"],
-            env=env,
+            env=self.env(cfg, lib, False, 0),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
         )
         while p.stdout and "hold" not in (p.stdout.readline() or "hold"):
             pass
+        return p
+
+    def idle_high(self, lib: Path) -> subprocess.Popen:
+        """A high-priority share that holds its slot on the card and launches nothing."""
+        p = self.holder(self.config("idle", "high", "strict", 0), lib)
         time.sleep(0.05)  # the low share's poller sees it at its first pass anyway
         return p
 
@@ -183,12 +188,7 @@ def idle_cost(b: Bench, lib: Path | None) -> float:
     try:
         for _ in range(IDLE_SHARES):
             cfg = b.config("idle", "high", "strict", BINDING_CAP_PCT) if lib else None
-            p = subprocess.Popen([str(LIB / "cuprobe"), "init", "ctx", "hold"],
-                                 env=b.env(cfg, lib, False, 0), stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL, text=True)
-            procs.append(p)
-            while p.stdout and "hold" not in (p.stdout.readline() or "hold"):
-                pass
+            procs.append(b.holder(cfg, lib))
         time.sleep(IDLE_QUIET_S)
         before = sum(cpu_ns(p.pid) for p in procs)
         time.sleep(IDLE_S)

@@ -195,8 +195,8 @@ int egpu_ctl_slot_at_rest(const egpu_card_region *r, int slot, const egpu_ctl_pa
 {
     const egpu_card_slot *s = &r->slot[slot];
     uint64_t last = __atomic_load_n(&s->last_active_ns, __ATOMIC_RELAXED);
-    return (!s->inflight_n || egpu_inflight_stale(s, now)) && !s->tick_busy_ns && !s->tick_wait_ns && !s->use_ppm && !s->demand_ppm &&
-           (!last || now - last > IDLE_AFTER_TICKS * p->tick_ns);
+    return (!s->inflight_n || egpu_inflight_stale(s, now)) && !s->tick_busy_ns && !s->tick_wait_ns &&
+           !s->use_ppm && !s->demand_ppm && (!last || now - last > IDLE_AFTER_TICKS * p->tick_ns);
 }
 
 int egpu_ctl_others_booked(const egpu_card_region *r, int self)

@@ -176,8 +176,9 @@ void egpu_ctl_hi_touch(egpu_card_region *r, uint64_t now);
 /* Is high-priority work active on the card (lock-free read)? */
 int egpu_ctl_hi_active(const egpu_card_region *r, const egpu_ctl_params *p, uint64_t now);
 /* Whether share `slot`'s figures are at rest, so that ticking it would change nothing others
- * read: none in flight (or only a killed process's, past egpu_inflight_stale), nothing measured or waited in the open tick, smoothed use and demand
- * decayed to 0, and no launch for the ticks after which co-tenants count it idle. */
+ * read: none in flight (or only a killed process's, past egpu_inflight_stale), nothing
+ * measured or waited in the open tick, smoothed use and demand decayed to 0, and no launch
+ * for the ticks after which co-tenants count it idle. */
 int egpu_ctl_slot_at_rest(const egpu_card_region *r, int slot, const egpu_ctl_params *p, uint64_t now);
 /* Number of slots other than `self` that booked cores (lock-free read). */
 int egpu_ctl_others_booked(const egpu_card_region *r, int self);

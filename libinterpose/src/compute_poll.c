@@ -239,12 +239,19 @@ void poller_wake(card_ent *c)
 /* What the process did on card d since the last pass, handed to the slot under one lock:
  * launches counted by its threads, groups newly recorded (in flight), events, the predicted
  * end of its queued work. Returns the launches. */
+/* The launches the process's threads counted on card d so far. */
+static uint64_t launches_counted(int d)
+{
+    uint64_t sum = 0;
+    for (int i = 0; i < g_c.nthreads; i++) sum += __atomic_load_n(&g_c.threads[i]->launches[d], __ATOMIC_RELAXED);
+    return sum;
+}
+
 uint64_t batch_card(int d, uint64_t now)
 {
     card_ent *c = &g_c.card[d];
     egpu_ctl_batch b = {0};
-    uint64_t sum = 0;
-    for (int i = 0; i < g_c.nthreads; i++) sum += __atomic_load_n(&g_c.threads[i]->launches[d], __ATOMIC_RELAXED);
+    uint64_t sum = launches_counted(d);
     b.launches = sum - c->launches_seen;
     c->launches_seen = sum;
     for (int i = 0; i < g_c.npend; i++) {
@@ -306,15 +313,14 @@ static int poll_pass(uint64_t *last_launches)
     return active;
 }
 
-/* How long the poller may nap (g_c.mu held; 0: not quiet). Quiet on every card it shares:
- * nothing recorded or queued, and its share's own figures at rest, so that a pass would change
+/* How long the poller may nap (g_c.mu held, after a pass that found nothing pending; 0: not
+ * quiet). Quiet on every card it shares: nothing queued, and its share's own figures at rest, so that a pass would change
  * nothing that co-tenants, the exporter or its next launch read (egpu_ctl_slot_at_rest). A
  * launch through the gate wakes it; a card in MODE_NONE launches past the gate, so there the
  * nap is the modes' own period (a co-tenant that turns the gate on is seen as soon as now). */
 static uint64_t nap_ns(uint64_t now)
 {
     uint64_t ns = QUIET_NAP_NS;
-    if (g_c.npend) return 0;
     for (int d = 0; d < g_c.cfg.ndev && d < EGPU_COMPUTE_MAX_DEVS; d++) {
         card_ent *c = &g_c.card[d];
         if (!c->r || c->slot < 0) continue;
@@ -333,9 +339,7 @@ static int nap_arm(void)
 {
     __atomic_store_n(&g_c.napping, 1, __ATOMIC_SEQ_CST);
     for (int d = 0; d < g_c.cfg.ndev && d < EGPU_COMPUTE_MAX_DEVS; d++) {
-        uint64_t sum = 0;
-        for (int i = 0; i < g_c.nthreads; i++) sum += __atomic_load_n(&g_c.threads[i]->launches[d], __ATOMIC_RELAXED);
-        if (sum != g_c.card[d].launches_seen) {
+        if (launches_counted(d) != g_c.card[d].launches_seen) {
             __atomic_store_n(&g_c.napping, 0, __ATOMIC_RELAXED);
             return 0;
         }
