@@ -4,8 +4,8 @@ The slices are built by the same core function (``egpu.dra.slices.sync``) from t
 inventory as the node annotation (``devcluster.nodes.inventory``), owned by the Node (deleted
 with it), through the ``kubernetes`` ApiClient as plain JSON (``devcluster.kubeapi.api_request``).
 
-    publish_node_slices(api_client, name, cards, memory_ratio=1.0,
-                        shares_per_card=Config().shares_per_card) -> SlicePlan
+    publish_node_slices(api_client, name, cards, memory_ratio=1.0, *,
+                        shares_per_card) -> SlicePlan
     DevSliceStore(api_client)      # egpu.dra.slices.SliceStore
 
 The kube-scheduler of the dev cluster (v1.37.2, default feature gates: DynamicResourceAllocation
@@ -15,20 +15,15 @@ the DeviceClasses in manifests/dra on these devices.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 from urllib.parse import quote
 
 from devcluster.kubeapi import ApiError, api_request
-from egpu.config import Config
 from egpu.contract import DRA_DRIVER
 from egpu.dra.slices import ResourceSlice, SlicePlan, sync
 from egpu.records import Card
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
-# a card's ``shares`` capacity where the caller names none: the config's default
-# sharesPerCard, as a node agent running on the default config publishes it
-SHARES_PER_CARD: Final = Config().shares_per_card
-
 
 class DevSliceStore:
     """``egpu.dra.slices.SliceStore`` through ``api_request``; raises ``ApiError`` for an
@@ -61,10 +56,12 @@ class DevSliceStore:
 
 def publish_node_slices(api_client: Any, name: str, cards: tuple[Card, ...],
                         memory_ratio: float = 1.0, *,
-                        shares_per_card: int = SHARES_PER_CARD) -> SlicePlan:
+                        shares_per_card: int) -> SlicePlan:
     """Bring the ResourceSlices of simulated node ``name`` to ``cards`` (owned by the Node,
-    whose UID is read first), each card taking ``shares_per_card`` allocations (the config's
-    ``sharesPerCard``; a caller that runs the extender with its own config passes that one's).
+    whose UID is read first), each card taking ``shares_per_card`` allocations: the number the
+    node's own ``egpu.io/gpu`` capacity was made with (``devcluster.nodes.node_manifest``), so
+    both paths offer a card the same shares (no default: a forgotten argument once published
+    the config's 10 beside a node made with 4).
     Raises ``ApiError`` (a missing node: 404) and ``egpu.dra.slices.SliceError``."""
     node = api_request(api_client, "GET", f"/api/v1/nodes/{quote(name, safe='')}")
     return sync(DevSliceStore(api_client), name, cards, memory_ratio, node["metadata"]["uid"],

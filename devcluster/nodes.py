@@ -146,7 +146,8 @@ def create_nodes(
     for spec in load_cluster(cluster_file):
         names.append(put_node(api_client, node_manifest(spec, shares_per_card)))
         if dra_slices:
-            publish_node_slices(api_client, names[-1], inventory(spec).cards)
+            publish_node_slices(api_client, names[-1], inventory(spec).cards,
+                                shares_per_card=shares_per_card)
     if ready_timeout_s:
         wait_nodes_ready(api_client, names, ready_timeout_s)
     return names

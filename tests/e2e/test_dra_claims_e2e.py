@@ -336,7 +336,8 @@ def test_a_burst_of_pods_never_books_a_card_past_its_capacity(env: Env, round_: 
             body["status"][key].pop(RES_GPU)  # a DRA node: no device plugin
         devnodes.put_node(env.client, body)
         devnodes.wait_nodes_ready(env.client, [NODE], timeout_s=60)
-        publish_node_slices(env.client, NODE, devnodes.inventory(spec).cards)
+        publish_node_slices(env.client, NODE, devnodes.inventory(spec).cards,
+                            shares_per_card=devnodes.DEFAULT_SHARES_PER_CARD)
     names = [f"burst{round_}-{i}" for i in range(8)]
     pods = [_pod(n, {"egpu.io/gpu-memory": "8000", "egpu.io/gpu-cores": "30"}, node=NODE)
             for n in names]

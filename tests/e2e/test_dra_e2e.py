@@ -39,7 +39,7 @@ from egpu.contract import (
     RES_GPU,
 )
 from egpu.dra.shareconfig import ShareConfig
-from egpu.dra.slices import MIB, node_slices, parse_quantity
+from egpu.dra.slices import CAPACITY_SHARES, MIB, node_slices, parse_quantity
 from egpu.records import Card, Inventory
 from tests.e2e.conftest import E2ECluster
 
@@ -50,6 +50,9 @@ DEVICE_CLASSES = REPO / "manifests" / "dra" / "deviceclasses.yaml"
 FAKE_NVML = REPO / "fakegpu" / "build" / "libnvidia-ml.so.1"
 NAMESPACE = "egpu-dra-e2e"
 NODE_PREFIX = "egpu-dra-e2e-"
+# the shares a card of the dev cluster's nodes takes: what devcluster.nodes.node_manifest made
+# their egpu.io/gpu capacity with, and so what their ResourceSlices must offer
+NODE_SHARES = devnodes.DEFAULT_SHARES_PER_CARD
 CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
 A10 = ("NVIDIA A10", 23028)  # model, MiB
 GI = 1 << 30
@@ -86,7 +89,7 @@ class Dra:
         self.nodes.append(name)
         devnodes.wait_nodes_ready(self.client, [name], timeout_s=60)
         cards = devnodes.inventory(spec).cards
-        publish_node_slices(self.client, name, cards)
+        publish_node_slices(self.client, name, cards, shares_per_card=NODE_SHARES)
         return list(cards)
 
     def delete_node(self, name: str) -> None:
@@ -225,6 +228,11 @@ def test_every_simulated_node_publishes_one_shareable_device_per_card(dra: Dra) 
             assert device["allowMultipleAllocations"] is True
             assert _capacity(device, "memory") == card.memory_mib * MIB
             assert _capacity(device, "cores") == 100
+            # the node's egpu.io/gpu capacity (the device plugin's path) counts as many shares
+            # a card. Bug caught: the dev cluster made nodes of 4 shares a card and published
+            # their slices with the config's default 10
+            assert _capacity(device, CAPACITY_SHARES) * len(cards) == int(
+                node["status"]["capacity"][RES_GPU]), name
             memory_range = device["capacity"]["memory"]["requestPolicy"]["validRange"]
             assert _quantity(memory_range["step"]) == MIB
             assert device["attributes"]["memoryMiB"] == {"int": card.memory_mib}
@@ -238,7 +246,7 @@ def test_publishing_the_same_cards_again_writes_nothing(dra: Dra) -> None:
     node = dra.api("GET", f"/api/v1/nodes/{name}")
     cards = Inventory.decode(node["metadata"]["annotations"][ANN_INVENTORY]).cards
     before = dra.slices(name)
-    done = publish_node_slices(dra.client, name, cards)
+    done = publish_node_slices(dra.client, name, cards, shares_per_card=NODE_SHARES)
     assert not done.changed
     assert [s["metadata"]["resourceVersion"] for s in dra.slices(name)] == [
         s["metadata"]["resourceVersion"] for s in before]
@@ -249,13 +257,14 @@ def test_an_unhealthy_card_leaves_the_pool_at_a_new_generation(dra: Dra) -> None
     name = NODE_PREFIX + "health"
     [first] = dra.slices(name)
     sick = [cards[0], replace(cards[1], healthy=False)]
-    done = publish_node_slices(dra.client, name, tuple(sick))
+    done = publish_node_slices(dra.client, name, tuple(sick), shares_per_card=NODE_SHARES)
     [after] = dra.slices(name)
     assert done.generation == after["spec"]["pool"]["generation"] == (
         first["spec"]["pool"]["generation"] + 1)
     assert [d["attributes"]["uuid"]["string"] for d in after["spec"]["devices"]] == [
         cards[0].uuid]
-    publish_node_slices(dra.client, name, (sick[1],))  # the last card unhealthy too
+    # the last card unhealthy too
+    publish_node_slices(dra.client, name, (sick[1],), shares_per_card=NODE_SHARES)
     assert dra.slices(name) == []
 
 
