@@ -526,7 +526,7 @@ def up(options: Options | None = None) -> int:
     # published with them, devcluster.dra) and the kube-scheduler serves default-scheduler only
     info = devcluster.up(devcluster.Config(
         state_dir=state / "cluster", nodes_file=cluster_file,
-        shares_per_card=0 if options.dra else config.shares_per_card,
+        shares_per_card=config.shares_per_card, device_plugin=not options.dra,
         extender_url=extender_url, egpu_profile=not options.dra))
     try:
         prometheus_url = None

@@ -138,6 +138,8 @@ class Config:
     egpu_profile: bool = True
     nodes_file: Path | None = None  # cluster description (inputs/cluster.yaml) to create nodes
     shares_per_card: int = 4
+    # the nodes offer egpu.io/gpu (their agents serve the device plugin); off: DRA-only nodes
+    device_plugin: bool = True
     timeout_s: float = 90.0  # per process readiness
     verbosity: int = 1
 
@@ -580,7 +582,8 @@ def up(config: Config | None = None) -> ClusterInfo:
     if config.nodes_file:
         try:
             create_nodes(
-                info.api_client(), config.nodes_file, shares_per_card=config.shares_per_card
+                info.api_client(), config.nodes_file, shares_per_card=config.shares_per_card,
+                device_plugin=config.device_plugin,
             )
         except Exception as exc:
             raise DevClusterError(f"cluster is up but creating nodes failed: {exc}") from exc

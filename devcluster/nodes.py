@@ -1,14 +1,15 @@
 """Simulated GPU nodes for the dev cluster, from a cluster description (inputs/cluster.yaml).
 
 Each node is kwok-managed (annotation ``kwok.x-k8s.io/node=fake``, no taint), carries the
-labels of the file, capacity/allocatable cpu 64, memory 512Gi, pods 110 and
-``egpu.io/gpu`` = cards x shares_per_card, and the node agent's annotations
+labels of the file, capacity/allocatable cpu 64, memory 512Gi, pods 110 and (with
+``device_plugin``, as a node agent serving the device plugin) ``egpu.io/gpu`` = cards x
+shares_per_card, and the node agent's annotations
 ``egpu.io/inventory`` (deterministic card UUIDs) and ``egpu.io/inventory-heartbeat``, and (as
 the node agent with ``--dra``) its ResourceSlices of the DRA driver gpu.egpu.io
-(``devcluster.dra``).
+(``devcluster.dra``), each card offering the same shares_per_card.
 
     create_nodes(api_client, cluster_file, shares_per_card=4, ready_timeout_s=60,
-                 dra_slices=True) -> list[str]
+                 dra_slices=True, device_plugin=True) -> list[str]
     node_manifest(spec, shares_per_card=4, now=None) -> dict
     wait_nodes_ready(api_client, names, timeout_s=60) -> None
     refresh_heartbeats(api_client, names) -> None
@@ -136,15 +137,22 @@ def create_nodes(
     shares_per_card: int = DEFAULT_SHARES_PER_CARD,
     ready_timeout_s: float = 60.0,
     dra_slices: bool = True,
+    device_plugin: bool = True,
 ) -> list[str]:
     """Create (or update) the nodes of ``cluster_file``, with ``dra_slices`` their
     ResourceSlices (``devcluster.dra.publish_node_slices``), and wait until each is Ready and
-    without lifecycle taints (``wait_nodes_ready``); returns their names.
+    without lifecycle taints (``wait_nodes_ready``); returns their names. Without
+    ``device_plugin`` (a node whose agent runs ``--dra --no-device-plugin``) the nodes offer
+    no ``egpu.io/gpu``; their slices still offer ``shares_per_card`` a card.
 
     ``ready_timeout_s=0`` returns without waiting. Raises ``DevClusterError``."""
     names = []
     for spec in load_cluster(cluster_file):
-        names.append(put_node(api_client, node_manifest(spec, shares_per_card)))
+        body = node_manifest(spec, shares_per_card)
+        if not device_plugin:
+            for key in ("capacity", "allocatable"):
+                body["status"][key].pop(RES_GPU)
+        names.append(put_node(api_client, body))
         if dra_slices:
             publish_node_slices(api_client, names[-1], inventory(spec).cards,
                                 shares_per_card=shares_per_card)
