@@ -30,7 +30,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="cluster description (e.g. inputs/cluster.yaml) to create nodes from",
     )
-    pu.add_argument("--shares-per-card", type=int, default=4)
+    pu.add_argument("--shares-per-card", type=int, default=4,
+                    help="shares a card of the nodes offer (egpu.io/gpu and their ResourceSlices)")
+    pu.add_argument("--no-device-plugin", action="store_true",
+                    help="the nodes offer no egpu.io/gpu: DRA-only nodes, as the node agent "
+                         "with --dra --no-device-plugin")
     pu.add_argument("--real-nodes", type=int, default=0, metavar="N",
                     help="also start N real nodes (kubelet + containerd, root; see "
                          "docs/devcluster.md), named egpu-real-0..N-1")
@@ -50,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="say whether it runs (exit 0 up, 1 otherwise)")
     sub.add_parser("build", help="build the binaries only (python -m devcluster.build)")
     args = p.parse_args(argv)
+    if args.command == "up" and args.shares_per_card < 1:
+        p.error(f"--shares-per-card {args.shares_per_card}: a whole number >= 1 (DRA-only "
+                "nodes: --no-device-plugin)")
     state_dir = args.state_dir or default_state_dir()
 
     try:
@@ -59,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                     state_dir=state_dir,
                     nodes_file=args.nodes,
                     shares_per_card=args.shares_per_card,
+                    device_plugin=not args.no_device_plugin,
                     extender_url=args.extender_url,
                     extender_ca_file=args.extender_ca_file,
                     timeout_s=args.timeout,

@@ -163,7 +163,9 @@ def create_nodes(
 
 def put_node(api_client: Any, body: dict[str, Any]) -> str:
     """Create the Node ``body`` (``node_manifest``), or update the metadata of an existing
-    one, then set its capacity and allocatable (status subresource); returns its name."""
+    one, then set its capacity and allocatable (status subresource); returns its name. An
+    ``egpu.io/gpu`` the body lacks is removed from an existing node (a merge patch keeps
+    what it does not name)."""
     name = body["metadata"]["name"]
     try:
         api_request(api_client, "POST", "/api/v1/nodes", body)
@@ -174,7 +176,8 @@ def put_node(api_client: Any, body: dict[str, Any]) -> str:
                     {"metadata": body["metadata"]}, MERGE_PATCH)
     # The create keeps status on most versions; set it explicitly so the resources are
     # there whatever the apiserver does with status on create (and on an update).
-    status = {"status": {k: body["status"][k] for k in ("capacity", "allocatable")}}
+    status = {"status": {k: {RES_GPU: None, **body["status"][k]}
+                         for k in ("capacity", "allocatable")}}
     api_request(api_client, "PATCH", f"/api/v1/nodes/{name}/status", status, MERGE_PATCH)
     return str(name)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -168,3 +169,37 @@ def test_heartbeat_refresh(cluster):
     devnodes.refresh_heartbeats(cluster.api_client(), [name])
     stamp = core.read_node(name).metadata.annotations[ANN_INVENTORY_HEARTBEAT]
     assert stamp > "2020-01-01T00:00:00Z"
+
+
+@pytest.mark.e2e
+def test_a_node_made_again_without_a_device_plugin_offers_no_egpu_io_gpu(cluster, tmp_path):
+    """create_nodes over an existing node with device_plugin=False (as `egpu demo --dra`
+    makes its fleet): the node loses egpu.io/gpu, and its slices keep the shares a card it
+    was made with. Bug caught: the status merge patch left out egpu.io/gpu, which keeps the
+    old value (the DRA-only node still offered the device plugin's slots)."""
+    from devcluster.dra import DevSliceStore
+    from devcluster.kubeapi import api_request
+    from egpu.dra.slices import CAPACITY_SHARES
+
+    name = "gpu-no-device-plugin"
+    nodes_file = tmp_path / "cluster.yaml"
+    nodes_file.write_text(yaml.safe_dump({"nodes": [{"name": name, "cards": {
+        "count": 2, "model": "NVIDIA A10", "memoryMiB": 23028}}]}))
+    api = cluster.api_client()
+    try:
+        devnodes.create_nodes(api, nodes_file, shares_per_card=3, ready_timeout_s=0)
+        node = api_request(api, "GET", f"/api/v1/nodes/{name}")
+        assert node["status"]["allocatable"][RES_GPU] == "6"
+        devnodes.create_nodes(api, nodes_file, shares_per_card=3, ready_timeout_s=0,
+                              device_plugin=False)
+        node = api_request(api, "GET", f"/api/v1/nodes/{name}")
+        for part in ("capacity", "allocatable"):
+            assert RES_GPU not in node["status"][part], node["status"][part]
+        [body] = DevSliceStore(api).list_slices(name)
+        assert [d["capacity"][CAPACITY_SHARES]["value"] for d in body["spec"]["devices"]] \
+            == ["3", "3"]
+    finally:
+        with contextlib.suppress(devnodes.ApiError):
+            api_request(api, "DELETE", f"/api/v1/nodes/{name}")
+        for body in DevSliceStore(api).list_slices(name):
+            DevSliceStore(api).delete_slice(body["metadata"]["name"])
