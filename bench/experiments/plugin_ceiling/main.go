@@ -6,10 +6,11 @@
 // EgpuCardFit places single-card shares only (egpu.io/gpu 1, egpu.io/gpu-memory in MiB,
 // egpu.io/gpu-cores in %), first fit on the fullest card that fits, at most sharesPerCard
 // shares a card. It reads the node's egpu.io/inventory (parsed once per annotation text) and
-// the node's pods' egpu.io/allocation (parsed once per pod UID), keeps its own reservations
+// the node's pods' egpu.io/allocation (parsed once per pod UID), scores a node as binpack
+// does (its cards' booked MiB over their capacity once the share is placed), keeps its own reservations
 // for pods assumed but not yet seen bound, and binds with one Binding that carries the
 // pod's egpu.io/allocation, as the extender does. What it leaves out of the extender's rule
-// (multi-card shares, init containers, model and UUID filters, the bind gate, scoring) is
+// (multi-card shares, init containers, model and UUID filters, the bind gate) is
 // what makes the figure a ceiling, not a port.
 package main
 
@@ -174,8 +175,10 @@ type used struct {
 	memoryMiB, cores, shares int64
 }
 
-// fit is the card to book for r on the node, or "" when none fits. Caller holds p.mu.
-func (p *plugin) fit(r *request, info fwk.NodeInfo) (card, bool) {
+// fit is the card to book for r on the node (false when none fits) and the node's healthy
+// cards' booked MiB over their capacity once it is booked (binpack's node utilization,
+// scheduler/strategies). Caller holds p.mu.
+func (p *plugin) fit(r *request, info fwk.NodeInfo) (card, float64, bool) {
 	cards := p.cardsOf(info.Node())
 	use := make(map[string]*used, len(cards))
 	for _, c := range cards {
@@ -201,9 +204,13 @@ func (p *plugin) fit(r *request, info fwk.NodeInfo) (card, bool) {
 		}
 	}
 	best, found := card{}, false
-	var bestFree int64
+	var bestFree, bookedMiB, capacityMiB int64
 	for _, c := range cards {
 		u := use[c.UUID]
+		if c.Healthy {
+			bookedMiB += u.memoryMiB
+			capacityMiB += c.MemoryMiB
+		}
 		free := c.MemoryMiB - u.memoryMiB
 		if !c.Healthy || free < r.memoryMiB || coresPerCard-u.cores < r.cores ||
 			u.shares >= sharesPerCard {
@@ -213,7 +220,10 @@ func (p *plugin) fit(r *request, info fwk.NodeInfo) (card, bool) {
 			best, bestFree, found = c, free, true
 		}
 	}
-	return best, found
+	if !found || capacityMiB == 0 {
+		return best, 0, found
+	}
+	return best, float64(bookedMiB+r.memoryMiB) / float64(capacityMiB), found
 }
 
 func (p *plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod,
@@ -223,13 +233,31 @@ func (p *plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod,
 		return fwk.AsStatus(err)
 	}
 	p.mu.Lock()
-	_, ok := p.fit(r, info)
+	_, _, ok := p.fit(r, info)
 	p.mu.Unlock()
 	if !ok {
 		return fwk.NewStatus(fwk.Unschedulable, "no card has room for the share")
 	}
 	return nil
 }
+
+// Score is binpack's node score: 0 for an empty node, MaxNodeScore for a full one.
+func (p *plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod,
+	info fwk.NodeInfo) (int64, *fwk.Status) {
+	r, err := read(state)
+	if err != nil {
+		return 0, fwk.AsStatus(err)
+	}
+	p.mu.Lock()
+	_, utilization, ok := p.fit(r, info)
+	p.mu.Unlock()
+	if !ok {
+		return 0, nil
+	}
+	return int64(min(1, utilization) * float64(fwk.MaxNodeScore)), nil
+}
+
+func (p *plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
 
 func read(state fwk.CycleState) (*request, error) {
 	d, err := state.Read(stateKey)
@@ -251,7 +279,7 @@ func (p *plugin) Reserve(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	c, ok := p.fit(r, info)
+	c, _, ok := p.fit(r, info)
 	if !ok {
 		return fwk.NewStatus(fwk.Unschedulable, "the card filled before reserve")
 	}

@@ -37,7 +37,7 @@ def plugin_config(kubeconfig: str) -> str:
         def on() -> list[dict[str, str]]:
             return [{"name": PLUGIN}]
         profile["plugins"] = {"preFilter": {"enabled": on()}, "filter": {"enabled": on()},
-                              "reserve": {"enabled": on()},
+                              "score": {"enabled": on()}, "reserve": {"enabled": on()},
                               "bind": {"enabled": on(), "disabled": [{"name": "DefaultBinder"}]}}
         profile["pluginConfig"] = [{"name": "NodeResourcesFit", "args": {
             "ignoredResources": [n for n, ignored in cluster.EXTENDER_MANAGED_RESOURCES
