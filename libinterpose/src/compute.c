@@ -152,10 +152,10 @@ void tick_locked(egpu_card_region *r, int i, const egpu_ctl_params *p, uint64_t 
         /* PI trim on the measured tick: only while the cap is what limits the share (anti
          * windup), or when it ran above the cap. Corrects the bucket's systematic losses
          * (burst clipping, estimate refunds) so the measured use converges on the cap. Held
-         * while the card is booked whole and behind (more than a burst of the share's work
-         * recorded and not yet measured): there a share's measured use is how the card works
-         * off everyone's queue, late, not what its bucket let out, and raising a rate would
-         * only grow the queue. */
+         * while the card is booked whole (this share's rate and its co-tenants' committed
+         * ones reach the card, within CARD_FULL_SLACK_PPM): there the card is behind, a
+         * share's measured use is how it works off everyone's queue, late, not what its
+         * bucket let out, and raising a rate would only grow the queue. */
         int64_t err = (int64_t)base - (int64_t)use;
         int behind = base + others_committed_ppm(r, i, p, now) >= PPM - CARD_FULL_SLACK_PPM;
         if (!behind && ((s->flags & EGPU_SLOT_WAITING) || err < 0)) {
