@@ -10,7 +10,7 @@ the node agent with ``--dra``) its ResourceSlices of the DRA driver gpu.egpu.io
 
     create_nodes(api_client, cluster_file, shares_per_card=4, ready_timeout_s=60,
                  dra_slices=True, device_plugin=True) -> list[str]
-    node_manifest(spec, shares_per_card=4, now=None) -> dict
+    node_manifest(spec, shares_per_card=4, now=None, device_plugin=True) -> dict
     wait_nodes_ready(api_client, names, timeout_s=60) -> None
     refresh_heartbeats(api_client, names) -> None
     HeartbeatRefresher(api_client, names, interval_s=10.0)   # context manager / thread
@@ -91,16 +91,18 @@ def inventory(spec: dict[str, Any]) -> Inventory:
 
 
 def node_manifest(
-    spec: dict[str, Any], shares_per_card: int = DEFAULT_SHARES_PER_CARD, now: str | None = None
+    spec: dict[str, Any], shares_per_card: int = DEFAULT_SHARES_PER_CARD, now: str | None = None,
+    device_plugin: bool = True,
 ) -> dict[str, Any]:
-    """The Node object (as a dict) for one entry of the cluster description."""
+    """The Node object (as a dict) for one entry of the cluster description; without
+    ``device_plugin`` it offers no ``egpu.io/gpu`` (a DRA-only node)."""
     name = spec["name"]
     inv = inventory(spec)
     resources = {
         "cpu": NODE_CPU,
         "memory": NODE_MEMORY,
         "pods": NODE_PODS,
-        RES_GPU: str(len(inv.cards) * shares_per_card),
+        **({RES_GPU: str(len(inv.cards) * shares_per_card)} if device_plugin else {}),
     }
     labels = {
         "kubernetes.io/hostname": name,
@@ -148,11 +150,8 @@ def create_nodes(
     ``ready_timeout_s=0`` returns without waiting. Raises ``DevClusterError``."""
     names = []
     for spec in load_cluster(cluster_file):
-        body = node_manifest(spec, shares_per_card)
-        if not device_plugin:
-            for key in ("capacity", "allocatable"):
-                body["status"][key].pop(RES_GPU)
-        names.append(put_node(api_client, body))
+        names.append(put_node(api_client, node_manifest(spec, shares_per_card,
+                                                        device_plugin=device_plugin)))
         if dra_slices:
             publish_node_slices(api_client, names[-1], inventory(spec).cards,
                                 shares_per_card=shares_per_card)

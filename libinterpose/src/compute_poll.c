@@ -236,9 +236,6 @@ void poller_wake(card_ent *c)
     update_modes();
 }
 
-/* What the process did on card d since the last pass, handed to the slot under one lock:
- * launches counted by its threads, groups newly recorded (in flight), events, the predicted
- * end of its queued work. Returns the launches. */
 /* The launches the process's threads counted on card d so far. */
 static uint64_t launches_counted(int d)
 {
@@ -247,6 +244,9 @@ static uint64_t launches_counted(int d)
     return sum;
 }
 
+/* What the process did on card d since the last pass, handed to the slot under one lock:
+ * launches counted by its threads, groups newly recorded (in flight), events, the predicted
+ * end of its queued work. Returns the launches. */
 uint64_t batch_card(int d, uint64_t now)
 {
     card_ent *c = &g_c.card[d];
@@ -314,8 +314,9 @@ static int poll_pass(uint64_t *last_launches)
 }
 
 /* How long the poller may nap (g_c.mu held, after a pass that found nothing pending; 0: not
- * quiet). Quiet on every card it shares: nothing queued, and its share's own figures at rest, so that a pass would change
- * nothing that co-tenants, the exporter or its next launch read (egpu_ctl_slot_at_rest). A
+ * quiet). Quiet on every card it shares: nothing queued, and its share's own figures at rest,
+ * so that a pass would change nothing that co-tenants, the exporter or its next launch read
+ * (egpu_ctl_slot_at_rest). A
  * launch through the gate wakes it; a card in MODE_NONE launches past the gate, so there the
  * nap is the modes' own period (a co-tenant that turns the gate on is seen as soon as now). */
 static uint64_t nap_ns(uint64_t now)

@@ -331,10 +331,8 @@ def test_a_burst_of_pods_never_books_a_card_past_its_capacity(env: Env, round_: 
     spec = {"name": NODE, "labels": {"egpu-e2e": "dra-claims"},
             "cards": {"count": 2, "model": A10[0], "memoryMiB": A10[1]}}
     if round_ == 0:
-        body = devnodes.node_manifest(spec)
-        for key in ("capacity", "allocatable"):
-            body["status"][key].pop(RES_GPU)  # a DRA node: no device plugin
-        devnodes.put_node(env.client, body)
+        # a DRA node: no device plugin
+        devnodes.put_node(env.client, devnodes.node_manifest(spec, device_plugin=False))
         devnodes.wait_nodes_ready(env.client, [NODE], timeout_s=60)
         publish_node_slices(env.client, NODE, devnodes.inventory(spec).cards,
                             shares_per_card=devnodes.DEFAULT_SHARES_PER_CARD)

@@ -80,10 +80,7 @@ class Dra:
         name = NODE_PREFIX + suffix
         spec = {"name": name, "labels": {"egpu-e2e": "dra"},
                 "cards": {"count": count, "model": A10[0], "memoryMiB": A10[1]}}
-        body = devnodes.node_manifest(spec)
-        if not advertise_gpu:
-            for key in ("capacity", "allocatable"):
-                body["status"][key].pop(RES_GPU)
+        body = devnodes.node_manifest(spec, device_plugin=advertise_gpu)
         self.delete_node(name)
         devnodes.put_node(self.client, body)
         self.nodes.append(name)

@@ -91,6 +91,7 @@ type parsedInventory struct {
 
 type booking struct {
 	uuid      string
+	index     int
 	memoryMiB int64
 	cores     int64
 }
@@ -101,13 +102,11 @@ type plugin struct {
 	inv    map[string]parsedInventory // node -> its inventory, by annotation text
 	booked map[types.UID][]booking    // pod -> its cards, from its annotation
 	held   map[types.UID]booking      // pod -> the card reserved, until bound
-	chosen map[types.UID]booking
 }
 
 func newPlugin(_ context.Context, _ runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
 	return &plugin{handle: h, inv: map[string]parsedInventory{},
-		booked: map[types.UID][]booking{}, held: map[types.UID]booking{},
-		chosen: map[types.UID]booking{}}, nil
+		booked: map[types.UID][]booking{}, held: map[types.UID]booking{}}, nil
 }
 
 func (p *plugin) Name() string { return name }
@@ -198,7 +197,6 @@ func (p *plugin) fit(r *request, info fwk.NodeInfo) (card, float64, bool) {
 				add(b)
 			}
 			delete(p.held, pod.UID) // its annotation now says what the reservation did
-			delete(p.chosen, pod.UID)
 		} else if b, ok := p.held[pod.UID]; ok {
 			add(b)
 		}
@@ -283,16 +281,13 @@ func (p *plugin) Reserve(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	if !ok {
 		return fwk.NewStatus(fwk.Unschedulable, "the card filled before reserve")
 	}
-	b := booking{uuid: c.UUID, memoryMiB: r.memoryMiB, cores: r.cores}
-	p.held[pod.UID] = b
-	p.chosen[pod.UID] = booking{uuid: c.UUID, memoryMiB: int64(c.Index), cores: r.cores}
+	p.held[pod.UID] = booking{uuid: c.UUID, index: c.Index, memoryMiB: r.memoryMiB, cores: r.cores}
 	return nil
 }
 
 func (p *plugin) Unreserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod, _ string) {
 	p.mu.Lock()
 	delete(p.held, pod.UID)
-	delete(p.chosen, pod.UID)
 	p.mu.Unlock()
 }
 
@@ -303,11 +298,11 @@ func (p *plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 		return fwk.NewStatus(fwk.Skip)
 	}
 	p.mu.Lock()
-	held, chosen := p.held[pod.UID], p.chosen[pod.UID]
+	held := p.held[pod.UID]
 	p.mu.Unlock()
 	a := allocation{Version: 1, Node: nodeName, Priority: "low", ComputePolicy: "strict",
 		Containers: []containerAllocation{{Name: r.container, Kind: "app", Cards: []cardShare{{
-			UUID: held.uuid, Index: int(chosen.memoryMiB), MemoryMiB: r.memoryMiB,
+			UUID: held.uuid, Index: held.index, MemoryMiB: r.memoryMiB,
 			Cores: r.cores}}}}}
 	text, err := json.Marshal(a)
 	if err != nil {

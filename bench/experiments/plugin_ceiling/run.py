@@ -1,8 +1,11 @@
 """Experiment (issue 24), not shipped: bench/scheduling.py with the egpu-scheduler profile
 served by a kube-scheduler that runs EgpuCardFit (main.go) in place of the extender.
 
-    go build ... -o <bin> bench/experiments/plugin_ceiling   (see the header of main.go)
-    .venv/bin/python bench/experiments/plugin_ceiling/run.py <bin> [scheduling.py's args]
+    .venv/bin/python bench/experiments/plugin_ceiling/run.py [scheduling.py's args]
+
+It first builds that kube-scheduler: main.go in the wrapper module that ``make k8s`` wrote
+for k8s.io/kubernetes (its go.mod and go.sum, ``devcluster.build.write_wrapper``), with
+devcluster.build's Go environment and version flags, from the module cache only.
 
 The bench runs as it is; only its two extender calls change: ``ExtenderProcess`` starts
 nothing, and ``set_extender`` restarts the dev cluster's kube-scheduler as <bin> with the
@@ -11,7 +14,10 @@ plugin's profile (and, at the end, as the cluster's own binary with its own conf
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +27,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
 from bench import scheduling  # noqa: E402
-from devcluster import cluster  # noqa: E402
+from devcluster import build, cluster  # noqa: E402
 from devcluster.net import insecure_context  # noqa: E402
 
 PLUGIN = "EgpuCardFit"
@@ -84,8 +90,23 @@ def restart_scheduler(binary: Path, original: list[str]) -> Any:
     return set_extender
 
 
+def build_scheduler(out: Path) -> Path:
+    """Build the kube-scheduler with EgpuCardFit into ``out`` (see the module's docstring)."""
+    wrapper = build.version_dir() / "src" / "kubernetes"
+    env = {**build.go_env(), "GOPROXY": "off"}  # the module cache only
+    with tempfile.TemporaryDirectory(prefix="egpu-plugin-") as work:
+        for name in ("go.mod", "go.sum"):
+            shutil.copy(wrapper / name, Path(work) / name)
+        shutil.copy(Path(__file__).with_name("main.go"), Path(work) / "main.go")
+        subprocess.run([build.find_go(), "build", "-p", "2", "-trimpath",
+                        f"-ldflags={build.k8s_version_ldflags()}", "-o", str(out), "."],
+                       cwd=work, env=env, check=True)
+    return out
+
+
 def main() -> int:
-    binary = Path(sys.argv[1]).resolve()
+    binary = build_scheduler(Path(tempfile.mkdtemp(prefix="egpu-plugin-bin-")) /
+                             "kube-scheduler")
     state_dir = cluster.default_state_dir()
     if not cluster.status(state_dir).up:
         cluster.up(cluster.Config(state_dir=state_dir))
@@ -94,7 +115,7 @@ def main() -> int:
     scheduling.ExtenderProcess = NoExtender  # type: ignore[attr-defined,assignment]
     # scheduling.devcluster is this module
     cluster.set_extender = restart_scheduler(binary, original)
-    return scheduling.main(sys.argv[2:])
+    return scheduling.main(sys.argv[1:])
 
 
 if __name__ == "__main__":
