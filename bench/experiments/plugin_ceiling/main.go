@@ -10,8 +10,14 @@
 // does (its cards' booked MiB over their capacity once the share is placed), keeps its own reservations
 // for pods assumed but not yet seen bound, and binds with one Binding that carries the
 // pod's egpu.io/allocation, as the extender does. What it leaves out of the extender's rule
-// (multi-card shares, init containers, model and UUID filters, the bind gate) is
-// what makes the figure a ceiling, not a port.
+// (multi-card shares, init containers, model and UUID filters) is what makes the figure a
+// ceiling, not a port.
+//
+// With EGPU_BIND_GATE=1 it also runs the extender's bind gate (scheduler/placement/kubelet.py,
+// admission_conflict) as a Permit wait: a share pod whose card differs from the card of a pod
+// on the same node that its kubelet has not admitted yet (bound, or allowed and binding)
+// waits, at most gateWait, until no such pod is left; pod events from the scheduler's own
+// informer wake the node's waiting pods, which are let through one at a time.
 package main
 
 import (
@@ -20,13 +26,16 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/component-base/cli"
 	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 )
@@ -40,6 +49,8 @@ const (
 	sharesPerCard = 4   // bench/scheduling.py's SHARES
 	coresPerCard  = 100 // %
 	stateKey      = fwk.StateKey(name)
+	gateWait      = 8 * time.Second // the extender's BIND_GATE_WAIT_S
+	sweepEvery    = 100 * time.Millisecond
 )
 
 type card struct {
@@ -102,11 +113,153 @@ type plugin struct {
 	inv    map[string]parsedInventory // node -> its inventory, by annotation text
 	booked map[types.UID][]booking    // pod -> its cards, from its annotation
 	held   map[types.UID]booking      // pod -> the card reserved, until bound
+
+	gate        bool
+	gateScore   bool
+	gateMu      sync.Mutex
+	unadmitted  map[string]map[types.UID]string // node -> pod -> card UUID, not admitted yet
+	waiting     map[string]map[types.UID]string // node -> pod -> card UUID, held at Permit
+	holds, lets int                             // pods held at the gate, and let through
 }
 
 func newPlugin(_ context.Context, _ runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
-	return &plugin{handle: h, inv: map[string]parsedInventory{},
-		booked: map[types.UID][]booking{}, held: map[types.UID]booking{}}, nil
+	p := &plugin{handle: h, inv: map[string]parsedInventory{},
+		booked: map[types.UID][]booking{}, held: map[types.UID]booking{},
+		gate:       os.Getenv("EGPU_BIND_GATE") == "1",
+		gateScore:  os.Getenv("EGPU_GATE_SCORE") == "1",
+		unadmitted: map[string]map[types.UID]string{},
+		waiting:    map[string]map[types.UID]string{}}
+	if p.gate {
+		_, err := h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(
+			cache.ResourceEventHandlerFuncs{
+				AddFunc:    func(o interface{}) { p.observe(o, false) },
+				UpdateFunc: func(_, o interface{}) { p.observe(o, false) },
+				DeleteFunc: func(o interface{}) { p.observe(o, true) },
+			})
+		if err != nil {
+			return nil, err
+		}
+		go p.sweep()
+	}
+	return p, nil
+}
+
+// sweep releases waiting pods every sweepEvery: a pod event between Permit's Wait and the
+// framework's listing of the pod as waiting finds no waiting pod to allow.
+func (p *plugin) sweep() {
+	for range time.Tick(sweepEvery) {
+		p.gateMu.Lock()
+		for node, pods := range p.waiting {
+			if len(pods) > 0 {
+				p.release(node)
+			}
+		}
+		p.gateMu.Unlock()
+	}
+}
+
+// admitted is egpu.kube.KubePod.admitted: the kubelet wrote what it writes only after
+// admission (or a rejection).
+func admitted(pod *v1.Pod) bool {
+	s := pod.Status
+	return s.StartTime != nil || (s.Phase != "" && s.Phase != v1.PodPending) ||
+		len(s.ContainerStatuses) > 0 || len(s.InitContainerStatuses) > 0
+}
+
+// observe keeps unadmitted in step with the informer's pods and wakes the node's waiting pods
+// when one of its pods is admitted or gone.
+func (p *plugin) observe(o interface{}, deleted bool) {
+	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = t.Obj
+	}
+	pod, ok := o.(*v1.Pod)
+	if !ok || pod.Spec.NodeName == "" {
+		return
+	}
+	node := pod.Spec.NodeName
+	p.gateMu.Lock()
+	defer p.gateMu.Unlock()
+	if deleted || admitted(pod) {
+		if _, was := p.unadmitted[node][pod.UID]; was {
+			delete(p.unadmitted[node], pod.UID)
+			p.release(node)
+		}
+		return
+	}
+	if _, known := p.unadmitted[node][pod.UID]; known {
+		return
+	}
+	if bs := p.bookingsOfUnlocked(pod); len(bs) > 0 {
+		p.mark(p.unadmitted, node, pod.UID, bs[0].uuid)
+	}
+}
+
+func (p *plugin) bookingsOfUnlocked(pod *v1.Pod) []booking {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bookingsOf(pod)
+}
+
+func (p *plugin) mark(m map[string]map[types.UID]string, node string, uid types.UID,
+	uuid string) {
+	if m[node] == nil {
+		m[node] = map[types.UID]string{}
+	}
+	m[node][uid] = uuid
+}
+
+// conflict: a pod on node that its kubelet has not admitted holds another card (all shares
+// here are single-card, so any other card is a share of the same size). Caller holds gateMu.
+func (p *plugin) conflict(node string, uid types.UID, uuid string) bool {
+	for other, card := range p.unadmitted[node] {
+		if other != uid && card != uuid {
+			return true
+		}
+	}
+	return false
+}
+
+// release lets through each pod waiting on node that no longer conflicts, one at a time (each
+// one let through counts for the next). Caller holds gateMu.
+func (p *plugin) release(node string) {
+	for uid, uuid := range p.waiting[node] {
+		if p.conflict(node, uid, uuid) {
+			continue
+		}
+		wp := p.handle.GetWaitingPod(uid)
+		if wp == nil {
+			continue // not in the framework's wait yet (Permit returns first), or gone
+		}
+		delete(p.waiting[node], uid)
+		p.mark(p.unadmitted, node, uid, uuid)
+		p.lets++
+		wp.Allow(name)
+	}
+}
+
+func (p *plugin) Permit(_ context.Context, state fwk.CycleState, pod *v1.Pod,
+	nodeName string) (*fwk.Status, time.Duration) {
+	if !p.gate {
+		return nil, 0
+	}
+	if _, err := read(state); err != nil {
+		return nil, 0 // not a share pod
+	}
+	p.mu.Lock()
+	uuid := p.held[pod.UID].uuid
+	p.mu.Unlock()
+	p.gateMu.Lock()
+	defer p.gateMu.Unlock()
+	if p.conflict(nodeName, pod.UID, uuid) {
+		p.mark(p.waiting, nodeName, pod.UID, uuid)
+		p.holds++
+		if p.holds%50 == 1 {
+			klog.InfoS("egpu bind gate", "holds", p.holds, "letThrough", p.lets)
+		}
+		return fwk.NewStatus(fwk.Wait, "a pod awaiting admission holds another card"), gateWait
+	}
+	p.mark(p.unadmitted, nodeName, pod.UID, uuid)
+	return nil, 0
 }
 
 func (p *plugin) Name() string { return name }
@@ -240,17 +393,26 @@ func (p *plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod,
 }
 
 // Score is binpack's node score: 0 for an empty node, MaxNodeScore for a full one.
-func (p *plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod,
+// With EGPU_GATE_SCORE=1, a node where the gate would hold the pod scores 0.
+func (p *plugin) Score(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	info fwk.NodeInfo) (int64, *fwk.Status) {
 	r, err := read(state)
 	if err != nil {
 		return 0, fwk.AsStatus(err)
 	}
 	p.mu.Lock()
-	_, utilization, ok := p.fit(r, info)
+	c, utilization, ok := p.fit(r, info)
 	p.mu.Unlock()
 	if !ok {
 		return 0, nil
+	}
+	if p.gateScore {
+		p.gateMu.Lock()
+		held := p.conflict(info.Node().Name, pod.UID, c.UUID)
+		p.gateMu.Unlock()
+		if held {
+			return 0, nil
+		}
 	}
 	return int64(min(1, utilization) * float64(fwk.MaxNodeScore)), nil
 }
@@ -285,10 +447,17 @@ func (p *plugin) Reserve(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	return nil
 }
 
-func (p *plugin) Unreserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod, _ string) {
+func (p *plugin) Unreserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod, node string) {
 	p.mu.Lock()
 	delete(p.held, pod.UID)
 	p.mu.Unlock()
+	p.gateMu.Lock()
+	defer p.gateMu.Unlock()
+	delete(p.waiting[node], pod.UID)
+	if _, was := p.unadmitted[node][pod.UID]; was {
+		delete(p.unadmitted[node], pod.UID)
+		p.release(node)
+	}
 }
 
 func (p *plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod,

@@ -44,6 +44,7 @@ def plugin_config(kubeconfig: str) -> str:
             return [{"name": PLUGIN}]
         profile["plugins"] = {"preFilter": {"enabled": on()}, "filter": {"enabled": on()},
                               "score": {"enabled": on()}, "reserve": {"enabled": on()},
+                              "permit": {"enabled": on()},
                               "bind": {"enabled": on(), "disabled": [{"name": "DefaultBinder"}]}}
         profile["pluginConfig"] = [{"name": "NodeResourcesFit", "args": {
             "ignoredResources": [n for n, ignored in cluster.EXTENDER_MANAGED_RESOURCES
