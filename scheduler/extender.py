@@ -294,7 +294,9 @@ class Extender:
         return self._result(args, passed, failed, unresolvable)
 
     def prioritize(self, args: ExtenderArgs) -> HostPriorityList:
-        """Score 0..10 per candidate node under the pod's node policy (0 where it does not fit)."""
+        """Score 0..10 per candidate node under the pod's node policy: 0 where it does not
+        fit, and 0 where the bind gate would hold it now (``_gate_would_hold``), so that a
+        pod goes to a node where it binds at once rather than wait there for the kubelet."""
         pod = args["Pod"]
         names = self._candidates(args)
         reading = read_pod(pod, self.config)
@@ -302,8 +304,32 @@ class Extender:
             return [{"Host": name, "Score": 0} for name in names]
         demand = PodDemand.from_request(reading.request)
         node_score = strategies.get(demand.node_policy).node_score
-        return [{"Host": name, "Score": 0 if isinstance(r, Unfit) else node_score(r)}
-                for name, r in zip(names, self._fit_all(pod, demand, names), strict=True)]
+        uid = KubePod(pod).uid
+        out: HostPriorityList = []
+        for name, r in zip(names, self._fit_all(pod, demand, names), strict=True):
+            score = 0 if isinstance(r, Unfit) else node_score(r)
+            if score and self._gate_would_hold(demand, uid, name):
+                score = 0
+            out.append({"Host": name, "Score": score})
+        return out
+
+    def _gate_would_hold(self, demand: PodDemand, uid: str, node: str) -> bool:
+        """Whether a bind of the pod to ``node`` now would wait at the gate: a pod there that
+        its kubelet has not admitted holds same-sized shares on other cards than the ones
+        ``fit`` picks (``_decide``'s question, asked without reserving). Cheap on the nodes
+        where no pod awaits admission (``ClusterState.awaiting_admission``)."""
+        waiting = self.state.awaiting_admission(node, uid)
+        if not waiting:
+            return False
+        view = self.state.node(node, excluding=uid)
+        if view is None:
+            return False
+        try:
+            result = fit(view, demand, self.limits, self.clock())
+        except Exception:  # the bind's own fit words the failure; scoring goes on
+            return False
+        return not isinstance(result, Unfit) and admission_conflict(
+            result.allocation, (b.allocation for b in waiting)) is not None
 
     # --- bind ------------------------------------------------------------------------------
     def _node_changed(self, node: str) -> None:

@@ -173,6 +173,11 @@ class ClusterState:
         self.pods: dict[str, Mapping[str, Any]] = {}  # uid -> pod object, egpu pods only
         self._warned: dict[str, str] = {}  # uid -> the ignored annotation last logged
         self._on_node: dict[str, set[str]] = {}  # node -> uids of the pods booking there
+        # nodes where a pod may await admission by the kubelet: each node a booking lands on,
+        # until awaiting_admission finds none there (a pod's admission is never undone, so
+        # only a new booking can make one await again); keeps the question cheap for the
+        # thousands of nodes prioritize scores
+        self._admission_pending: set[str] = set()
         # called with each node a pod change touched, and each node whose record changed (the
         # extender's bind gate waits on its node's changes alone: one pod's event must not
         # wake the binds of every node)
@@ -221,6 +226,7 @@ class ClusterState:
             members = self._on_node.setdefault(booking.node, set())
             if sign > 0:
                 members.add(booking.uid)
+                self._admission_pending.add(booking.node)
             else:
                 members.discard(booking.uid)
             usage = self._usage.setdefault(booking.node, {})
@@ -398,16 +404,23 @@ class ClusterState:
         """The bookings on ``node`` of pods its kubelet has not admitted yet (``KubePod
         .admitted``): binds in flight, and bound pods whose status the kubelet has not
         written; ``excluding``: a pod UID left out (the pod being bound)."""
+        if node not in self._admission_pending:
+            return []
         out = []
+        pending = False  # the excluded pod counts for keeping the node in the index
         for uid in self._on_node.get(node, ()):
             booking = self._effective(uid)
-            if uid == excluding or booking is None:
+            if booking is None:
                 continue
             reservation = self._reserved.get(uid)
             pod = self.pods.get(uid)
             if (reservation is not None and reservation.in_flight) or pod is None \
                     or KubePod(pod).node_name != node or not KubePod(pod).admitted:
-                out.append(booking)
+                pending = True
+                if uid != excluding:
+                    out.append(booking)
+        if not pending:
+            self._admission_pending.discard(node)
         return out
 
     def usage(self, node: str) -> dict[str, CardBooking]:

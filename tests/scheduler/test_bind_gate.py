@@ -18,7 +18,7 @@ from egpu.records import Allocation, CardShare, ContainerAllocation
 from scheduler import extender as extender_module
 from scheduler.placement import admission_conflict
 from tests.scheduler.helpers import cards, limits, node, pod
-from tests.scheduler.test_extender import bind_args, make
+from tests.scheduler.test_extender import args, bind_args, make
 
 
 def record(p: dict) -> Allocation:
@@ -55,6 +55,30 @@ async def _bind_two_then_hold_a_third(ext: Any, api: Any) -> asyncio.Future[Any]
     await asyncio.sleep(0.05)
     assert not held.done()
     return held
+
+
+async def test_prioritize_scores_0_a_node_where_the_gate_would_hold_the_pod() -> None:
+    """Bug caught: binpack scored highest the node whose card change the gate holds, so a
+    Deployment's replicas queued there, each bind waiting for the kubelet to admit the pods
+    before it (up to BIND_GATE_WAIT_S), while another node took it at once (the plugin
+    experiment of issue 24: 2451 holds in 3000 pods without this, none with it)."""
+    ext, api = make([node("n", cards(2, memory=4000)), node("m", cards(2, memory=4000))])
+    api.kubelet_admits = False
+    for i in range(2):  # 3000 of n's GPU-0; the kubelet has admitted neither yet
+        assert (await ext.bind(bind_args(api.add(pod(f"a{i}", containers=[limits(
+            memory=1500)])), "n")))["Error"] == ""
+    later = api.add(pod("b", containers=[limits(memory=2000)]))  # only GPU-1 takes it
+    same = api.add(pod("c", containers=[limits(memory=1000)]))  # GPU-0 takes it beside them
+
+    def scores(p: dict[str, Any]) -> dict[str, int]:
+        return {h["Host"]: h["Score"] for h in ext.prioritize(args(p, ["n", "m"]))}
+
+    assert scores(later)["n"] == 0 < scores(later)["m"]  # b needs GPU-1: held on n
+    assert scores(same)["n"] > scores(same)["m"] > 0  # c goes on GPU-0 with them: no hold
+    api.admit("a0")
+    assert scores(later)["n"] == 0  # a1 still awaits admission on GPU-0
+    api.admit("a1")
+    assert scores(later)["n"] > scores(later)["m"] > 0  # binpack again
 
 
 async def test_a_held_bind_decides_again_on_changes_of_its_node_alone(
