@@ -173,10 +173,9 @@ class ClusterState:
         self.pods: dict[str, Mapping[str, Any]] = {}  # uid -> pod object, egpu pods only
         self._warned: dict[str, str] = {}  # uid -> the ignored annotation last logged
         self._on_node: dict[str, set[str]] = {}  # node -> uids of the pods booking there
-        # nodes where a pod may await admission by the kubelet: each node a booking lands on,
-        # until awaiting_admission finds none there (a pod's admission is never undone, so
-        # only a new booking can make one await again); keeps the question cheap for the
-        # thousands of nodes prioritize scores
+        # nodes where a pod may await admission by the kubelet (``_note_pending``), until
+        # awaiting_admission finds none there: keeps the question cheap for the thousands of
+        # nodes prioritize scores
         self._admission_pending: set[str] = set()
         # called with each node a pod change touched, and each node whose record changed (the
         # extender's bind gate waits on its node's changes alone: one pod's event must not
@@ -226,7 +225,6 @@ class ClusterState:
             members = self._on_node.setdefault(booking.node, set())
             if sign > 0:
                 members.add(booking.uid)
-                self._admission_pending.add(booking.node)
             else:
                 members.discard(booking.uid)
             usage = self._usage.setdefault(booking.node, {})
@@ -255,6 +253,24 @@ class ClusterState:
         self._apply(before, after)
         return {b.node for b in (before, after) if b is not None}
 
+    def _pending(self, uid: str, booking: Booking) -> bool:
+        """Whether the pod ``uid`` of ``booking`` awaits admission by its node's kubelet: its
+        bind is in flight, or the pod is not seen bound to the booking's node with the status
+        only the kubelet writes (``KubePod.admitted``). The one condition of
+        ``awaiting_admission`` and ``_note_pending``."""
+        reservation = self._reserved.get(uid)
+        pod = self.pods.get(uid)
+        return ((reservation is not None and reservation.in_flight) or pod is None
+                or KubePod(pod).node_name != booking.node or not KubePod(pod).admitted)
+
+    def _note_pending(self, uid: str) -> None:
+        """Keep the node of ``uid``'s booking in ``_admission_pending`` when the pod awaits
+        admission: called wherever its booking, its bind or its status changes (admission
+        is never undone, so these are the only ways a pod comes to await it)."""
+        booking = self._effective(uid)
+        if booking is not None and self._pending(uid, booking):
+            self._admission_pending.add(booking.node)
+
     def observe_pod(self, pod: Mapping[str, Any]) -> None:
         """A pod was added or changed: record (or release) the booking its annotation holds."""
         view = KubePod(pod)
@@ -282,6 +298,7 @@ class ClusterState:
             self._ignored(uid, pod, booking, prior, why_none)
             booking = prior
         touched = self._change(uid, observed=booking, reservation=None if confirmed else "keep")
+        self._note_pending(uid)
         self._changed(touched | {view.node_name})
 
     def _changed(self, nodes: set[str]) -> None:
@@ -325,11 +342,13 @@ class ClusterState:
         for uid, reservation in list(self._reserved.items()):
             if uid not in seen and not reservation.in_flight:
                 self._change(uid, reservation=None)
+                self._note_pending(uid)
 
     # --- binds ---------------------------------------------------------------------------
     def reserve(self, booking: Booking) -> None:
         """Book for a bind in flight (replaces whatever the pod held before)."""
         self._change(booking.uid, reservation=_Reservation(booking))
+        self._note_pending(booking.uid)
 
     def reserved(self, uid: str) -> tuple[Booking, bool] | None:
         """What a bind reserved for pod ``uid`` and whether that bind is still in flight;
@@ -346,7 +365,9 @@ class ClusterState:
 
     def unreserve(self, uid: str) -> None:
         """The bind failed: drop its reservation (what was observed counts again)."""
-        self._changed(self._change(uid, reservation=None))
+        touched = self._change(uid, reservation=None)
+        self._note_pending(uid)
+        self._changed(touched)
 
     def expire_reservations(self, max_age_s: float = 300.0) -> int:
         """Drop finished binds' reservations that no watch event confirmed within max_age_s."""
@@ -355,6 +376,7 @@ class ClusterState:
                if not r.in_flight and now - r.since > max_age_s]
         for uid in old:
             self._change(uid, reservation=None)
+            self._note_pending(uid)
         return len(old)
 
     # --- reading -------------------------------------------------------------------------
@@ -410,12 +432,7 @@ class ClusterState:
         pending = False  # the excluded pod counts for keeping the node in the index
         for uid in self._on_node.get(node, ()):
             booking = self._effective(uid)
-            if booking is None:
-                continue
-            reservation = self._reserved.get(uid)
-            pod = self.pods.get(uid)
-            if (reservation is not None and reservation.in_flight) or pod is None \
-                    or KubePod(pod).node_name != node or not KubePod(pod).admitted:
+            if booking is not None and self._pending(uid, booking):
                 pending = True
                 if uid != excluding:
                     out.append(booking)

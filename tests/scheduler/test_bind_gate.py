@@ -81,6 +81,47 @@ async def test_prioritize_scores_0_a_node_where_the_gate_would_hold_the_pod() ->
     assert scores(later)["n"] > scores(later)["m"] > 0  # binpack again
 
 
+def _uid(api: Any, name: str) -> str:
+    return str(api.pods[("default", name)]["metadata"]["uid"])
+
+
+async def test_a_pod_asked_about_itself_still_awaits_admission_for_the_next_pod() -> None:
+    """Bug caught: the index of nodes where a pod may await admission dropped a node when the
+    only pod awaiting there was the one left out of the question (its own prioritize or
+    bind), so the next pod's bind saw nothing awaiting and the gate let it mix the two up."""
+    ext, api = make([node("n", cards(2, memory=4000))])
+    api.kubelet_admits = False
+    a = api.add(pod("a", containers=[limits(memory=4000)]))
+    assert (await ext.bind(bind_args(a, "n")))["Error"] == ""
+    assert ext.state.awaiting_admission("n", excluding=_uid(api, "a")) == []
+    assert [b.uid for b in ext.state.awaiting_admission("n")] == [_uid(api, "a")]
+
+
+async def test_a_node_left_out_of_the_index_comes_back_with_each_pod_awaiting_admission(
+        ) -> None:
+    """Bug caught: once every pod of a node was admitted (the node left the index), a pod that
+    awaits admission there again was never seen: a new bind, a bind made again with the very
+    booking the pod had, or a bind that failed while the pod's observed booking still awaits
+    its kubelet."""
+    ext, api = make([node("n", cards(2, memory=4000))])
+    a = api.add(pod("a", containers=[limits(memory=1000)]))
+    assert (await ext.bind(bind_args(a, "n")))["Error"] == ""  # the kubelet admits it
+    state = ext.state
+    assert state.awaiting_admission("n") == []  # n leaves the index
+    api.kubelet_admits = False
+    b = api.add(pod("b", containers=[limits(memory=1000)]))
+    assert (await ext.bind(bind_args(b, "n")))["Error"] == ""
+    assert [x.uid for x in state.awaiting_admission("n")] == [_uid(api, "b")]
+    api.admit("b")
+    assert state.awaiting_admission("n") == []
+    booking = state.booking(_uid(api, "a"))
+    assert booking is not None
+    state.reserve(booking)  # the same Booking object: a bind of it in flight again
+    assert [x.uid for x in state.awaiting_admission("n")] == [_uid(api, "a")]
+    state.unreserve(_uid(api, "a"))
+    assert state.awaiting_admission("n") == []
+
+
 async def test_a_held_bind_decides_again_on_changes_of_its_node_alone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Bug caught: every pod event of the cluster woke every held bind, each of which fitted

@@ -19,6 +19,14 @@ import yaml
 
 from egpu.booking import CardBooking
 from egpu.config import Config
+from egpu.contract import (
+    ANN_GPU_POLICY,
+    ANN_MEMORY_OVERSUBSCRIPTION,
+    ANN_NOUSE_GPU_TYPE,
+    ANN_NOUSE_GPU_UUID,
+    ANN_USE_GPU_TYPE,
+    ANN_USE_GPU_UUID,
+)
 from egpu.requests import read_pod
 from scheduler.placement import (
     CardState,
@@ -43,7 +51,11 @@ CARD_KEYS = {"uuid", "index", "model", "memory_mib", "healthy", "booked_mib", "b
 POD_KEYS = {"annotations", "initContainers", "containers"}
 CONTAINER_KEYS = {"name", "limits", "restartPolicy"}
 EXPECT_KEYS = {"placed", "bookings", "shares", "inits", "unfit"}
-UNFIT_KEYS = {"says", "unresolvable"}
+UNFIT_KEYS = {"is", "says", "unresolvable"}
+# the pod annotations placement reads: a misspelt one (read_pod ignores what it does not
+# know) would leave its case checking the default
+ANNOTATIONS = {ANN_GPU_POLICY, ANN_MEMORY_OVERSUBSCRIPTION, ANN_USE_GPU_TYPE,
+               ANN_NOUSE_GPU_TYPE, ANN_USE_GPU_UUID, ANN_NOUSE_GPU_UUID}
 
 
 def _known(where: str, got: dict[str, Any], allowed: set[str]) -> None:
@@ -71,6 +83,7 @@ def pod_object(case: dict[str, Any]) -> dict[str, Any]:
     """The case's pod as the API server would hand it over (egpu-scheduler, one namespace)."""
     given = {**DEFAULTS["pod"], **case.get("pod", {})}
     _known("pod", given, POD_KEYS)
+    _known("pod.annotations", given.get("annotations", {}), ANNOTATIONS)
 
     def container(c: dict[str, Any]) -> dict[str, Any]:
         _known(f"container {c.get('name')}", c, CONTAINER_KEYS)
@@ -114,9 +127,15 @@ def expect_placed(result: Placement | Unfit, expect: dict[str, Any]) -> None:
 
 
 def expect_unfit(result: Placement | Unfit, expect: dict[str, Any]) -> None:
-    _known("expect.unfit", expect["unfit"], UNFIT_KEYS)
+    want = expect["unfit"]
+    _known("expect.unfit", want, UNFIT_KEYS)
+    says = want.get("says", [])
+    assert ("is" in want or says) and isinstance(says, list) and all(
+        isinstance(t, str) and t for t in says), "expect.unfit: is, or says (texts)"
     assert isinstance(result, Unfit), f"placed, expected refused: {result.allocation}"
-    for text in expect["unfit"]["says"]:
+    if "is" in want:
+        assert result.reason == want["is"]
+    for text in says:
         assert text in result.reason, f"{text!r} not in {result.reason!r}"
     if "unresolvable" in expect["unfit"]:
         assert result.unresolvable is expect["unfit"]["unresolvable"], result

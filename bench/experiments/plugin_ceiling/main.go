@@ -173,12 +173,24 @@ func (p *plugin) observe(o interface{}, deleted bool) {
 		o = t.Obj
 	}
 	pod, ok := o.(*v1.Pod)
-	if !ok || pod.Spec.NodeName == "" {
+	if !ok {
+		return
+	}
+	p.gateMu.Lock()
+	defer p.gateMu.Unlock()
+	if deleted && pod.Spec.NodeName == "" { // a final state unknown may predate its binding
+		for node, pods := range p.unadmitted {
+			if _, was := pods[pod.UID]; was {
+				delete(pods, pod.UID)
+				p.release(node)
+			}
+		}
+		return
+	}
+	if pod.Spec.NodeName == "" {
 		return
 	}
 	node := pod.Spec.NodeName
-	p.gateMu.Lock()
-	defer p.gateMu.Unlock()
 	if deleted || admitted(pod) {
 		if _, was := p.unadmitted[node][pod.UID]; was {
 			delete(p.unadmitted[node], pod.UID)
