@@ -39,6 +39,7 @@ import multiprocessing
 import sys
 import tempfile
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -51,6 +52,7 @@ from devcluster import dra as devdra
 from devcluster import nodes as devnodes
 from devcluster.cluster import wait_until
 from devcluster.extender import ExtenderProcess
+from devcluster.net import HOST
 from egpu.contract import DEVICE_CLASS_SHARE, DRA_CLAIM_FINALIZER
 from scheduler.kube import ApiStatusError, RawApi, load_client
 from testbed.stats import percentile
@@ -307,10 +309,14 @@ def main(argv: list[str] | None = None) -> int:
         devcluster.set_extender(info, extender.url)
         for r in range(args.rounds):
             for kind in round_order(r):
+                held = gate_holds(extender)
                 rate, ungate = run(api, info.kubeconfig, kind, args.pods)
                 rounds.setdefault(r, {})[kind] = rate
-                print(f"round {r + 1} {kind}: {rate:.1f} pods/s (gates lifted at {ungate:.0f}/s)",
-                      flush=True)
+                held_text = ""
+                if kind == EXTENDER_SHARE and held is not None:
+                    held_text = f"; the bind gate held {(gate_holds(extender) or 0) - held}"
+                print(f"round {r + 1} {kind}: {rate:.1f} pods/s (gates lifted at {ungate:.0f}/s"
+                      f"{held_text})", flush=True)
         print(scheduler_memory(state_dir), flush=True)
     finally:
         if extender is not None:
@@ -321,6 +327,24 @@ def main(argv: list[str] | None = None) -> int:
             devcluster.down(state_dir)
     print(summary_line(args.nodes, list(rounds.values())))
     return 0
+
+
+GATE_HELD_METRIC = "egpu_extender_bind_gate_held_total"  # scheduler/app.py's counter
+
+
+def gate_holds(extender: Any) -> int | None:
+    """How many binds the extender's bind gate has held so far (its /metrics), or None when
+    it has no metrics port (a stand-in, as the plugin experiment's) or does not answer."""
+    port = getattr(extender, "metrics_port", None)
+    if port is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return None
+    return next((int(float(line.split()[1])) for line in text.splitlines()
+                 if line.startswith(GATE_HELD_METRIC + " ")), None)
 
 
 def scheduler_memory(state_dir: Path) -> str:
