@@ -1,0 +1,40 @@
+"""The Go port of the placement (kube-scheduler/placement, issue 24: step 2 of
+docs/scheduler.md "The placement inside kube-scheduler") answers every case of
+placement_cases.yaml as the Python placement does: ``go test`` there, from the module cache
+that ``make k8s`` fills (GOPROXY=off, go.mod and go.sum as committed: -mod=readonly), and
+``gofmt`` finds nothing to change. Bug caught: a rule changed on one side only.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from devcluster import build
+
+MODULE = Path(__file__).resolve().parents[2] / "kube-scheduler"
+
+
+def go_env() -> dict[str, str]:
+    return {**build.go_env(), "GOPROXY": "off", "GOFLAGS": "-mod=readonly"}
+
+
+def test_the_go_port_answers_every_placement_case_as_written() -> None:
+    proc = subprocess.run([build.find_go(), "test", "-count=1", "-v", "./..."], cwd=MODULE,
+                          env=go_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    cases = len(yaml.safe_load(Path(__file__).with_name("placement_cases.yaml").read_text())
+                ["cases"])
+    assert proc.stdout.count("    --- PASS: TestPlacementAnswersEachCaseAsWritten/") == cases
+
+
+def test_the_go_port_is_gofmt_clean_and_vet_finds_nothing() -> None:
+    gofmt = Path(build.find_go()).with_name("gofmt")
+    unformatted = subprocess.run([str(gofmt), "-l", "."], cwd=MODULE, capture_output=True,
+                                 text=True, timeout=60, check=True).stdout.split()
+    assert not unformatted, f"gofmt -w {' '.join(unformatted)}"
+    vet = subprocess.run([build.find_go(), "vet", "./..."], cwd=MODULE, env=go_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert vet.returncode == 0, vet.stdout + vet.stderr
