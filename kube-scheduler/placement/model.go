@@ -21,7 +21,8 @@ const (
 
 // Share is what one container asks of each of its cards (egpu/requests.py Share). GPUs: cards
 // (1..16). MemoryMiB: MiB per card when HasMemoryMiB, else MemoryPercentage % of each card's
-// memory (100 when no memory was given). Cores: % of each card's compute, 0 = none booked.
+// memory (1..100; the pod reader sets 100 when no memory was given). Cores: % of each card's
+// compute, 0 = none booked.
 type Share struct {
 	GPUs             int
 	MemoryMiB        int
@@ -74,8 +75,8 @@ type PodDemand struct {
 	NouseTypes    []string
 	UseUUIDs      map[string]bool
 	NouseUUIDs    map[string]bool
-	GPUPolicy     string
-	NodePolicy    string
+	GPUPolicy     Policy
+	NodePolicy    Policy
 }
 
 // NewPodDemand orders the pod's containers for the search: app and sidecar containers first,

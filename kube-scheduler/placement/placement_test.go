@@ -133,27 +133,47 @@ func nodeOf(t *testing.T, d *doc, c map[string]any) NodeState {
 	return node
 }
 
-func names(v any) []string {
+// names is a comma-separated annotation's entries, each non-empty (egpu/requests.py
+// _annotation_list).
+func names(t *testing.T, key string, v any) []string {
 	var out []string
 	for _, part := range strings.Split(v.(string), ",") {
-		out = append(out, strings.TrimSpace(part))
+		part = strings.TrimSpace(part)
+		if part == "" {
+			t.Fatalf("%s: %q has an empty entry", key, v)
+		}
+		out = append(out, part)
 	}
 	return out
 }
 
-func set(v any) map[string]bool {
+func set(t *testing.T, key string, v any) map[string]bool {
 	out := map[string]bool{}
 	if v != nil {
-		for _, n := range names(v) {
+		for _, n := range names(t, key, v) {
 			out[n] = true
 		}
 	}
 	return out
 }
 
-// demandOf reads the case's pod as egpu's pod reader does for the names and values the cases
-// use (egpu.io/ resources in limits as whole numbers, the filter and policy annotations); the
-// port's full pod reader (aliases, quantities, validation) is not written yet.
+// resourceRanges are egpu/requests.py _RANGES: the least and most of each resource (0: none).
+var resourceRanges = map[string][2]int{"egpu.io/gpu": {1, 16}, "egpu.io/gpu-memory": {1, 0},
+	"egpu.io/gpu-memory-percentage": {1, 100}, "egpu.io/gpu-cores": {1, 100}}
+
+func policyOf(t *testing.T, where string, v any) Policy {
+	text, _ := v.(string)
+	policy, err := ParsePolicy(text)
+	if err != nil {
+		t.Fatalf("%s: %v", where, err)
+	}
+	return policy
+}
+
+// demandOf reads the case's pod as egpu's pod reader does for the names the cases use:
+// egpu.io/ resources in limits as whole numbers in their ranges, memory in MiB or as a
+// percentage (not both), the filter and policy annotations. A value the reader would refuse
+// fails the case. The port's own pod reader (aliases, quantities) is not written yet.
 func demandOf(t *testing.T, d *doc, c map[string]any) PodDemand {
 	pod := merged(d.Defaults.Pod, obj(c["pod"]))
 	known(t, "pod", pod, podKeys)
@@ -169,20 +189,32 @@ func demandOf(t *testing.T, d *doc, c map[string]any) PodDemand {
 		if len(limits) == 0 {
 			return
 		}
-		share := Share{GPUs: 1, MemoryPercentage: 100}
+		values := map[string]int{}
 		for k, v := range limits {
-			switch k {
-			case "egpu.io/gpu":
-				share.GPUs = int(num(v))
-			case "egpu.io/gpu-memory":
-				share.MemoryMiB, share.HasMemoryMiB, share.MemoryPercentage = int(num(v)), true, 0
-			case "egpu.io/gpu-memory-percentage":
-				share.MemoryPercentage = int(num(v))
-			case "egpu.io/gpu-cores":
-				share.Cores = int(num(v))
-			default:
-				t.Fatalf("container %v: resource %q is not read here", ct["name"], k)
+			bounds, ok := resourceRanges[k]
+			value, whole := v.(int)
+			if !ok || !whole || value < bounds[0] || (bounds[1] > 0 && value > bounds[1]) {
+				t.Fatalf("container %v: %s=%v; allowed: the egpu.io resources, whole numbers "+
+					"in their ranges %v", ct["name"], k, v, resourceRanges)
 			}
+			values[k] = value
+		}
+		share := Share{GPUs: 1, Cores: values["egpu.io/gpu-cores"]}
+		if n, ok := values["egpu.io/gpu"]; ok {
+			share.GPUs = n
+		}
+		mib, byMiB := values["egpu.io/gpu-memory"]
+		pct, byPct := values["egpu.io/gpu-memory-percentage"]
+		switch {
+		case byMiB && byPct:
+			t.Fatalf("container %v: egpu.io/gpu-memory and egpu.io/gpu-memory-percentage "+
+				"both given", ct["name"])
+		case byMiB:
+			share.MemoryMiB, share.HasMemoryMiB = mib, true
+		case byPct:
+			share.MemoryPercentage = pct
+		default:
+			share.MemoryPercentage = 100
 		}
 		containers = append(containers, ContainerDemand{ct["name"].(string), kind, share, order})
 	}
@@ -194,27 +226,40 @@ func demandOf(t *testing.T, d *doc, c map[string]any) PodDemand {
 	}
 	ann := obj(pod["annotations"])
 	known(t, "pod.annotations", ann, annotationKeys)
-	policy := "binpack"
-	if cfg := obj(c["config"]); cfg["gpu_policy"] != nil {
-		policy = cfg["gpu_policy"].(string)
+	cfg := obj(c["config"])
+	known(t, "config", cfg, []string{"gpu_policy"})
+	policy := Binpack
+	if v, ok := cfg["gpu_policy"]; ok {
+		policy = policyOf(t, "config.gpu_policy", v)
 	}
 	if v, ok := ann["egpu.io/gpu-policy"]; ok {
-		policy = v.(string)
+		policy = policyOf(t, "egpu.io/gpu-policy", v)
+	}
+	oversubscribe := false
+	if v, ok := ann["egpu.io/memory-oversubscription"]; ok {
+		if v != "true" && v != "false" {
+			t.Fatalf("egpu.io/memory-oversubscription: %q; allowed: true, false", v)
+		}
+		oversubscribe = v == "true"
 	}
 	demand := PodDemand{Containers: NewPodDemand(containers), GPUPolicy: policy,
-		NodePolicy: "binpack", Oversubscribe: ann["egpu.io/memory-oversubscription"] == "true",
-		UseUUIDs: set(ann["egpu.io/use-gpu-uuid"]), NouseUUIDs: set(ann["egpu.io/nouse-gpu-uuid"])}
+		NodePolicy: Binpack, Oversubscribe: oversubscribe,
+		UseUUIDs:   set(t, "egpu.io/use-gpu-uuid", ann["egpu.io/use-gpu-uuid"]),
+		NouseUUIDs: set(t, "egpu.io/nouse-gpu-uuid", ann["egpu.io/nouse-gpu-uuid"])}
 	if v, ok := ann["egpu.io/use-gpu-type"]; ok {
-		demand.UseTypes = names(v)
+		demand.UseTypes = names(t, "egpu.io/use-gpu-type", v)
 	}
 	if v, ok := ann["egpu.io/nouse-gpu-type"]; ok {
-		demand.NouseTypes = names(v)
+		demand.NouseTypes = names(t, "egpu.io/nouse-gpu-type", v)
 	}
 	return demand
 }
 
-func limitsOf(d *doc, c map[string]any) Limits {
-	l := merged(d.Defaults.Limits, obj(c["limits"]))
+func limitsOf(t *testing.T, d *doc, c map[string]any) Limits {
+	over := obj(c["limits"])
+	known(t, "limits", over, []string{"shares_per_card", "memory_ratio", "cores_ratio",
+		"heartbeat_timeout_s"})
+	l := merged(d.Defaults.Limits, over)
 	return Limits{int(num(l["shares_per_card"])), num(l["memory_ratio"]), num(l["cores_ratio"]),
 		num(l["heartbeat_timeout_s"])}
 }
@@ -244,19 +289,31 @@ func checkPlaced(t *testing.T, p *Placement, expect map[string]any) {
 		t.Fatalf("placed %v, want %v", got, want)
 	}
 	if shares, ok := expect["shares"]; ok {
+		type row struct {
+			uuid       string
+			mib, cores int
+		}
 		for name, rows := range obj(shares) {
-			var gotRows, wantRows []string
+			var gotRows, wantRows []row
+			found := false
 			for _, c := range p.Containers {
 				if c.Name == name {
+					found = true
 					for _, s := range c.Cards {
-						gotRows = append(gotRows, fmt.Sprint(s.UUID, s.MemoryMiB, s.Cores))
+						gotRows = append(gotRows, row{s.UUID, s.MemoryMiB, s.Cores})
 					}
 				}
 			}
+			if !found {
+				t.Fatalf("shares: no container %q placed", name)
+			}
 			for _, r := range list(rows) {
-				row := list(r)
-				wantRows = append(wantRows, fmt.Sprint(row[0].(string), int(num(row[1])),
-					int(num(row[2]))))
+				fields := list(r)
+				if len(fields) != 3 {
+					t.Fatalf("shares of %s: %v; allowed: [UUID, MiB, cores %%]", name, r)
+				}
+				wantRows = append(wantRows, row{fields[0].(string), int(num(fields[1])),
+					int(num(fields[2]))})
 			}
 			if !reflect.DeepEqual(gotRows, wantRows) {
 				t.Fatalf("shares of %s: %v, want %v", name, gotRows, wantRows)
@@ -281,6 +338,9 @@ func checkPlaced(t *testing.T, p *Placement, expect map[string]any) {
 		want := map[string]CardBooking{}
 		for uuid, amounts := range obj(bookings) {
 			a := ints(amounts)
+			if len(a) != 3 {
+				t.Fatalf("bookings of %s: %v; allowed: [MiB, cores %%, slots]", uuid, amounts)
+			}
 			want[uuid] = CardBooking{a[0], a[1], a[2]}
 		}
 		if !reflect.DeepEqual(p.Bookings, want) {
@@ -337,13 +397,18 @@ func TestPlacementAnswersEachCaseAsWritten(t *testing.T) {
 			if placed == unfit {
 				t.Fatal("expect: placed or unfit, one of them")
 			}
-			p, u := Fit(nodeOf(t, &d, c), demandOf(t, &d, c), limitsOf(&d, c), now)
+			p, u := Fit(nodeOf(t, &d, c), demandOf(t, &d, c), limitsOf(t, &d, c), now)
 			if placed {
 				if u != nil {
 					t.Fatalf("refused, expected placed: %+v", *u)
 				}
 				checkPlaced(t, p, expect)
 				return
+			}
+			for _, k := range []string{"bookings", "shares", "inits"} {
+				if _, ok := expect[k]; ok {
+					t.Fatalf("expect: %s goes with placed", k)
+				}
 			}
 			if p != nil {
 				t.Fatalf("placed, expected refused: %+v", p.Containers)

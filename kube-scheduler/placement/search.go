@@ -18,24 +18,42 @@ const (
 	initReuseBudget = 200  // of those, first spent looking for inits on the pod's own cards
 )
 
+// Policy is a placement strategy, for the cards of a node (egpu.io/gpu-policy) and for the
+// nodes (egpu.io/node-policy): Binpack or Spread (scheduler/strategies).
+type Policy string
+
+const (
+	Binpack Policy = "binpack"
+	Spread  Policy = "spread"
+)
+
+// ParsePolicy is the Policy named text; an error names the value and what is allowed.
+func ParsePolicy(text string) (Policy, error) {
+	switch Policy(text) {
+	case Binpack, Spread:
+		return Policy(text), nil
+	}
+	return "", fmt.Errorf("placement policy %q; allowed: binpack, spread", text)
+}
+
 // cardKey orders the cards that take a share under a card strategy: binpack the fullest
 // first, spread the emptiest first, ties by lowest index.
-func cardKey(policy string, fullness float64, index int) []float64 {
-	if policy == "spread" {
+func cardKey(policy Policy, fullness float64, index int) []float64 {
+	if policy == Spread {
 		return []float64{fullness, float64(index)}
 	}
 	return []float64{-fullness, float64(index)}
 }
 
 // NodeScore is a node's score 0..10 under the node strategy: binpack round(10 x
-// utilization) capped at 10, spread 10 minus that, floored at 0 (Python's round: half to
-// even).
-func NodeScore(policy string, utilization float64) int {
+// utilization), spread 10 minus that (Python's round: half to even), within 0..10 whatever
+// the utilization.
+func NodeScore(policy Policy, utilization float64) int {
 	r := int(math.RoundToEven(10 * utilization))
-	if policy == "spread" {
-		return max(0, 10-r)
+	if policy == Spread {
+		r = 10 - r
 	}
-	return min(10, r)
+	return max(0, min(10, r))
 }
 
 func keyLess(a, b []float64) bool {
@@ -126,7 +144,7 @@ func boolKey(b bool) float64 {
 // fits is the cards that take c now, with their sort keys, and why each other one does not.
 func (s *search) fits(depth int, c ContainerDemand) ([]fitCard, []string) {
 	var together []ContainerDemand
-	if s.demand.GPUPolicy != "spread" { // binpack keeps a pod's one-card shares together
+	if s.demand.GPUPolicy != Spread { // binpack keeps a pod's one-card shares together
 		for _, x := range s.demand.Containers[depth:] {
 			if x.Kind != Init && x.Share.GPUs == 1 {
 				together = append(together, x)
@@ -320,8 +338,10 @@ func Fit(node NodeState, d PodDemand, l Limits, now float64) (*Placement, *Unfit
 	for pos, use := range found.use {
 		if use.Slots > 0 {
 			p.Bookings[allowed[pos].UUID] = use
-			bookedMiB += use.MemoryMiB
 		}
+	}
+	for _, use := range p.Bookings { // per UUID, as the record books them
+		bookedMiB += use.MemoryMiB
 	}
 	p.Utilization = 1.0
 	if capacityMiB > 0 {

@@ -122,6 +122,8 @@ def expect_placed(result: Placement | Unfit, expect: dict[str, Any]) -> None:
     if "inits" in expect:
         assert [c.name for c in containers if c.init] == expect["inits"]
     if "bookings" in expect:
+        assert all(len(a) == 3 for a in expect["bookings"].values()), \
+            "bookings: card UUID -> [MiB, cores %, slots]"
         assert result.bookings == {uuid: CardBooking(*amounts)
                                    for uuid, amounts in expect["bookings"].items()}
 
