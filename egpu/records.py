@@ -89,7 +89,8 @@ def _load_object(text: str | bytes, what: str) -> dict[str, Any]:
 
 def _check_version(data: dict[str, Any], what: str) -> None:
     version = data.get("version")
-    if version != RECORD_VERSION:
+    # an int, not a bool or a float that equals it: `true` or 1.0 is no version egpu writes
+    if type(version) is not int or version != RECORD_VERSION:
         raise RecordError(
             f"{what}.version: {version!r} is not supported; allowed: {RECORD_VERSION}")
 
