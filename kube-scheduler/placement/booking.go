@@ -1,6 +1,10 @@
 package placement
 
-import "sort"
+import (
+	"sort"
+
+	"github.com/egpu/egpu/kube-scheduler/records"
+)
 
 // bookCard is one pod's booking on one card: Kubernetes' effective-request rule per card
 // (egpu/booking.py book_card), for memory, cores and slots each on its own:
@@ -39,4 +43,30 @@ type entry struct {
 
 func sortStable[T any](s []T, less func(a, b T) bool) {
 	sort.SliceStable(s, func(i, j int) bool { return less(s[i], s[j]) })
+}
+
+// BookingsOf is what the pod of an allocation record books per card UUID
+// (egpu/booking.py record_bookings): bookCard over the record's containers in its order, the
+// pod's spec order, each by the kind the record carries (an older record's, without kinds,
+// as app containers: summed, which never books less).
+func BookingsOf(a records.Allocation) map[string]CardBooking {
+	perCard := map[string][]entry{}
+	for i, c := range a.Containers {
+		kind := App
+		switch c.Kind {
+		case records.KindInit:
+			kind = Init
+		case records.KindSidecar:
+			kind = Sidecar
+		}
+		for _, s := range c.Cards {
+			perCard[s.UUID] = append(perCard[s.UUID], entry{i, kind, int(s.MemoryMiB),
+				int(s.Cores)})
+		}
+	}
+	out := make(map[string]CardBooking, len(perCard))
+	for uuid, entries := range perCard {
+		out[uuid] = bookCard(entries)
+	}
+	return out
 }
