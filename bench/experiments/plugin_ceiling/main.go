@@ -1,30 +1,34 @@
 // Experiment (issue 24), not shipped: how fast kube-scheduler v1.37.2 binds egpu extender-path
 // shares when the card placement runs inside it as a plugin instead of over the extender's
-// HTTPS verbs. Built as a kube-scheduler with one extra plugin, EgpuCardFit, run by
+// HTTP verbs. Built as a kube-scheduler with one extra plugin, EgpuCardFit, run by
 // bench/experiments/plugin_ceiling/run.py in place of the extender.
 //
-// EgpuCardFit places single-card shares only (egpu.io/gpu 1, egpu.io/gpu-memory in MiB,
-// egpu.io/gpu-cores in %), first fit on the fullest card that fits, at most sharesPerCard
-// shares a card. It reads the node's egpu.io/inventory (parsed once per annotation text) and
-// the node's pods' egpu.io/allocation (parsed once per pod UID), scores a node as binpack
-// does (its cards' booked MiB over their capacity once the share is placed), keeps its own reservations
-// for pods assumed but not yet seen bound, and binds with one Binding that carries the
-// pod's egpu.io/allocation, as the extender does. What it leaves out of the extender's rule
-// (multi-card shares, init containers, model and UUID filters) is what makes the figure a
-// ceiling, not a port.
+// EgpuCardFit places shares with the Go port of egpu's placement (kube-scheduler/placement:
+// the whole fit rule and search, the effective-request bookings) over the records the
+// extender reads (kube-scheduler/records: the node's egpu.io/inventory, the pods'
+// egpu.io/allocation, each decoded once per text). Per pod: PreFilter reads its shares (a
+// reader of the egpu.io/ limits and the placement annotations only: no aliases, no
+// validation, which the port's pod reader will bring); Filter and Score fit it on the node
+// with everything booked there (reservations of pods not yet seen bound included); Reserve
+// holds the placement; Bind posts one Binding that carries the allocation record, as the
+// extender does. The pod's priority and compute policy are written as the bench's pods
+// resolve them (low, strict).
 //
-// With EGPU_BIND_GATE=1 it also runs the extender's bind gate (scheduler/placement/kubelet.py,
-// admission_conflict) as a Permit wait: a share pod whose card differs from the card of a pod
-// on the same node that its kubelet has not admitted yet (bound, or allowed and binding)
-// waits, at most gateWait, until no such pod is left; pod events from the scheduler's own
-// informer wake the node's waiting pods, which are let through one at a time.
+// With EGPU_BIND_GATE=1 it also runs the extender's bind gate (admission_conflict of
+// scheduler/placement/kubelet.py) as a Permit wait: a pod whose shares of some size sit on
+// other cards than those of a pod on its node that the kubelet has not admitted yet (bound,
+// or let through and binding) waits, at most gateWait, until no such pod is left; pod events
+// from the scheduler's own informer, and a sweep every sweepEvery, let the node's waiting
+// pods through one at a time. With EGPU_GATE_SCORE=1 a node where the gate would hold the
+// pod now scores 0.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,97 +42,103 @@ import (
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
+
+	"github.com/egpu/egpu/kube-scheduler/placement"
+	"github.com/egpu/egpu/kube-scheduler/records"
 )
 
 const (
 	name          = "EgpuCardFit"
 	annInventory  = "egpu.io/inventory"
+	annHeartbeat  = "egpu.io/inventory-heartbeat"
 	annAllocation = "egpu.io/allocation"
-	resMemory     = "egpu.io/gpu-memory"
-	resCores      = "egpu.io/gpu-cores"
-	sharesPerCard = 4   // bench/scheduling.py's SHARES
-	coresPerCard  = 100 // %
 	stateKey      = fwk.StateKey(name)
 	gateWait      = 8 * time.Second // the extender's BIND_GATE_WAIT_S
 	sweepEvery    = 100 * time.Millisecond
 )
 
-type card struct {
-	UUID      string `json:"uuid"`
-	Index     int    `json:"index"`
-	MemoryMiB int64  `json:"memory_mib"`
-	Healthy   bool   `json:"healthy"`
+// limits are bench/scheduling.py's config (sharesPerCard 4, heartbeatTimeoutSeconds 3600)
+// over egpu's defaults (the ratios).
+var limits = placement.Limits{SharesPerCard: 4, MemoryRatio: 1.5, CoresRatio: 1.0,
+	HeartbeatTimeoutS: 3600}
+
+type demandState struct{ demand placement.PodDemand }
+
+func (d *demandState) Clone() fwk.StateData { return d }
+
+type parsedNode struct {
+	inventory, heartbeat string // the annotations' texts
+	state                placement.NodeState
 }
 
-type inventory struct {
-	Cards []card `json:"cards"`
+// sizes is a pod's card sets per slot count (scheduler/placement/kubelet.py sizes): what
+// GetPreferredAllocation and Allocate can tell a pod by.
+type sizes map[int]map[string]bool
+
+func sizesOf(p *placement.Placement) sizes {
+	out := sizes{}
+	for _, c := range p.Containers {
+		uuids := make([]string, 0, len(c.Cards))
+		for _, s := range c.Cards {
+			uuids = append(uuids, s.UUID)
+		}
+		sort.Strings(uuids)
+		if out[len(uuids)] == nil {
+			out[len(uuids)] = map[string]bool{}
+		}
+		out[len(uuids)][strings.Join(uuids, ",")] = true
+	}
+	return out
 }
 
-type cardShare struct {
-	UUID      string `json:"uuid"`
-	Index     int    `json:"index"`
-	MemoryMiB int64  `json:"memory_mib"`
-	Cores     int64  `json:"cores"`
+// conflicts is admission_conflict for two pods: for some slot count, their containers of
+// that size use more than one card set between them.
+func (mine sizes) conflicts(theirs sizes) bool {
+	for size, sets := range mine {
+		seen, ok := theirs[size]
+		if !ok {
+			continue
+		}
+		union := len(seen)
+		for s := range sets {
+			if !seen[s] {
+				union++
+			}
+		}
+		if union > 1 {
+			return true
+		}
+	}
+	return false
 }
 
-type containerAllocation struct {
-	Name  string      `json:"name"`
-	Kind  string      `json:"kind"`
-	Init  bool        `json:"init"`
-	Cards []cardShare `json:"cards"`
-}
-
-type allocation struct {
-	Version                int                   `json:"version"`
-	Node                   string                `json:"node"`
-	Priority               string                `json:"priority"`
-	ComputePolicy          string                `json:"compute_policy"`
-	MemoryOversubscription bool                  `json:"memory_oversubscription"`
-	Containers             []containerAllocation `json:"containers"`
-}
-
-type request struct {
-	container string
-	memoryMiB int64
-	cores     int64
-}
-
-func (r *request) Clone() fwk.StateData { return r }
-
-type parsedInventory struct {
-	raw   string
-	cards []card
-}
-
-type booking struct {
-	uuid      string
-	index     int
-	memoryMiB int64
-	cores     int64
+type reservation struct {
+	node      string
+	placement *placement.Placement
 }
 
 type plugin struct {
 	handle fwk.Handle
 	mu     sync.Mutex
-	inv    map[string]parsedInventory // node -> its inventory, by annotation text
-	booked map[types.UID][]booking    // pod -> its cards, from its annotation
-	held   map[types.UID]booking      // pod -> the card reserved, until bound
+	nodes  map[string]parsedNode                          // node -> its records, by text
+	booked map[types.UID]map[string]placement.CardBooking // pod -> what its record books
+	held   map[types.UID]reservation                      // pod -> its placement, until seen bound
 
-	gate        bool
-	gateScore   bool
-	gateMu      sync.Mutex
-	unadmitted  map[string]map[types.UID]string // node -> pod -> card UUID, not admitted yet
-	waiting     map[string]map[types.UID]string // node -> pod -> card UUID, held at Permit
-	holds, lets int                             // pods held at the gate, and let through
+	gate, gateScore bool
+	gateMu          sync.Mutex
+	unadmitted      map[string]map[types.UID]sizes // node -> pods its kubelet has not admitted
+	waiting         map[string]map[types.UID]sizes // node -> pods held at Permit
+	holds, lets     int
 }
 
 func newPlugin(_ context.Context, _ runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
-	p := &plugin{handle: h, inv: map[string]parsedInventory{},
-		booked: map[types.UID][]booking{}, held: map[types.UID]booking{},
+	p := &plugin{handle: h, nodes: map[string]parsedNode{},
+		booked:     map[types.UID]map[string]placement.CardBooking{},
+		held:       map[types.UID]reservation{},
 		gate:       os.Getenv("EGPU_BIND_GATE") == "1",
 		gateScore:  os.Getenv("EGPU_GATE_SCORE") == "1",
-		unadmitted: map[string]map[types.UID]string{},
-		waiting:    map[string]map[types.UID]string{}}
+		unadmitted: map[string]map[types.UID]sizes{},
+		waiting:    map[string]map[types.UID]sizes{}}
 	if p.gate {
 		_, err := h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(
 			cache.ResourceEventHandlerFuncs{
@@ -142,6 +152,254 @@ func newPlugin(_ context.Context, _ runtime.Object, h fwk.Handle) (fwk.Plugin, e
 		go p.sweep()
 	}
 	return p, nil
+}
+
+func (p *plugin) Name() string { return name }
+
+// readDemand reads the pod's shares: egpu.io/ limits of its init containers (sidecars:
+// restartPolicy Always) and containers, and the placement annotations. nil: no share.
+func readDemand(pod *v1.Pod) *placement.PodDemand {
+	var containers []placement.ContainerDemand
+	add := func(c *v1.Container, kind placement.Kind) {
+		l := c.Resources.Limits
+		value := func(res string) (int, bool) {
+			q, ok := l[v1.ResourceName(res)]
+			return int(q.Value()), ok
+		}
+		gpus, hasGPU := value("egpu.io/gpu")
+		mib, hasMiB := value("egpu.io/gpu-memory")
+		pct, hasPct := value("egpu.io/gpu-memory-percentage")
+		cores, hasCores := value("egpu.io/gpu-cores")
+		if !hasGPU && !hasMiB && !hasPct && !hasCores {
+			return
+		}
+		share := placement.Share{GPUs: 1, Cores: cores, MemoryPercentage: 100}
+		if hasGPU {
+			share.GPUs = gpus
+		}
+		if hasMiB {
+			share.MemoryMiB, share.HasMemoryMiB, share.MemoryPercentage = mib, true, 0
+		} else if hasPct {
+			share.MemoryPercentage = pct
+		}
+		containers = append(containers, placement.ContainerDemand{Name: c.Name, Kind: kind,
+			Share: share, Order: len(containers)})
+	}
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		kind := placement.Init
+		if c.RestartPolicy != nil && *c.RestartPolicy == v1.ContainerRestartPolicyAlways {
+			kind = placement.Sidecar
+		}
+		add(c, kind)
+	}
+	for i := range pod.Spec.Containers {
+		add(&pod.Spec.Containers[i], placement.App)
+	}
+	if len(containers) == 0 {
+		return nil
+	}
+	a := pod.Annotations
+	policy := func(key string) placement.Policy {
+		if v, err := placement.ParsePolicy(a[key]); err == nil {
+			return v
+		}
+		return placement.Binpack
+	}
+	list := func(key string) []string {
+		if a[key] == "" {
+			return nil
+		}
+		return strings.Split(a[key], ",")
+	}
+	set := func(key string) map[string]bool {
+		out := map[string]bool{}
+		for _, v := range list(key) {
+			out[v] = true
+		}
+		return out
+	}
+	return &placement.PodDemand{Containers: placement.NewPodDemand(containers),
+		Oversubscribe: a["egpu.io/memory-oversubscription"] == "true",
+		UseTypes:      list("egpu.io/use-gpu-type"), NouseTypes: list("egpu.io/nouse-gpu-type"),
+		UseUUIDs: set("egpu.io/use-gpu-uuid"), NouseUUIDs: set("egpu.io/nouse-gpu-uuid"),
+		GPUPolicy: policy("egpu.io/gpu-policy"), NodePolicy: policy("egpu.io/node-policy")}
+}
+
+func (p *plugin) PreFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod,
+	_ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	d := readDemand(pod)
+	if d == nil {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	state.Write(stateKey, &demandState{*d})
+	return nil, nil
+}
+
+func (p *plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
+// parsed is the node's cards and heartbeat, decoded once per annotation text. Caller holds mu.
+func (p *plugin) parsed(node *v1.Node) placement.NodeState {
+	inv, hb := node.Annotations[annInventory], node.Annotations[annHeartbeat]
+	if got, ok := p.nodes[node.Name]; ok && got.inventory == inv && got.heartbeat == hb {
+		return got.state
+	}
+	state := placement.NodeState{Name: node.Name}
+	if t, err := time.Parse(time.RFC3339, hb); err == nil {
+		unix := float64(t.Unix())
+		state.Heartbeat = &unix
+	}
+	if decoded, err := records.DecodeInventory(inv); err != nil {
+		state.Problem = "egpu inventory unreadable: " + err.Error()
+	} else {
+		for _, c := range decoded.Cards {
+			state.Cards = append(state.Cards, placement.CardState{UUID: c.UUID,
+				Index: int(c.Index), Model: c.Model, CapacityMiB: int(c.MemoryMiB),
+				Healthy: c.Healthy})
+		}
+	}
+	p.nodes[node.Name] = parsedNode{inv, hb, state}
+	return state
+}
+
+// bookingsOf is what the pod's allocation record books, decoded once per pod (nil: no
+// record). Caller holds mu.
+func (p *plugin) bookingsOf(pod *v1.Pod) map[string]placement.CardBooking {
+	if got, ok := p.booked[pod.UID]; ok {
+		return got
+	}
+	text, ok := pod.Annotations[annAllocation]
+	if !ok {
+		return nil
+	}
+	var out map[string]placement.CardBooking
+	if a, err := records.DecodeAllocation(text); err == nil {
+		out = placement.BookingsOf(a)
+	}
+	p.booked[pod.UID] = out
+	return out
+}
+
+// nodeState is the node's cards with everything booked there but the pod's own: the pods'
+// records, and the reservations of pods not yet seen bound. Caller holds mu.
+func (p *plugin) nodeState(info fwk.NodeInfo, self types.UID) placement.NodeState {
+	base := p.parsed(info.Node())
+	use := map[string]placement.CardBooking{}
+	add := func(b map[string]placement.CardBooking) {
+		for uuid, x := range b {
+			u := use[uuid]
+			use[uuid] = placement.CardBooking{MemoryMiB: u.MemoryMiB + x.MemoryMiB,
+				Cores: u.Cores + x.Cores, Slots: u.Slots + x.Slots}
+		}
+	}
+	for _, pi := range info.GetPods() {
+		pod := pi.GetPod()
+		if pod.UID == self {
+			continue
+		}
+		if b := p.bookingsOf(pod); b != nil {
+			add(b)
+			delete(p.held, pod.UID) // its record now says what the reservation did
+		} else if r, ok := p.held[pod.UID]; ok && r.node == base.Name {
+			add(r.placement.Bookings)
+		}
+	}
+	state := base
+	state.Cards = make([]placement.CardState, len(base.Cards))
+	for i, c := range base.Cards {
+		u := use[c.UUID]
+		c.BookedMiB, c.BookedCores, c.UsedSlots = u.MemoryMiB, u.Cores, u.Slots
+		state.Cards[i] = c
+	}
+	return state
+}
+
+func (p *plugin) fit(state fwk.CycleState, pod *v1.Pod, info fwk.NodeInfo) (
+	*placement.Placement, *placement.Unfit, error) {
+	d, err := state.Read(stateKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	p.mu.Lock()
+	node := p.nodeState(info, pod.UID)
+	p.mu.Unlock()
+	placed, unfit := placement.Fit(node, d.(*demandState).demand, limits,
+		float64(time.Now().Unix()))
+	return placed, unfit, nil
+}
+
+func (p *plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod,
+	info fwk.NodeInfo) *fwk.Status {
+	_, unfit, err := p.fit(state, pod, info)
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	if unfit != nil {
+		code := fwk.Unschedulable
+		if unfit.Unresolvable {
+			code = fwk.UnschedulableAndUnresolvable
+		}
+		return fwk.NewStatus(code, unfit.Reason)
+	}
+	return nil
+}
+
+// Score is the node strategy's score (0..10, scaled to MaxNodeScore); 0 where the gate
+// would hold the pod now, with EGPU_GATE_SCORE=1.
+func (p *plugin) Score(_ context.Context, state fwk.CycleState, pod *v1.Pod,
+	info fwk.NodeInfo) (int64, *fwk.Status) {
+	placed, _, err := p.fit(state, pod, info)
+	if err != nil {
+		return 0, fwk.AsStatus(err)
+	}
+	if placed == nil {
+		return 0, nil
+	}
+	if p.gateScore {
+		p.gateMu.Lock()
+		held := p.conflict(info.Node().Name, pod.UID, sizesOf(placed))
+		p.gateMu.Unlock()
+		if held {
+			return 0, nil
+		}
+	}
+	d, _ := state.Read(stateKey)
+	score := placement.NodeScore(d.(*demandState).demand.NodePolicy, placed.Utilization)
+	return int64(score) * fwk.MaxNodeScore / 10, nil
+}
+
+func (p *plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
+
+func (p *plugin) Reserve(_ context.Context, state fwk.CycleState, pod *v1.Pod,
+	nodeName string) *fwk.Status {
+	info, err := p.handle.SnapshotSharedLister().NodeInfos().Get(nodeName)
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	placed, unfit, err := p.fit(state, pod, info)
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	if unfit != nil {
+		return fwk.NewStatus(fwk.Unschedulable, "the node no longer fits: "+unfit.Reason)
+	}
+	p.mu.Lock()
+	p.held[pod.UID] = reservation{nodeName, placed}
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *plugin) Unreserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod, node string) {
+	p.mu.Lock()
+	delete(p.held, pod.UID)
+	p.mu.Unlock()
+	p.gateMu.Lock()
+	defer p.gateMu.Unlock()
+	delete(p.waiting[node], pod.UID)
+	if _, was := p.unadmitted[node][pod.UID]; was {
+		delete(p.unadmitted[node], pod.UID)
+		p.release(node)
+	}
 }
 
 // sweep releases waiting pods every sweepEvery: a pod event between Permit's Wait and the
@@ -178,8 +436,8 @@ func (p *plugin) observe(o interface{}, deleted bool) {
 	}
 	p.gateMu.Lock()
 	defer p.gateMu.Unlock()
-	if deleted && pod.Spec.NodeName == "" { // a final state unknown may predate its binding
-		for node, pods := range p.unadmitted {
+	if deleted || admitted(pod) {
+		for node, pods := range p.unadmitted { // a final state unknown may predate its binding
 			if _, was := pods[pod.UID]; was {
 				delete(pods, pod.UID)
 				p.release(node)
@@ -187,44 +445,47 @@ func (p *plugin) observe(o interface{}, deleted bool) {
 		}
 		return
 	}
-	if pod.Spec.NodeName == "" {
-		return
-	}
 	node := pod.Spec.NodeName
-	if deleted || admitted(pod) {
-		if _, was := p.unadmitted[node][pod.UID]; was {
-			delete(p.unadmitted[node], pod.UID)
-			p.release(node)
-		}
+	if node == "" {
 		return
 	}
 	if _, known := p.unadmitted[node][pod.UID]; known {
 		return
 	}
-	if bs := p.bookingsOfUnlocked(pod); len(bs) > 0 {
-		p.mark(p.unadmitted, node, pod.UID, bs[0].uuid)
+	text, ok := pod.Annotations[annAllocation]
+	if !ok {
+		return
+	}
+	if a, err := records.DecodeAllocation(text); err == nil {
+		p.mark(p.unadmitted, node, pod.UID, recordSizes(a))
 	}
 }
 
-func (p *plugin) bookingsOfUnlocked(pod *v1.Pod) []booking {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.bookingsOf(pod)
+func recordSizes(a records.Allocation) sizes {
+	placed := &placement.Placement{}
+	for _, c := range a.Containers {
+		var cards []placement.CardShare
+		for _, s := range c.Cards {
+			cards = append(cards, placement.CardShare{UUID: s.UUID})
+		}
+		placed.Containers = append(placed.Containers, placement.ContainerAllocation{
+			Name: c.Name, Cards: cards})
+	}
+	return sizesOf(placed)
 }
 
-func (p *plugin) mark(m map[string]map[types.UID]string, node string, uid types.UID,
-	uuid string) {
+func (p *plugin) mark(m map[string]map[types.UID]sizes, node string, uid types.UID, s sizes) {
 	if m[node] == nil {
-		m[node] = map[types.UID]string{}
+		m[node] = map[types.UID]sizes{}
 	}
-	m[node][uid] = uuid
+	m[node][uid] = s
 }
 
-// conflict: a pod on node that its kubelet has not admitted holds another card (all shares
-// here are single-card, so any other card is a share of the same size). Caller holds gateMu.
-func (p *plugin) conflict(node string, uid types.UID, uuid string) bool {
-	for other, card := range p.unadmitted[node] {
-		if other != uid && card != uuid {
+// conflict: binding a pod of these sizes to node now could let the kubelet hand it another
+// pod's slots (a pod there not admitted yet). Caller holds gateMu.
+func (p *plugin) conflict(node string, uid types.UID, mine sizes) bool {
+	for other, theirs := range p.unadmitted[node] {
+		if other != uid && mine.conflicts(theirs) {
 			return true
 		}
 	}
@@ -234,8 +495,8 @@ func (p *plugin) conflict(node string, uid types.UID, uuid string) bool {
 // release lets through each pod waiting on node that no longer conflicts, one at a time (each
 // one let through counts for the next). Caller holds gateMu.
 func (p *plugin) release(node string) {
-	for uid, uuid := range p.waiting[node] {
-		if p.conflict(node, uid, uuid) {
+	for uid, mine := range p.waiting[node] {
+		if p.conflict(node, uid, mine) {
 			continue
 		}
 		wp := p.handle.GetWaitingPod(uid)
@@ -243,7 +504,7 @@ func (p *plugin) release(node string) {
 			continue // not in the framework's wait yet (Permit returns first), or gone
 		}
 		delete(p.waiting[node], uid)
-		p.mark(p.unadmitted, node, uid, uuid)
+		p.mark(p.unadmitted, node, uid, mine)
 		p.lets++
 		wp.Allow(name)
 	}
@@ -251,247 +512,65 @@ func (p *plugin) release(node string) {
 
 func (p *plugin) Permit(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	nodeName string) (*fwk.Status, time.Duration) {
-	if !p.gate {
-		return nil, 0
-	}
-	if _, err := read(state); err != nil {
-		return nil, 0 // not a share pod
+	if _, err := state.Read(stateKey); err != nil || !p.gate {
+		return nil, 0 // not a share pod, or no gate
 	}
 	p.mu.Lock()
-	uuid := p.held[pod.UID].uuid
+	r, ok := p.held[pod.UID]
 	p.mu.Unlock()
+	if !ok {
+		return fwk.NewStatus(fwk.Error, "no reservation for the pod"), 0
+	}
+	mine := sizesOf(r.placement)
 	p.gateMu.Lock()
 	defer p.gateMu.Unlock()
-	if p.conflict(nodeName, pod.UID, uuid) {
-		p.mark(p.waiting, nodeName, pod.UID, uuid)
+	if p.conflict(nodeName, pod.UID, mine) {
+		p.mark(p.waiting, nodeName, pod.UID, mine)
 		p.holds++
 		if p.holds%50 == 1 {
 			klog.InfoS("egpu bind gate", "holds", p.holds, "letThrough", p.lets)
 		}
-		return fwk.NewStatus(fwk.Wait, "a pod awaiting admission holds another card"), gateWait
+		return fwk.NewStatus(fwk.Wait, "a pod awaiting admission holds other cards"), gateWait
 	}
-	p.mark(p.unadmitted, nodeName, pod.UID, uuid)
+	p.mark(p.unadmitted, nodeName, pod.UID, mine)
 	return nil, 0
-}
-
-func (p *plugin) Name() string { return name }
-
-func quantity(c *v1.Container, res v1.ResourceName) (int64, bool) {
-	q, ok := c.Resources.Limits[res]
-	if !ok {
-		return 0, false
-	}
-	return q.Value(), true
-}
-
-func (p *plugin) PreFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod,
-	_ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	for i := range pod.Spec.Containers {
-		c := &pod.Spec.Containers[i]
-		mem, ok := quantity(c, resMemory)
-		if !ok {
-			continue
-		}
-		cores, _ := quantity(c, resCores)
-		state.Write(stateKey, &request{container: c.Name, memoryMiB: mem, cores: cores})
-		return nil, nil
-	}
-	return nil, fwk.NewStatus(fwk.Skip)
-}
-
-func (p *plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
-
-func (p *plugin) cardsOf(node *v1.Node) []card {
-	raw := node.Annotations[annInventory]
-	if got, ok := p.inv[node.Name]; ok && got.raw == raw {
-		return got.cards
-	}
-	var inv inventory
-	if err := json.Unmarshal([]byte(raw), &inv); err != nil {
-		inv.Cards = nil
-	}
-	p.inv[node.Name] = parsedInventory{raw: raw, cards: inv.Cards}
-	return inv.Cards
-}
-
-func (p *plugin) bookingsOf(pod *v1.Pod) []booking {
-	if got, ok := p.booked[pod.UID]; ok {
-		return got
-	}
-	raw, ok := pod.Annotations[annAllocation]
-	if !ok {
-		return nil
-	}
-	var a allocation
-	var out []booking
-	if json.Unmarshal([]byte(raw), &a) == nil {
-		for _, c := range a.Containers {
-			for _, s := range c.Cards {
-				out = append(out, booking{uuid: s.UUID, memoryMiB: s.MemoryMiB, cores: s.Cores})
-			}
-		}
-	}
-	p.booked[pod.UID] = out
-	return out
-}
-
-type used struct {
-	memoryMiB, cores, shares int64
-}
-
-// fit is the card to book for r on the node (false when none fits) and the node's healthy
-// cards' booked MiB over their capacity once it is booked (binpack's node utilization,
-// scheduler/strategies). Caller holds p.mu.
-func (p *plugin) fit(r *request, info fwk.NodeInfo) (card, float64, bool) {
-	cards := p.cardsOf(info.Node())
-	use := make(map[string]*used, len(cards))
-	for _, c := range cards {
-		use[c.UUID] = &used{}
-	}
-	add := func(b booking) {
-		if u, ok := use[b.uuid]; ok {
-			u.memoryMiB += b.memoryMiB
-			u.cores += b.cores
-			u.shares++
-		}
-	}
-	for _, pi := range info.GetPods() {
-		pod := pi.GetPod()
-		if bs := p.bookingsOf(pod); bs != nil {
-			for _, b := range bs {
-				add(b)
-			}
-			delete(p.held, pod.UID) // its annotation now says what the reservation did
-		} else if b, ok := p.held[pod.UID]; ok {
-			add(b)
-		}
-	}
-	best, found := card{}, false
-	var bestFree, bookedMiB, capacityMiB int64
-	for _, c := range cards {
-		u := use[c.UUID]
-		if c.Healthy {
-			bookedMiB += u.memoryMiB
-			capacityMiB += c.MemoryMiB
-		}
-		free := c.MemoryMiB - u.memoryMiB
-		if !c.Healthy || free < r.memoryMiB || coresPerCard-u.cores < r.cores ||
-			u.shares >= sharesPerCard {
-			continue
-		}
-		if !found || free < bestFree {
-			best, bestFree, found = c, free, true
-		}
-	}
-	if !found || capacityMiB == 0 {
-		return best, 0, found
-	}
-	return best, float64(bookedMiB+r.memoryMiB) / float64(capacityMiB), found
-}
-
-func (p *plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod,
-	info fwk.NodeInfo) *fwk.Status {
-	r, err := read(state)
-	if err != nil {
-		return fwk.AsStatus(err)
-	}
-	p.mu.Lock()
-	_, _, ok := p.fit(r, info)
-	p.mu.Unlock()
-	if !ok {
-		return fwk.NewStatus(fwk.Unschedulable, "no card has room for the share")
-	}
-	return nil
-}
-
-// Score is binpack's node score: 0 for an empty node, MaxNodeScore for a full one.
-// With EGPU_GATE_SCORE=1, a node where the gate would hold the pod scores 0.
-func (p *plugin) Score(_ context.Context, state fwk.CycleState, pod *v1.Pod,
-	info fwk.NodeInfo) (int64, *fwk.Status) {
-	r, err := read(state)
-	if err != nil {
-		return 0, fwk.AsStatus(err)
-	}
-	p.mu.Lock()
-	c, utilization, ok := p.fit(r, info)
-	p.mu.Unlock()
-	if !ok {
-		return 0, nil
-	}
-	if p.gateScore {
-		p.gateMu.Lock()
-		held := p.conflict(info.Node().Name, pod.UID, c.UUID)
-		p.gateMu.Unlock()
-		if held {
-			return 0, nil
-		}
-	}
-	return int64(min(1, utilization) * float64(fwk.MaxNodeScore)), nil
-}
-
-func (p *plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
-
-func read(state fwk.CycleState) (*request, error) {
-	d, err := state.Read(stateKey)
-	if err != nil {
-		return nil, err
-	}
-	return d.(*request), nil
-}
-
-func (p *plugin) Reserve(_ context.Context, state fwk.CycleState, pod *v1.Pod,
-	nodeName string) *fwk.Status {
-	r, err := read(state)
-	if err != nil {
-		return fwk.AsStatus(err)
-	}
-	info, err := p.handle.SnapshotSharedLister().NodeInfos().Get(nodeName)
-	if err != nil {
-		return fwk.AsStatus(err)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	c, _, ok := p.fit(r, info)
-	if !ok {
-		return fwk.NewStatus(fwk.Unschedulable, "the card filled before reserve")
-	}
-	p.held[pod.UID] = booking{uuid: c.UUID, index: c.Index, memoryMiB: r.memoryMiB, cores: r.cores}
-	return nil
-}
-
-func (p *plugin) Unreserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod, node string) {
-	p.mu.Lock()
-	delete(p.held, pod.UID)
-	p.mu.Unlock()
-	p.gateMu.Lock()
-	defer p.gateMu.Unlock()
-	delete(p.waiting[node], pod.UID)
-	if _, was := p.unadmitted[node][pod.UID]; was {
-		delete(p.unadmitted[node], pod.UID)
-		p.release(node)
-	}
 }
 
 func (p *plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	nodeName string) *fwk.Status {
-	r, err := read(state)
+	d, err := state.Read(stateKey)
 	if err != nil {
 		return fwk.NewStatus(fwk.Skip)
 	}
 	p.mu.Lock()
-	held := p.held[pod.UID]
+	r, ok := p.held[pod.UID]
 	p.mu.Unlock()
-	a := allocation{Version: 1, Node: nodeName, Priority: "low", ComputePolicy: "strict",
-		Containers: []containerAllocation{{Name: r.container, Kind: "app", Cards: []cardShare{{
-			UUID: held.uuid, Index: held.index, MemoryMiB: r.memoryMiB,
-			Cores: r.cores}}}}}
-	text, err := json.Marshal(a)
+	if !ok {
+		return fwk.NewStatus(fwk.Error, "no reservation for the pod")
+	}
+	kinds := map[string]string{}
+	for _, c := range d.(*demandState).demand.Containers {
+		kinds[c.Name] = map[placement.Kind]string{placement.App: records.KindApp,
+			placement.Init: records.KindInit, placement.Sidecar: records.KindSidecar}[c.Kind]
+	}
+	priority, policy, oversubscribe := "low", "strict", d.(*demandState).demand.Oversubscribe
+	a := records.Allocation{Node: nodeName, Priority: &priority, ComputePolicy: &policy,
+		MemoryOversubscription: &oversubscribe}
+	for _, c := range r.placement.Containers {
+		ca := records.ContainerAllocation{Name: c.Name, Kind: kinds[c.Name], Init: c.Init}
+		for _, s := range c.Cards {
+			ca.Cards = append(ca.Cards, records.CardShare{UUID: s.UUID, Index: int64(s.Index),
+				MemoryMiB: int64(s.MemoryMiB), Cores: int64(s.Cores)})
+		}
+		a.Containers = append(a.Containers, ca)
+	}
+	text, err := a.Encode()
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
 	binding := &v1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
-			Annotations: map[string]string{annAllocation: string(text)}},
+			Annotations: map[string]string{annAllocation: text}},
 		Target: v1.ObjectReference{Kind: "Node", Name: nodeName},
 	}
 	err = p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Bind(ctx, binding,

@@ -4,7 +4,8 @@ served by a kube-scheduler that runs EgpuCardFit (main.go) in place of the exten
     .venv/bin/python bench/experiments/plugin_ceiling/run.py [scheduling.py's args]
 
 It first builds that kube-scheduler: main.go in the wrapper module that ``make k8s`` wrote
-for k8s.io/kubernetes (its go.mod and go.sum, ``devcluster.build.write_wrapper``), with
+for k8s.io/kubernetes (its go.mod and go.sum, ``devcluster.build.write_wrapper``), with the
+Go port of the placement (kube-scheduler/, this checkout's, by a replace directive), with
 devcluster.build's Go environment and version flags, from the module cache only.
 
 The bench runs as it is; only its two extender calls change: ``ExtenderProcess`` starts
@@ -31,6 +32,7 @@ from devcluster import build, cluster  # noqa: E402
 from devcluster.net import insecure_context  # noqa: E402
 
 PLUGIN = "EgpuCardFit"
+PORT_MODULE = "github.com/egpu/egpu/kube-scheduler"  # kube-scheduler/go.mod's module
 MARKER = "plugin://egpu-card-fit"
 
 
@@ -98,6 +100,9 @@ def build_scheduler(out: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="egpu-plugin-") as work:
         for name in ("go.mod", "go.sum"):
             shutil.copy(wrapper / name, Path(work) / name)
+        with (Path(work) / "go.mod").open("a") as mod:  # the port, from this checkout
+            mod.write(f"\nrequire {PORT_MODULE} v0.0.0\n"
+                      f"replace {PORT_MODULE} => {REPO / 'kube-scheduler'}\n")
         shutil.copy(Path(__file__).with_name("main.go"), Path(work) / "main.go")
         subprocess.run([build.find_go(), "build", "-p", "2", "-trimpath",
                         f"-ldflags={build.k8s_version_ldflags()}", "-o", str(out), "."],
