@@ -20,7 +20,8 @@
 // or let through and binding) waits, at most gateWait, until no such pod is left; pod events
 // from the scheduler's own informer, and a sweep every sweepEvery, let the node's waiting
 // pods through one at a time. With EGPU_GATE_SCORE=1 a node where the gate would hold the
-// pod now scores 0.
+// pod now scores 0 and every other node at least 1 (binpack's 0..10 scores a node with a
+// share or two 0 too, and a tie sends pods to held nodes).
 package main
 
 import (
@@ -364,8 +365,12 @@ func (p *plugin) Score(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 		}
 	}
 	d, _ := state.Read(stateKey)
-	score := placement.NodeScore(d.(*demandState).demand.NodePolicy, placed.Utilization)
-	return int64(score) * fwk.MaxNodeScore / 10, nil
+	score := int64(placement.NodeScore(d.(*demandState).demand.NodePolicy,
+		placed.Utilization)) * fwk.MaxNodeScore / 10
+	if p.gateScore { // a node that takes the pod at once outranks one that would hold it
+		score = max(1, score)
+	}
+	return score, nil
 }
 
 func (p *plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
