@@ -114,14 +114,19 @@ def main() -> int:
     binary = build_scheduler(Path(tempfile.mkdtemp(prefix="egpu-plugin-bin-")) /
                              "kube-scheduler")
     state_dir = cluster.default_state_dir()
-    if not cluster.status(state_dir).up:
+    started = not cluster.status(state_dir).up
+    if started:
         cluster.up(cluster.Config(state_dir=state_dir))
-    info = cluster.ClusterInfo.load(state_dir)
-    original = list(info.processes["kube-scheduler"].argv)
-    scheduling.ExtenderProcess = NoExtender  # type: ignore[attr-defined,assignment]
-    # scheduling.devcluster is this module
-    cluster.set_extender = restart_scheduler(binary, original)
-    return scheduling.main(sys.argv[1:])
+    try:
+        info = cluster.ClusterInfo.load(state_dir)
+        original = list(info.processes["kube-scheduler"].argv)
+        scheduling.ExtenderProcess = NoExtender  # type: ignore[attr-defined,assignment]
+        # scheduling.devcluster is this module
+        cluster.set_extender = restart_scheduler(binary, original)
+        return scheduling.main(sys.argv[1:])
+    finally:  # a cluster this run started goes with it (scheduling.py keeps one it found)
+        if started:
+            cluster.down(state_dir)
 
 
 if __name__ == "__main__":
