@@ -251,6 +251,7 @@ class ClusterState:
                 self._reserved[uid] = reservation
         after = self._effective(uid)
         self._apply(before, after)
+        self._note_pending(uid)
         return {b.node for b in (before, after) if b is not None}
 
     def _pending(self, uid: str, booking: Booking) -> bool:
@@ -265,8 +266,9 @@ class ClusterState:
 
     def _note_pending(self, uid: str) -> None:
         """Keep the node of ``uid``'s booking in ``_admission_pending`` when the pod awaits
-        admission: called wherever its booking, its bind or its status changes (admission
-        is never undone, so these are the only ways a pod comes to await it)."""
+        admission: ``_change`` calls it, which every change of a pod's booking, bind or
+        status goes through (admission is never undone, so these are the only ways a pod
+        comes to await it)."""
         booking = self._effective(uid)
         if booking is not None and self._pending(uid, booking):
             self._admission_pending.add(booking.node)
@@ -298,7 +300,6 @@ class ClusterState:
             self._ignored(uid, pod, booking, prior, why_none)
             booking = prior
         touched = self._change(uid, observed=booking, reservation=None if confirmed else "keep")
-        self._note_pending(uid)
         self._changed(touched | {view.node_name})
 
     def _changed(self, nodes: set[str]) -> None:
@@ -342,13 +343,11 @@ class ClusterState:
         for uid, reservation in list(self._reserved.items()):
             if uid not in seen and not reservation.in_flight:
                 self._change(uid, reservation=None)
-                self._note_pending(uid)
 
     # --- binds ---------------------------------------------------------------------------
     def reserve(self, booking: Booking) -> None:
         """Book for a bind in flight (replaces whatever the pod held before)."""
         self._change(booking.uid, reservation=_Reservation(booking))
-        self._note_pending(booking.uid)
 
     def reserved(self, uid: str) -> tuple[Booking, bool] | None:
         """What a bind reserved for pod ``uid`` and whether that bind is still in flight;
@@ -365,9 +364,7 @@ class ClusterState:
 
     def unreserve(self, uid: str) -> None:
         """The bind failed: drop its reservation (what was observed counts again)."""
-        touched = self._change(uid, reservation=None)
-        self._note_pending(uid)
-        self._changed(touched)
+        self._changed(self._change(uid, reservation=None))
 
     def expire_reservations(self, max_age_s: float = 300.0) -> int:
         """Drop finished binds' reservations that no watch event confirmed within max_age_s."""
@@ -376,7 +373,6 @@ class ClusterState:
                if not r.in_flight and now - r.since > max_age_s]
         for uid in old:
             self._change(uid, reservation=None)
-            self._note_pending(uid)
         return len(old)
 
     # --- reading -------------------------------------------------------------------------
