@@ -63,13 +63,34 @@ const (
 var limits = placement.Limits{SharesPerCard: 4, MemoryRatio: 1.5, CoresRatio: 1.0,
 	HeartbeatTimeoutS: 3600}
 
-type demandState struct{ demand placement.PodDemand }
+// demandState is the pod's shares and, with EGPU_FIT_MEMO=1, each node's fit in this
+// scheduling cycle: Filter fits the pod once per node, Score and Reserve read that answer (the
+// snapshot does not change within a cycle; a reservation freed meanwhile only leaves more room).
+type demandState struct {
+	demand placement.PodDemand
+	mu     sync.Mutex
+	fits   map[string]fitAnswer
+}
+
+type fitAnswer struct {
+	placed *placement.Placement
+	unfit  *placement.Unfit
+}
 
 func (d *demandState) Clone() fwk.StateData { return d }
 
 type parsedNode struct {
 	inventory, heartbeat string // the annotations' texts
 	state                placement.NodeState
+}
+
+// bookedNode is a node's state with all its pods' bookings, for one NodeInfo generation
+// (with EGPU_NODE_CACHE=1): a pod added, removed or updated there (its record written at
+// bind) changes the generation. Not used for a pod that is itself on the node.
+type bookedNode struct {
+	generation int64
+	base       placement.NodeState // the parsed state it was built on
+	state      placement.NodeState
 }
 
 // sizes is a pod's card sets per slot count (scheduler/placement/kubelet.py sizes): what
@@ -124,6 +145,9 @@ type plugin struct {
 	nodes  map[string]parsedNode                          // node -> its records, by text
 	booked map[types.UID]map[string]placement.CardBooking // pod -> what its record books
 	held   map[types.UID]reservation                      // pod -> its placement, until seen bound
+	states map[string]bookedNode                          // node -> booked state, per generation
+
+	fitMemo, nodeCache bool
 
 	gate, gateScore bool
 	gateMu          sync.Mutex
@@ -136,6 +160,9 @@ func newPlugin(_ context.Context, _ runtime.Object, h fwk.Handle) (fwk.Plugin, e
 	p := &plugin{handle: h, nodes: map[string]parsedNode{},
 		booked:     map[types.UID]map[string]placement.CardBooking{},
 		held:       map[types.UID]reservation{},
+		states:     map[string]bookedNode{},
+		fitMemo:    os.Getenv("EGPU_FIT_MEMO") == "1",
+		nodeCache:  os.Getenv("EGPU_NODE_CACHE") == "1",
 		gate:       os.Getenv("EGPU_BIND_GATE") == "1",
 		gateScore:  os.Getenv("EGPU_GATE_SCORE") == "1",
 		unadmitted: map[string]map[types.UID]sizes{},
@@ -233,7 +260,7 @@ func (p *plugin) PreFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	if d == nil {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
-	state.Write(stateKey, &demandState{*d})
+	state.Write(stateKey, &demandState{demand: *d, fits: map[string]fitAnswer{}})
 	return nil, nil
 }
 
@@ -285,6 +312,16 @@ func (p *plugin) bookingsOf(pod *v1.Pod) map[string]placement.CardBooking {
 // records, and the reservations of pods not yet seen bound. Caller holds mu.
 func (p *plugin) nodeState(info fwk.NodeInfo, self types.UID) placement.NodeState {
 	base := p.parsed(info.Node())
+	cache := p.nodeCache
+	if cache {
+		for _, pi := range info.GetPods() {
+			cache = cache && pi.GetPod().UID != self // the pod's own booking is left out
+		}
+		got, ok := p.states[base.Name]
+		if cache && ok && got.generation == info.GetGeneration() && sameBase(got.base, base) {
+			return got.state
+		}
+	}
 	use := map[string]placement.CardBooking{}
 	add := func(b map[string]placement.CardBooking) {
 		for uuid, x := range b {
@@ -312,20 +349,45 @@ func (p *plugin) nodeState(info fwk.NodeInfo, self types.UID) placement.NodeStat
 		c.BookedMiB, c.BookedCores, c.UsedSlots = u.MemoryMiB, u.Cores, u.Slots
 		state.Cards[i] = c
 	}
+	if cache {
+		p.states[base.Name] = bookedNode{info.GetGeneration(), base, state}
+	}
 	return state
+}
+
+// sameBase: the cached booked state was built on these parsed records (a new inventory or
+// heartbeat text parses to a new Cards slice).
+func sameBase(a, b placement.NodeState) bool {
+	return a.Heartbeat == b.Heartbeat && a.Problem == b.Problem &&
+		(len(a.Cards) == 0 && len(b.Cards) == 0 || len(a.Cards) == len(b.Cards) &&
+			&a.Cards[0] == &b.Cards[0])
 }
 
 func (p *plugin) fit(state fwk.CycleState, pod *v1.Pod, info fwk.NodeInfo) (
 	*placement.Placement, *placement.Unfit, error) {
-	d, err := state.Read(stateKey)
+	data, err := state.Read(stateKey)
 	if err != nil {
 		return nil, nil, err
+	}
+	d := data.(*demandState)
+	name := info.Node().Name
+	if p.fitMemo {
+		d.mu.Lock()
+		got, ok := d.fits[name]
+		d.mu.Unlock()
+		if ok {
+			return got.placed, got.unfit, nil
+		}
 	}
 	p.mu.Lock()
 	node := p.nodeState(info, pod.UID)
 	p.mu.Unlock()
-	placed, unfit := placement.Fit(node, d.(*demandState).demand, limits,
-		float64(time.Now().Unix()))
+	placed, unfit := placement.Fit(node, d.demand, limits, float64(time.Now().Unix()))
+	if p.fitMemo {
+		d.mu.Lock()
+		d.fits[name] = fitAnswer{placed, unfit}
+		d.mu.Unlock()
+	}
 	return placed, unfit, nil
 }
 
