@@ -8,15 +8,19 @@ cache folder is kept between runs) reuses it:
         go/build/                  GOCACHE (compiled packages)
         k8s-<version>/src/<group>/ small generated wrapper Go modules (go.mod, tools.go)
         k8s-<version>/bin/         kube-apiserver kube-controller-manager kube-scheduler
-                                   kubectl etcd kwok
+                                   kubectl etcd kwok ... and egpu-kube-scheduler
 
-Only missing binaries are built. Each binary is built with ``go build -p 2 -trimpath
--ldflags='-s -w'`` and GOFLAGS=-mod=mod, GOTOOLCHAIN=local.
+Only missing binaries are built. egpu-kube-scheduler (kube-scheduler with egpu's plugin) is
+built from this checkout's kube-scheduler/ module (go.mod and go.sum as committed), again
+whenever its sources differ from those it was built from (``plugin_scheduler``). Each binary
+is built with ``go build -p 2 -trimpath -ldflags='-s -w'`` and GOFLAGS=-mod=mod,
+GOTOOLCHAIN=local.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -289,8 +293,53 @@ def missing(k8s_version: str = K8S_VERSION) -> list[str]:
     return [b for b in BINARIES if b in out]
 
 
+PLUGIN_SCHEDULER = "egpu-kube-scheduler"
+PLUGIN_MODULE_DIR = Path(__file__).resolve().parents[1] / "kube-scheduler"
+PLUGIN_PACKAGE = "./cmd/egpu-kube-scheduler"
+
+
+def _plugin_sources_stamp(k8s_version: str) -> str:
+    """What egpu-kube-scheduler was built from: its module's go.mod, go.sum and non-test Go
+    files (a digest of their paths and contents), and the flags."""
+    digest = hashlib.sha256()
+    files = [PLUGIN_MODULE_DIR / "go.mod", PLUGIN_MODULE_DIR / "go.sum",
+             *(f for f in PLUGIN_MODULE_DIR.rglob("*.go") if not f.name.endswith("_test.go"))]
+    for f in sorted(files):
+        digest.update(f.relative_to(PLUGIN_MODULE_DIR).as_posix().encode() + b"\0")
+        digest.update(f.read_bytes() + b"\0")
+    return f"{digest.hexdigest()} -trimpath -ldflags={k8s_version_ldflags(k8s_version)}\n"
+
+
+def plugin_scheduler(k8s_version: str = K8S_VERSION, parallel: int = 2) -> Path:
+    """egpu-kube-scheduler built from this checkout's kube-scheduler/ module into the bin
+    folder (reused while its sources and flags are the same); returns its path.
+
+    GOFLAGS=-mod=readonly: the module's go.mod and go.sum are the record of its dependencies
+    (k8s.io/kubernetes at ``k8s_version``, tests/scheduler/test_placement_port.py checks)."""
+    out = binary_path(PLUGIN_SCHEDULER, k8s_version)
+    stamp = _stamp_path(PLUGIN_SCHEDULER, k8s_version)
+    wanted = _plugin_sources_stamp(k8s_version)
+    if out.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"devcluster.build: building {PLUGIN_SCHEDULER} from {PLUGIN_MODULE_DIR} ...",
+          flush=True)
+    t0 = time.monotonic()
+    tmp = out.with_name(f".{PLUGIN_SCHEDULER}.tmp")
+    _run([find_go(), "build", f"-p={parallel}", "-trimpath",
+          f"-ldflags={k8s_version_ldflags(k8s_version)}", "-o", str(tmp), PLUGIN_PACKAGE],
+         PLUGIN_MODULE_DIR, {**go_env(), "GOFLAGS": "-mod=readonly"},
+         f"building {PLUGIN_SCHEDULER}")
+    tmp.replace(out)
+    stamp.write_text(wanted)
+    print(f"devcluster.build: {PLUGIN_SCHEDULER} built in {time.monotonic() - t0:.0f}s",
+          flush=True)
+    return out
+
+
 def build(k8s_version: str = K8S_VERSION, force: bool = False, parallel: int = 2) -> Path:
-    """Build whatever of BINARIES is missing; returns the bin folder."""
+    """Build whatever of BINARIES is missing, and egpu-kube-scheduler where its sources
+    changed (``plugin_scheduler``); returns the bin folder."""
     go = find_go()
     env = go_env()
     out = bin_dir(k8s_version)
@@ -298,6 +347,7 @@ def build(k8s_version: str = K8S_VERSION, force: bool = False, parallel: int = 2
     todo = list(BINARIES) if force else missing(k8s_version)
     if not todo:
         print(f"devcluster.build: all binaries present in {out}", flush=True)
+        plugin_scheduler(k8s_version, parallel)
         return out
     print(f"devcluster.build: building {', '.join(todo)} into {out}", flush=True)
     total0 = time.monotonic()
@@ -331,6 +381,7 @@ def build(k8s_version: str = K8S_VERSION, force: bool = False, parallel: int = 2
             tmp.replace(out / name)
             _stamp_path(name, k8s_version).write_text(group.stamp())
             print(f"[{n}/{len(todo)}] {name} built in {time.monotonic() - t0:.0f}s", flush=True)
+    plugin_scheduler(k8s_version, parallel)
     print(f"devcluster.build: done in {time.monotonic() - total0:.0f}s", flush=True)
     return out
 

@@ -303,6 +303,47 @@ def scheduler_config(
     return "\n".join(lines) + "\n"
 
 
+PLUGIN_NAME = "EgpuShares"  # kube-scheduler/plugin's Name
+
+
+def plugin_profile(scheduler_name: str, plugin_args: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration profile that places egpu shares with egpu-kube-scheduler's
+    plugin, EgpuShares (kube-scheduler/plugin), in place of the extender: the plugin at every
+    extension point it implements, DefaultBinder off (the plugin's Binding carries the
+    allocation record), and NodeResourcesFit told to ignore the shares' own resources (no
+    node advertises them; the plugin books them card by card). ``plugin_args``: the plugin's
+    args (egpu config names: sharesPerCard, heartbeatTimeoutSeconds, ...)."""
+    on = [{"name": PLUGIN_NAME}]
+    return {
+        "schedulerName": scheduler_name,
+        "plugins": {point: {"enabled": on} for point in
+                    ("preFilter", "filter", "preScore", "score", "reserve", "permit")}
+        | {"bind": {"enabled": on, "disabled": [{"name": "DefaultBinder"}]}},
+        "pluginConfig": [
+            {"name": "NodeResourcesFit", "args": {
+                "ignoredResources": [n for n, ignored in EXTENDER_MANAGED_RESOURCES if ignored]}},
+            {"name": PLUGIN_NAME, "args": dict(plugin_args or {})},
+        ],
+    }
+
+
+def plugin_scheduler_config(kubeconfig: str | Path, scheduler_name: str,
+                            plugin_args: dict[str, Any] | None = None) -> str:
+    """KubeSchedulerConfiguration (as JSON, which is YAML) for a second scheduler beside the
+    dev cluster's: one profile, ``plugin_profile(scheduler_name, plugin_args)``, leader
+    election off, the dev cluster's client limits."""
+    return json.dumps({
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig), "qps": SCHEDULER_CLIENT_QPS,
+                             "burst": 2 * SCHEDULER_CLIENT_QPS},
+        "leaderElection": {"leaderElect": False},
+        "percentageOfNodesToScore": SCHEDULER_PERCENTAGE_OF_NODES_TO_SCORE,
+        "profiles": [plugin_profile(scheduler_name, plugin_args)],
+    }, indent=1) + "\n"
+
+
 # --- up / down / status -------------------------------------------------------------------
 
 

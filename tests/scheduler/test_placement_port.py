@@ -19,7 +19,9 @@ MODULE = Path(__file__).resolve().parents[2] / "kube-scheduler"
 
 
 def go_env() -> dict[str, str]:
-    return {**build.go_env(), "GOPROXY": "off", "GOFLAGS": "-mod=readonly"}
+    """The module cache only; -trimpath as devcluster.build builds egpu-kube-scheduler, so
+    that the packages compiled there serve the tests and vet (and the reverse)."""
+    return {**build.go_env(), "GOPROXY": "off", "GOFLAGS": "-mod=readonly -trimpath"}
 
 
 def test_the_go_port_answers_every_placement_and_record_case_as_written() -> None:
@@ -32,6 +34,14 @@ def test_the_go_port_answers_every_placement_and_record_case_as_written() -> Non
                               MODULE.parent / "tests" / "unit" / "record_cases.yaml")):
         cases = len(yaml.safe_load(cases_file.read_text())["cases"])
         assert proc.stdout.count(f"    --- PASS: {test}/") == cases, test
+
+
+def test_the_plugin_module_builds_against_the_pinned_kubernetes() -> None:
+    """Bug caught: K8S_VERSION moved on and the plugin still built against the old
+    k8s.io/kubernetes (its scheduler framework would differ from the dev cluster's)."""
+    requires = (MODULE / "go.mod").read_text()
+    assert f"\tk8s.io/kubernetes {build.K8S_VERSION}\n" in requires
+    assert f"k8s.io/kube-scheduler => k8s.io/kube-scheduler {build.staging_version()}" in requires
 
 
 def test_the_go_port_is_gofmt_clean_and_vet_finds_nothing() -> None:

@@ -1,12 +1,13 @@
-"""Experiment (issue 24), not shipped: bench/scheduling.py with the egpu-scheduler profile
-served by a kube-scheduler that runs EgpuCardFit (main.go) in place of the extender.
+"""Experiment (issue 24): bench/scheduling.py with the egpu-scheduler profile served by
+egpu-kube-scheduler, kube-scheduler with egpu's plugin EgpuShares (kube-scheduler/plugin), in
+place of the extender.
 
     .venv/bin/python bench/experiments/plugin_ceiling/run.py [scheduling.py's args]
 
-It first builds that kube-scheduler: main.go in the wrapper module that ``make k8s`` wrote
-for k8s.io/kubernetes (its go.mod and go.sum, ``devcluster.build.write_wrapper``), with the
-Go port of the placement (kube-scheduler/, this checkout's, by a replace directive), with
-devcluster.build's Go environment and version flags, from the module cache only.
+It first builds egpu-kube-scheduler from this checkout (``devcluster.build.plugin_scheduler``:
+reused while its sources are the same). Until 2026-12-06 15:30 UTC this experiment built its
+own plugin, EgpuCardFit (main.go, removed in the commit that moved it into
+kube-scheduler/plugin); the results of those runs name it.
 
 The bench runs as it is; only its two extender calls change: ``ExtenderProcess`` starts
 nothing, and ``set_extender`` restarts the dev cluster's kube-scheduler as <bin> with the
@@ -15,10 +16,7 @@ plugin's profile (and, at the end, as the cluster's own binary with its own conf
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,26 +29,18 @@ from bench import scheduling  # noqa: E402
 from devcluster import build, cluster  # noqa: E402
 from devcluster.net import insecure_context  # noqa: E402
 
-PLUGIN = "EgpuCardFit"
-PORT_MODULE = "github.com/egpu/egpu/kube-scheduler"  # kube-scheduler/go.mod's module
-MARKER = "plugin://egpu-card-fit"
+MARKER = "plugin://egpu-shares"
 
 
 def plugin_config(kubeconfig: str) -> str:
-    """The cluster's scheduler config (no extender) with EgpuCardFit in the egpu profile."""
+    """The cluster's scheduler config (no extender) with EgpuShares in the egpu profile, its
+    args the bench's egpu config (bench/scheduling.py)."""
     doc: dict[str, Any] = yaml.safe_load(cluster.scheduler_config(kubeconfig, None))
-    for profile in doc["profiles"]:
-        if profile["schedulerName"] != cluster.EGPU_SCHEDULER:
-            continue
-        def on() -> list[dict[str, str]]:
-            return [{"name": PLUGIN}]
-        profile["plugins"] = {"preFilter": {"enabled": on()}, "filter": {"enabled": on()},
-                              "score": {"enabled": on()}, "reserve": {"enabled": on()},
-                              "permit": {"enabled": on()},
-                              "bind": {"enabled": on(), "disabled": [{"name": "DefaultBinder"}]}}
-        profile["pluginConfig"] = [{"name": "NodeResourcesFit", "args": {
-            "ignoredResources": [n for n, ignored in cluster.EXTENDER_MANAGED_RESOURCES
-                                 if ignored]}}]
+    doc["profiles"] = [
+        cluster.plugin_profile(cluster.EGPU_SCHEDULER, {
+            "sharesPerCard": scheduling.SHARES, "heartbeatTimeoutSeconds": 3600})
+        if profile["schedulerName"] == cluster.EGPU_SCHEDULER else profile
+        for profile in doc["profiles"]]
     return yaml.safe_dump(doc)
 
 
@@ -93,26 +83,8 @@ def restart_scheduler(binary: Path, original: list[str]) -> Any:
     return set_extender
 
 
-def build_scheduler(out: Path) -> Path:
-    """Build the kube-scheduler with EgpuCardFit into ``out`` (see the module's docstring)."""
-    wrapper = build.version_dir() / "src" / "kubernetes"
-    env = {**build.go_env(), "GOPROXY": "off"}  # the module cache only
-    with tempfile.TemporaryDirectory(prefix="egpu-plugin-") as work:
-        for name in ("go.mod", "go.sum"):
-            shutil.copy(wrapper / name, Path(work) / name)
-        with (Path(work) / "go.mod").open("a") as mod:  # the port, from this checkout
-            mod.write(f"\nrequire {PORT_MODULE} v0.0.0\n"
-                      f"replace {PORT_MODULE} => {REPO / 'kube-scheduler'}\n")
-        shutil.copy(Path(__file__).with_name("main.go"), Path(work) / "main.go")
-        subprocess.run([build.find_go(), "build", "-p", "2", "-trimpath",
-                        f"-ldflags={build.k8s_version_ldflags()}", "-o", str(out), "."],
-                       cwd=work, env=env, check=True)
-    return out
-
-
 def main() -> int:
-    binary = build_scheduler(Path(tempfile.mkdtemp(prefix="egpu-plugin-bin-")) /
-                             "kube-scheduler")
+    binary = build.plugin_scheduler()
     state_dir = cluster.default_state_dir()
     started = not cluster.status(state_dir).up
     if started:

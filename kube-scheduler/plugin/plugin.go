@@ -1,0 +1,443 @@
+// Package plugin is EgpuShares: egpu's card placement inside kube-scheduler (issue 24,
+// docs/scheduler.md "The placement inside kube-scheduler"), in place of the extender's HTTP
+// verbs. For a pod with shares (egpu.io/ limits):
+//
+//   - PreFilter reads its shares (readDemand); a pod without any is skipped, a malformed one
+//     refused with the webhook's words;
+//   - Filter fits it on each node with everything booked there (placement.Fit over the
+//     node's egpu.io/inventory and its pods' egpu.io/allocation records, and the
+//     reservations of pods not yet bound), once per node and scheduling cycle: Score and
+//     Reserve read that answer;
+//   - Score is the node strategy's score, 0 where the bind gate would hold the pod now and
+//     at least 1 elsewhere, so that pods go where they bind at once;
+//   - Reserve holds the placement until the pod's record is seen; Unreserve lets it go;
+//   - Permit is the bind gate (package gate): the pod waits, at most gateWait, while a pod on
+//     its node that the kubelet has not admitted yet could be handed its cards;
+//   - Bind posts one Binding whose annotations carry the egpu.io/allocation record (the API
+//     server copies them onto the pod with spec.nodeName), as the extender does.
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/egpu/egpu/kube-scheduler/gate"
+	"github.com/egpu/egpu/kube-scheduler/placement"
+	"github.com/egpu/egpu/kube-scheduler/records"
+)
+
+// Name is the plugin's name in a scheduler profile.
+const Name = "EgpuShares"
+
+const (
+	stateKey   = fwk.StateKey(Name)
+	gateWait   = 8 * time.Second        // the extender's BIND_GATE_WAIT_S
+	sweepEvery = 100 * time.Millisecond // how often held pods get their turn again
+	logHoldsOf = 50                     // the gate logs its first hold and every 50th
+)
+
+// reservation is a pod's placement from Reserve until its record is seen.
+type reservation struct {
+	node      string
+	placement *placement.Placement
+}
+
+// Plugin is EgpuShares. Safe for the scheduler's concurrent calls.
+type Plugin struct {
+	handle fwk.Handle
+	args   Args
+	limits placement.Limits
+	gate   *gate.Gate
+	holds  atomic.Int64
+
+	mu     sync.Mutex
+	nodes  map[string]*parsedNode                         // node -> its records, by text
+	states map[string]bookedNode                          // node -> booked state, per generation
+	booked map[types.UID]map[string]placement.CardBooking // pod -> what its record books
+	held   map[types.UID]reservation                      // pod -> placement, until seen bound
+}
+
+var (
+	_ fwk.PreFilterPlugin = (*Plugin)(nil)
+	_ fwk.FilterPlugin    = (*Plugin)(nil)
+	_ fwk.PreScorePlugin  = (*Plugin)(nil)
+	_ fwk.ScorePlugin     = (*Plugin)(nil)
+	_ fwk.ReservePlugin   = (*Plugin)(nil)
+	_ fwk.PermitPlugin    = (*Plugin)(nil)
+	_ fwk.BindPlugin      = (*Plugin)(nil)
+)
+
+// New is the plugin's factory (app.WithPlugin(Name, New)): it reads its args (DecodeArgs),
+// watches pods through the scheduler's own informer (records, admissions, deletions) and
+// sweeps the gate until ctx ends.
+func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+	args, err := DecodeArgs(obj)
+	if err != nil {
+		return nil, err
+	}
+	p := newPlugin(h, args)
+	_, err = h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(
+		cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { p.observe(o, false) },
+			UpdateFunc: func(_, o any) { p.observe(o, false) },
+			DeleteFunc: func(o any) { p.observe(o, true) },
+		})
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		tick := time.NewTicker(sweepEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				p.gate.Sweep(p.let)
+			}
+		}
+	}()
+	return p, nil
+}
+
+func newPlugin(h fwk.Handle, args Args) *Plugin {
+	return &Plugin{handle: h, args: args, limits: args.limits(), gate: gate.New(),
+		nodes: map[string]*parsedNode{}, states: map[string]bookedNode{},
+		booked: map[types.UID]map[string]placement.CardBooking{},
+		held:   map[types.UID]reservation{}}
+}
+
+// Name is the plugin's name.
+func (p *Plugin) Name() string { return Name }
+
+// cycle is the pod's shares and, per node, its fit in this scheduling cycle. A clone (the
+// scheduler's preemption dry runs, which fit the pod on nodes with victims removed) starts
+// with no fits.
+type cycle struct {
+	demand *demand
+	mu     sync.Mutex
+	fits   map[string]fitAnswer
+}
+
+type fitAnswer struct {
+	placed *placement.Placement
+	unfit  *placement.Unfit
+}
+
+func (c *cycle) Clone() fwk.StateData {
+	return &cycle{demand: c.demand, fits: map[string]fitAnswer{}}
+}
+
+func cycleOf(state fwk.CycleState) *cycle {
+	data, err := state.Read(stateKey)
+	if err != nil {
+		return nil
+	}
+	return data.(*cycle)
+}
+
+// PreFilter reads the pod's shares: Skip for a pod without any, UnschedulableAndUnresolvable
+// (with the webhook's words) for a pod whose shares do not read.
+func (p *Plugin) PreFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod,
+	_ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	d, err := readDemand(pod, p.args)
+	if err != nil {
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
+			"invalid egpu request: "+err.Error())
+	}
+	if d == nil {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	state.Write(stateKey, &cycle{demand: d, fits: map[string]fitAnswer{}})
+	return nil, nil
+}
+
+// PreFilterExtensions: none (a pod's own reservations are left out by UID).
+func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
+// fit is the pod's fit on the node in this cycle: Filter's answer when it gave one.
+func (p *Plugin) fit(c *cycle, pod *v1.Pod, info fwk.NodeInfo) fitAnswer {
+	name := info.Node().Name
+	c.mu.Lock()
+	got, ok := c.fits[name]
+	c.mu.Unlock()
+	if ok {
+		return got
+	}
+	p.mu.Lock()
+	node := p.nodeState(info, pod.UID)
+	p.mu.Unlock()
+	placed, unfit := placement.Fit(node, c.demand.PodDemand, p.limits,
+		float64(time.Now().Unix()))
+	got = fitAnswer{placed, unfit}
+	c.mu.Lock()
+	c.fits[name] = got
+	c.mu.Unlock()
+	return got
+}
+
+// Filter passes a node where the pod's shares fit; else Unschedulable with placement's
+// reason, or UnschedulableAndUnresolvable where they would not fit the node emptied of other
+// pods' shares (preempting cannot help).
+func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod,
+	info fwk.NodeInfo) *fwk.Status {
+	c := cycleOf(state)
+	if c == nil {
+		return nil
+	}
+	if unfit := p.fit(c, pod, info).unfit; unfit != nil {
+		code := fwk.Unschedulable
+		if unfit.Unresolvable {
+			code = fwk.UnschedulableAndUnresolvable
+		}
+		return fwk.NewStatus(code, unfit.Reason)
+	}
+	return nil
+}
+
+// PreScore skips Score for a pod without shares.
+func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Pod,
+	_ []fwk.NodeInfo) *fwk.Status {
+	if cycleOf(state) == nil {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	return nil
+}
+
+// Score is the node strategy's score of the pod's fit (placement.NodeScore 0..10, scaled to
+// 0..MaxNodeScore), at least 1, and 0 where the bind gate would hold the pod now (with
+// binpack's 0..10, a nearly empty node scores 0 too, and a tie would send pods to held
+// nodes).
+func (p *Plugin) Score(_ context.Context, state fwk.CycleState, pod *v1.Pod,
+	info fwk.NodeInfo) (int64, *fwk.Status) {
+	c := cycleOf(state)
+	if c == nil {
+		return 0, nil
+	}
+	placed := p.fit(c, pod, info).placed
+	if placed == nil {
+		return 0, nil
+	}
+	if p.gate.WouldHold(info.Node().Name, string(pod.UID), sizesOf(placed)) {
+		return 0, nil
+	}
+	score := int64(placement.NodeScore(c.demand.NodePolicy, placed.Utilization)) *
+		fwk.MaxNodeScore / 10
+	return max(1, score), nil
+}
+
+// ScoreExtensions: none (scores are 0..MaxNodeScore already).
+func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
+
+// Reserve holds the pod's placement on the node until its record is seen.
+func (p *Plugin) Reserve(_ context.Context, state fwk.CycleState, pod *v1.Pod,
+	nodeName string) *fwk.Status {
+	c := cycleOf(state)
+	if c == nil {
+		return nil
+	}
+	info, err := p.handle.SnapshotSharedLister().NodeInfos().Get(nodeName)
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	got := p.fit(c, pod, info)
+	if got.unfit != nil {
+		return fwk.NewStatus(fwk.Unschedulable, "the node no longer fits: "+got.unfit.Reason)
+	}
+	p.mu.Lock()
+	p.held[pod.UID] = reservation{nodeName, got.placed}
+	p.mu.Unlock()
+	return nil
+}
+
+// Unreserve lets the pod's placement go, and what the gate held behind it.
+func (p *Plugin) Unreserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod, node string) {
+	p.mu.Lock()
+	delete(p.held, pod.UID)
+	p.mu.Unlock()
+	p.gate.Forget(node, string(pod.UID), p.let)
+}
+
+// Permit is the bind gate: Wait (at most gateWait) while a pod on the node that the kubelet
+// has not admitted could be handed the pod's cards.
+func (p *Plugin) Permit(_ context.Context, state fwk.CycleState, pod *v1.Pod,
+	nodeName string) (*fwk.Status, time.Duration) {
+	if cycleOf(state) == nil {
+		return nil, 0
+	}
+	r, ok := p.reservation(pod.UID)
+	if !ok {
+		return fwk.NewStatus(fwk.Error, "egpu: no reservation for the pod"), 0
+	}
+	if !p.gate.Enter(nodeName, string(pod.UID), sizesOf(r.placement)) {
+		return nil, 0
+	}
+	if n := p.holds.Add(1); n%logHoldsOf == 1 {
+		klog.InfoS("egpu bind gate", "holds", n, "pod", klog.KObj(pod), "node", nodeName)
+	}
+	return fwk.NewStatus(fwk.Wait, "a pod awaiting admission on the node holds other cards"),
+		gateWait
+}
+
+// Bind posts one Binding that carries the pod's egpu.io/allocation record.
+func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
+	nodeName string) *fwk.Status {
+	c := cycleOf(state)
+	if c == nil {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	r, ok := p.reservation(pod.UID)
+	if !ok {
+		return fwk.NewStatus(fwk.Error, "egpu: no reservation for the pod")
+	}
+	text, err := allocationRecord(nodeName, c.demand, r.placement).Encode()
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	binding := &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
+			Annotations: map[string]string{annAllocation: text}},
+		Target: v1.ObjectReference{Kind: "Node", Name: nodeName},
+	}
+	err = p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Bind(ctx, binding,
+		metav1.CreateOptions{})
+	if err != nil {
+		return fwk.AsStatus(fmt.Errorf("binding %s/%s to %s: %w", pod.Namespace, pod.Name,
+			nodeName, err))
+	}
+	return nil
+}
+
+func (p *Plugin) reservation(uid types.UID) (reservation, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.held[uid]
+	return r, ok
+}
+
+// let lets a pod the gate releases through, if the scheduler lists it as waiting.
+func (p *Plugin) let(uid string) bool {
+	wp := p.handle.GetWaitingPod(types.UID(uid))
+	if wp == nil {
+		return false
+	}
+	wp.Allow(Name)
+	return true
+}
+
+// nodeState is the node's cards with everything booked there but the pod's own: the pods'
+// records, and the reservations of pods not yet seen bound. Kept per NodeInfo generation,
+// except for a pod that is itself on the node. Caller holds mu.
+func (p *Plugin) nodeState(info fwk.NodeInfo, self types.UID) placement.NodeState {
+	node := info.Node()
+	inv, hb := node.Annotations[annInventory], node.Annotations[annHeartbeat]
+	parsed := p.nodes[node.Name]
+	if parsed == nil || parsed.inventory != inv || parsed.heartbeat != hb {
+		parsed = &parsedNode{inv, hb, parseNode(node.Name, inv, hb)}
+		p.nodes[node.Name] = parsed
+	}
+	pods := info.GetPods()
+	keep := true
+	for _, pi := range pods {
+		keep = keep && pi.GetPod().UID != self
+	}
+	if got, ok := p.states[node.Name]; keep && ok && got.parsed == parsed &&
+		got.generation == info.GetGeneration() {
+		return got.state
+	}
+	var bookings []map[string]placement.CardBooking
+	for _, pi := range pods {
+		pod := pi.GetPod()
+		if pod.UID == self {
+			continue
+		}
+		if b, ok := p.recordBookings(pod); ok {
+			bookings = append(bookings, b)
+			delete(p.held, pod.UID) // its record says what the reservation did
+		} else if r, ok := p.held[pod.UID]; ok && r.node == node.Name {
+			bookings = append(bookings, r.placement.Bookings)
+		}
+	}
+	state := booked(parsed.state, bookings)
+	if keep {
+		p.states[node.Name] = bookedNode{info.GetGeneration(), parsed, state}
+	}
+	return state
+}
+
+// recordBookings is what the pod's egpu.io/allocation record books per card, decoded once per
+// pod; false when it has none. A record that does not decode books nothing and is logged, as
+// does a finished pod's, or a record on a pod that asks for no share.
+// Caller holds mu.
+func (p *Plugin) recordBookings(pod *v1.Pod) (map[string]placement.CardBooking, bool) {
+	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+		return nil, true // a finished pod books nothing (scheduler/state.py pod_booking)
+	}
+	if got, ok := p.booked[pod.UID]; ok {
+		return got, true
+	}
+	text, ok := pod.Annotations[annAllocation]
+	if !ok {
+		return nil, false
+	}
+	if !asksForShares(pod) { // a hand-written record on a pod without shares books nothing
+		p.booked[pod.UID] = nil
+		return nil, true
+	}
+	a, err := records.DecodeAllocation(text)
+	if err != nil {
+		klog.ErrorS(err, "egpu: unreadable allocation record", "pod", klog.KObj(pod))
+	}
+	out := placement.BookingsOf(a)
+	p.booked[pod.UID] = out
+	return out, true
+}
+
+// observe keeps the gate and the record cache in step with the pods: a pod gone drops its
+// entries; a pod admitted (or rejected) by its kubelet leaves the gate; a pod seen bound with
+// a record and not admitted counts at the gate.
+func (p *Plugin) observe(o any, deleted bool) {
+	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = t.Obj
+	}
+	pod, ok := o.(*v1.Pod)
+	if !ok {
+		return
+	}
+	if deleted {
+		p.mu.Lock()
+		delete(p.booked, pod.UID)
+		delete(p.held, pod.UID)
+		p.mu.Unlock()
+	}
+	if deleted || admitted(pod) {
+		p.gate.Done(string(pod.UID), p.let)
+		return
+	}
+	text, ok := pod.Annotations[annAllocation]
+	if pod.Spec.NodeName == "" || !ok {
+		return
+	}
+	if a, err := records.DecodeAllocation(text); err == nil {
+		p.gate.Bound(pod.Spec.NodeName, string(pod.UID), recordSizes(a))
+	}
+}
+
+// admitted is egpu.kube.KubePod.admitted: the kubelet wrote what it writes only after
+// admission (or a rejection).
+func admitted(pod *v1.Pod) bool {
+	s := pod.Status
+	return s.StartTime != nil || (s.Phase != "" && s.Phase != v1.PodPending) ||
+		len(s.ContainerStatuses) > 0 || len(s.InitContainerStatuses) > 0
+}

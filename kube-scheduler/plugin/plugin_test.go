@@ -1,0 +1,245 @@
+package plugin
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	fwk "k8s.io/kube-scheduler/framework"
+	schedcache "k8s.io/kubernetes/pkg/scheduler/backend/cache"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+)
+
+// inventory is one node's egpu.io/inventory: cards of 24000 MiB, UUIDs GPU-0, GPU-1, ...
+func inventory(cards int) string {
+	var rows []string
+	for i := range cards {
+		rows = append(rows, `{"uuid":"GPU-`+string(rune('0'+i))+`","index":`+
+			string(rune('0'+i))+`,"model":"NVIDIA A10","memory_mib":24000,"healthy":true,`+
+			`"numa_node":0,"driver_memory_limit":false}`)
+	}
+	return `{"version":1,"cards":[` + strings.Join(rows, ",") + `]}`
+}
+
+func node(name string, cards int) *v1.Node {
+	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{
+		annInventory: inventory(cards),
+		annHeartbeat: time.Now().UTC().Format(time.RFC3339)}}}
+}
+
+// sharePod asks for one card of mib MiB in its one container.
+func sharePod(name string, mib int64) *v1.Pod {
+	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default",
+		UID: types.UID(name)}, Spec: v1.PodSpec{Containers: []v1.Container{{Name: "main",
+		Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
+			resMemory: *resource.NewQuantity(mib, resource.DecimalSI)}}}}}}
+}
+
+// recorded is pod bound to node with a record that books mib MiB of card GPU-<card>.
+func recorded(pod *v1.Pod, nodeName string, card int, mib int64) *v1.Pod {
+	a := allocationRecord(nodeName, &demand{kinds: map[string]string{"main": "container"},
+		priority: "high", computePolicy: "strict"}, placementOn(card, mib))
+	text, err := a.Encode()
+	if err != nil {
+		panic(err)
+	}
+	pod = pod.DeepCopy()
+	pod.Spec.NodeName = nodeName
+	pod.Annotations = map[string]string{annAllocation: text}
+	return pod
+}
+
+func nodeInfo(n *v1.Node, pods ...*v1.Pod) *framework.NodeInfo {
+	info := framework.NewNodeInfo(pods...)
+	info.SetNode(n)
+	return info
+}
+
+// preFiltered is a fresh cycle for pod, after PreFilter.
+func preFiltered(t *testing.T, p *Plugin, pod *v1.Pod) fwk.CycleState {
+	t.Helper()
+	state := framework.NewCycleState()
+	if _, status := p.PreFilter(context.Background(), state, pod, nil); !status.IsSuccess() {
+		t.Fatalf("PreFilter: %v", status)
+	}
+	return state
+}
+
+func TestAPodWithoutSharesIsSkipped(t *testing.T) {
+	p := newPlugin(nil, DefaultArgs())
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plain", UID: "plain"},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c"}}}}
+	_, status := p.PreFilter(context.Background(), framework.NewCycleState(), pod, nil)
+	if !status.IsSkip() {
+		t.Fatalf("PreFilter = %v, want Skip", status)
+	}
+}
+
+func TestAMalformedShareIsRefusedWithTheWebhooksWords(t *testing.T) {
+	p := newPlugin(nil, DefaultArgs())
+	for _, c := range []struct{ value, says string }{
+		{"500m", "egpu.io/gpu-memory=500m is not allowed (not a whole number)"},
+		{"24Gi", "egpu.io/gpu-memory=24Gi is not allowed (not a whole number)"},
+		{"0", "egpu.io/gpu-memory=0 is not allowed (out of range); allowed: an integer >= 1"},
+	} {
+		pod := sharePod("p", 1)
+		pod.Spec.Containers[0].Resources.Limits[resMemory] = resource.MustParse(c.value)
+		_, status := p.PreFilter(context.Background(), framework.NewCycleState(), pod, nil)
+		if status.Code() != fwk.UnschedulableAndUnresolvable ||
+			!strings.Contains(status.Message(), c.says) {
+			t.Errorf("%s: PreFilter = %v, want UnschedulableAndUnresolvable saying %q",
+				c.value, status, c.says)
+		}
+	}
+	pod := sharePod("p", 1000)
+	pod.Annotations = map[string]string{annGPUPolicy: "fullest"}
+	_, status := p.PreFilter(context.Background(), framework.NewCycleState(), pod, nil)
+	if !strings.Contains(status.Message(), `egpu.io/gpu-policy="fullest" is not allowed; `+
+		"allowed: binpack, spread") {
+		t.Errorf("PreFilter = %v", status)
+	}
+}
+
+// Bug caught: the booked state kept by node name alone, so a pod bound after it was built
+// (a new NodeInfo generation) books nothing and the card is overbooked.
+func TestAPodBoundToTheNodeCountsInTheNextCycle(t *testing.T) {
+	p := newPlugin(nil, DefaultArgs())
+	n := node("n1", 1)
+	before := nodeInfo(n)
+	if s := p.Filter(context.Background(), preFiltered(t, p, sharePod("a", 16000)),
+		sharePod("a", 16000), before); !s.IsSuccess() {
+		t.Fatalf("Filter on the empty card: %v", s)
+	}
+	after := nodeInfo(n, recorded(sharePod("b", 1), "n1", 0, 20000))
+	pod := sharePod("c", 16000)
+	s := p.Filter(context.Background(), preFiltered(t, p, pod), pod, after)
+	if s.Code() != fwk.Unschedulable {
+		t.Fatalf("Filter with 20000 of 24000 MiB booked = %v, want Unschedulable", s)
+	}
+}
+
+// Bug caught: a clone of the cycle (preemption's dry run) sharing the cycle's fits, so a node
+// where the pod fits once a victim is removed still reads as full and nothing is preempted.
+func TestAPreemptionDryRunFitsThePodAgain(t *testing.T) {
+	p := newPlugin(nil, DefaultArgs())
+	victim := recorded(sharePod("victim", 1), "n1", 0, 20000)
+	full := nodeInfo(node("n1", 1), victim)
+	pod := sharePod("p", 16000)
+	state := preFiltered(t, p, pod)
+	if s := p.Filter(context.Background(), state, pod, full); s.Code() != fwk.Unschedulable {
+		t.Fatalf("Filter on the full card = %v", s)
+	}
+	emptied := full.Snapshot()
+	if err := emptied.RemovePod(klogDiscard(), victim); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.Filter(context.Background(), state.Clone(), pod, emptied); !s.IsSuccess() {
+		t.Fatalf("Filter with the victim removed, on a clone of the cycle = %v", s)
+	}
+}
+
+// Bug caught: Reserve not holding the placement, so the next pod is fitted on the card
+// before the first's record exists and the card is overbooked.
+func TestAReservedPodBooksItsCardUntilItsRecordIsSeen(t *testing.T) {
+	n := node("n1", 1)
+	first := sharePod("first", 16000)
+	h := &fakeHandle{snapshot: schedcache.NewSnapshot(nil, []*v1.Node{n})}
+	p := newPlugin(h, DefaultArgs())
+	state := preFiltered(t, p, first)
+	info, _ := h.snapshot.NodeInfos().Get("n1")
+	if s := p.Filter(context.Background(), state, first, info); !s.IsSuccess() {
+		t.Fatalf("Filter: %v", s)
+	}
+	if s := p.Reserve(context.Background(), state, first, "n1"); !s.IsSuccess() {
+		t.Fatalf("Reserve: %v", s)
+	}
+	assumed := first.DeepCopy()
+	assumed.Spec.NodeName = "n1" // the scheduler's cache assumes it on the node
+	second := sharePod("second", 16000)
+	s := p.Filter(context.Background(), preFiltered(t, p, second), second,
+		nodeInfo(n, assumed))
+	if s.Code() != fwk.Unschedulable {
+		t.Fatalf("Filter beside a reservation of 16000 MiB = %v, want Unschedulable", s)
+	}
+	p.Unreserve(context.Background(), state, first, "n1")
+	s = p.Filter(context.Background(), preFiltered(t, p, second), second, nodeInfo(n))
+	if !s.IsSuccess() {
+		t.Fatalf("Filter after Unreserve = %v", s)
+	}
+}
+
+// Bug caught: a node where the gate would hold the pod outscoring (or tying with) a node
+// that takes it at once: binpack scores a nearly empty node 0 too.
+func TestANodeWhereTheGateWouldHoldThePodScores0AndEveryOtherAtLeast1(t *testing.T) {
+	p := newPlugin(nil, DefaultArgs())
+	busy := node("busy", 2)
+	waiting := recorded(sharePod("waiting", 1), "busy", 0, 23000) // not admitted yet
+	p.observe(waiting, false)
+	pod := sharePod("p", 2000)
+	state := preFiltered(t, p, pod)
+	held, _ := p.Score(context.Background(), state, pod, nodeInfo(busy, waiting))
+	idle, _ := p.Score(context.Background(), state, pod, nodeInfo(node("idle", 8)))
+	if held != 0 || idle < 1 {
+		t.Fatalf("scores: held node %d (want 0), idle node %d (want >= 1)", held, idle)
+	}
+	admittedPod := waiting.DeepCopy()
+	admittedPod.Status.Phase = v1.PodRunning
+	p.observe(admittedPod, false)
+	state = preFiltered(t, p, pod)
+	if got, _ := p.Score(context.Background(), state, pod, nodeInfo(busy, admittedPod)); got < 1 {
+		t.Fatalf("score once the pod there is admitted = %d, want >= 1", got)
+	}
+}
+
+func TestTheRecordSaysEachContainersKindAndThePodsPolicies(t *testing.T) {
+	p := newPlugin(nil, DefaultArgs())
+	always := v1.ContainerRestartPolicyAlways
+	pod := sharePod("p", 1000)
+	pod.Spec.InitContainers = []v1.Container{{Name: "proxy", RestartPolicy: &always,
+		Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
+			resMemory: resource.MustParse("1000")}}}}
+	pod.Labels = map[string]string{labelPriority: "low"}
+	pod.Annotations = map[string]string{annComputePolicy: "elastic"}
+	state := preFiltered(t, p, pod)
+	info := nodeInfo(node("n1", 1))
+	if s := p.Filter(context.Background(), state, pod, info); !s.IsSuccess() {
+		t.Fatalf("Filter: %v", s)
+	}
+	text, err := allocationRecord("n1", cycleOf(state).demand,
+		p.fit(cycleOf(state), pod, info).placed).Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"version":1,"node":"n1","priority":"low","compute_policy":"elastic",` +
+		`"memory_oversubscription":false,"containers":[` +
+		`{"name":"proxy","kind":"sidecar","init":true,"cards":[{"uuid":"GPU-0","index":0,"memory_mib":1000,"cores":0}]},` +
+		`{"name":"main","kind":"container","init":false,"cards":[{"uuid":"GPU-0","index":0,"memory_mib":1000,"cores":0}]}]}`
+	if text != want {
+		t.Fatalf("record\n got %s\nwant %s", text, want)
+	}
+}
+
+func TestArgsNameTheFieldTheValueAndWhatIsAllowed(t *testing.T) {
+	if got, err := DecodeArgs(nil); err != nil || got != DefaultArgs() {
+		t.Fatalf("no args = %+v, %v; want the defaults", got, err)
+	}
+	for raw, says := range map[string]string{
+		`{"sharesPerCard": 4, "heartbeatTimeoutSeconds": 3600}`: "",
+		`{"sharesPerCard": 33}`:                                 "sharesPerCard=33 is not allowed; allowed: an integer 1..32",
+		`{"memoryOversubscriptionRatio": 0.5}`:                  "memoryOversubscriptionRatio=0.5 is not allowed; allowed: 1.0..100.0",
+		`{"priority": "urgent"}`:                                "priority=urgent is not allowed; allowed: high, low",
+		`{"nodePolicy": "fullest"}`:                             "nodePolicy=fullest is not allowed; allowed: binpack, spread",
+		`{"sharesPercard": 4}`:                                  `unknown field "sharesPercard"; allowed fields: sharesPerCard`,
+	} {
+		_, err := DecodeArgs(&runtime.Unknown{Raw: []byte(raw)})
+		if says == "" && err != nil || says != "" && (err == nil || !strings.Contains(err.Error(), says)) {
+			t.Errorf("%s: %v; want %q", raw, err, says)
+		}
+	}
+}
