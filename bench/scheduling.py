@@ -1,4 +1,5 @@
-"""Scheduling throughput: pods bound per second for DRA shares, extender shares and whole cards.
+"""Scheduling throughput: pods bound per second for DRA shares, extender shares, plugin shares
+and whole cards.
 
     python bench/scheduling.py [--nodes 1000] [--pods 1000] [--cards 8]
 
@@ -9,26 +10,31 @@ ResourceSlices of driver gpu.egpu.io (``devcluster.dra.publish_node_slices``, as
 ``--dra`` publishes them), and waits until they are Ready and untainted; applies the
 DeviceClasses of manifests/dra and a ResourceClaimTemplate of one share; starts the extender
 (``python -m scheduler.main``) and points the dev cluster's ``egpu-scheduler`` profile at it
-(``devcluster.set_extender``, restored at the end). Then, in each of R rounds (``--rounds``,
+(``devcluster.set_extender``, restored at the end); and starts egpu-kube-scheduler beside the
+dev cluster's scheduler, its own profile ``egpu-plugin-bench`` served by egpu's plugin
+(``devcluster.plugin_scheduler``, on the same config). Then, in each of R rounds (``--rounds``,
 at least 3), P pods of each kind are created with a scheduling gate, the gates are lifted from
 16 threads (one pooled connection each), and the rate is P / (last bind - first ungate); pods
 (and claims) are deleted between the kinds. The kinds are interleaved: each round runs all
-three, in an order rotated from the round before, so that a slow stretch of the machine hits
+four, in an order rotated from the round before, so that a slow stretch of the machine hits
 every kind alike; each ratio is taken within its round and the median of the rounds is reported:
 
 - ``default``: a whole card, ``nvidia.com/gpu: 1``, default-scheduler (device-plugin counting);
 - ``extender``: a share (20000 MiB, 25%) through egpu-scheduler and the extender;
+- ``plugin``: the same share through egpu-kube-scheduler's plugin, EgpuShares (the placement
+  that replaces the extender: docs/scheduler.md "The placement inside kube-scheduler");
 - ``dra``: the same share as a ResourceClaim of class share.gpu.egpu.io (consumable capacity),
   one per pod, created with the pods (before the gates are lifted), default-scheduler's own
   DRA allocator.
 
-Everything (etcd, API server, schedulers, kwok, extender, this client) shares the machine's
-cores; the ungating rate is printed so that a client-bound run can be told apart.
+Everything (etcd, API server, both schedulers, kwok, extender, this client) shares the
+machine's cores; the ungating rate is printed so that a client-bound run can be told apart.
 
-Last line: ``nodes=N rounds=R dra_pods_per_s=N extender_pods_per_s=N default_pods_per_s=N
-dra_ratio=N extender_ratio=N`` (medians of the rounds; dra_ratio = DRA share pods / plain pods,
-extender_ratio = extender share pods / plain pods, each within one round; issue 24's targets:
-dra_ratio >= 0.5, extender_ratio >= 0.8).
+Last line: ``nodes=N rounds=R dra_pods_per_s=N extender_pods_per_s=N plugin_pods_per_s=N
+default_pods_per_s=N dra_ratio=N extender_ratio=N plugin_ratio=N`` (medians of the rounds;
+each ratio is that kind's pods / plain pods within one round; issue 24's targets: dra_ratio >=
+0.5, extender_ratio >= 0.8, which the plugin, replacing the extender, must meet as
+plugin_ratio).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from devcluster import nodes as devnodes
 from devcluster.cluster import wait_until
 from devcluster.extender import ExtenderProcess
 from devcluster.net import HOST
+from devcluster.plugin_scheduler import PluginSchedulerProcess
 from egpu.contract import DEVICE_CLASS_SHARE, DRA_CLAIM_FINALIZER
 from scheduler.kube import ApiStatusError, RawApi, load_client
 from testbed.stats import percentile
@@ -123,7 +130,9 @@ def heartbeat(api: RawApi, names: list[str]) -> None:
 # The three kinds of pod measured: a whole card through the default scheduler's device-plugin
 # counting; a share through the egpu extender; a share as a DRA claim (consumable capacity)
 # through the default scheduler's own allocator.
-WHOLE, EXTENDER_SHARE, DRA_SHARE = "default", "extender", "dra"
+WHOLE, EXTENDER_SHARE, PLUGIN_SHARE, DRA_SHARE = "default", "extender", "plugin", "dra"
+KINDS = (WHOLE, EXTENDER_SHARE, PLUGIN_SHARE, DRA_SHARE)
+PLUGIN_SCHEDULER = "egpu-plugin-bench"  # egpu-kube-scheduler's profile
 SHARE_MIB = 20000  # four shares fit an H100's 81559 MiB
 SHARE_CORES = 25
 TEMPLATE = "bench-share"
@@ -150,14 +159,14 @@ def share_claim(name: str) -> dict[str, Any]:
 
 def pod(name: str, kind: str) -> dict[str, Any]:
     limits: dict[str, str] = {"nvidia.com/gpu": "1"} if kind == WHOLE else {}
-    if kind == EXTENDER_SHARE:
+    if kind in (EXTENDER_SHARE, PLUGIN_SHARE):
         limits = {"egpu.io/gpu": "1", "egpu.io/gpu-memory": str(SHARE_MIB),
                   "egpu.io/gpu-cores": str(SHARE_CORES)}
     container: dict[str, Any] = {"name": "c", "image": "busybox",
                                  "resources": {"limits": limits}}
+    schedulers = {EXTENDER_SHARE: devcluster.EGPU_SCHEDULER, PLUGIN_SHARE: PLUGIN_SCHEDULER}
     spec: dict[str, Any] = {
-        "schedulerName": (devcluster.EGPU_SCHEDULER if kind == EXTENDER_SHARE
-                          else "default-scheduler"),
+        "schedulerName": schedulers.get(kind, "default-scheduler"),
         "terminationGracePeriodSeconds": 0, "schedulingGates": [{"name": GATE}],
         "nodeSelector": {"egpu-bench": "true"}, "containers": [container]}
     if kind == DRA_SHARE:  # its own claim, created with it (see share_claim)
@@ -263,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--cards", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS,
-                        help=f"rounds of the three kinds, interleaved (at least {MIN_ROUNDS})")
+                        help=f"rounds of the four kinds, interleaved (at least {MIN_ROUNDS})")
     args = parser.parse_args(argv)
     if args.rounds < MIN_ROUNDS:
         parser.error(f"--rounds {args.rounds}: at least {MIN_ROUNDS} (a median of rounds)")
@@ -281,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     # handshake per request, bounding the plain pods' rate by the client
     api = RawApi(load_client(info.kubeconfig, pool_size=CLIENT_THREADS))
     extender = None
+    plugin = None
     rounds: dict[int, dict[str, float]] = {}
     previous = (info.extender_url, info.extender_ca_file)
     try:
@@ -307,18 +317,25 @@ def main(argv: list[str] | None = None) -> int:
         extender = ExtenderProcess(info.kubeconfig, config, work / "extender.log")
         extender.start()
         devcluster.set_extender(info, extender.url)
+        plugin = PluginSchedulerProcess(info.kubeconfig, work, PLUGIN_SCHEDULER,
+                                        {"sharesPerCard": SHARES, "heartbeatTimeoutSeconds": 3600})
+        plugin.start()
         for r in range(args.rounds):
             for kind in round_order(r):
-                held = gate_holds(extender)
+                holds = {EXTENDER_SHARE: lambda: gate_holds(extender),
+                         PLUGIN_SHARE: plugin.gate_holds}.get(kind, lambda: None)
+                held = holds()
                 rate, ungate = run(api, info.kubeconfig, kind, args.pods)
                 rounds.setdefault(r, {})[kind] = rate
                 held_text = ""
-                if kind == EXTENDER_SHARE and held is not None:
-                    held_text = f"; the bind gate held {(gate_holds(extender) or 0) - held}"
+                if held is not None:
+                    held_text = f"; the bind gate held {(holds() or 0) - held}"
                 print(f"round {r + 1} {kind}: {rate:.1f} pods/s (gates lifted at {ungate:.0f}/s"
                       f"{held_text})", flush=True)
         print(scheduler_memory(state_dir), flush=True)
     finally:
+        if plugin is not None:
+            plugin.stop()
         if extender is not None:
             extender.stop()
             devcluster.set_extender(info, *previous)
@@ -334,7 +351,7 @@ GATE_HELD_METRIC = "egpu_extender_bind_gate_held_total"  # scheduler/app.py's co
 
 def gate_holds(extender: Any) -> int | None:
     """How many binds the extender's bind gate has held so far (its /metrics), or None when
-    it has no metrics port (a stand-in, as the plugin experiment's) or does not answer."""
+    it has no metrics port or does not answer."""
     port = getattr(extender, "metrics_port", None)
     if port is None:
         return None
@@ -364,8 +381,8 @@ def scheduler_memory(state_dir: Path) -> str:
 
 def round_order(r: int) -> tuple[str, ...]:
     """The kinds in round ``r``: each round the order before it, rotated by one."""
-    kinds = (WHOLE, EXTENDER_SHARE, DRA_SHARE)
-    return kinds[r % 3:] + kinds[:r % 3]
+    shift = r % len(KINDS)
+    return KINDS[shift:] + KINDS[:shift]
 
 
 def summary_line(nodes: int, rounds: list[dict[str, float]]) -> str:
@@ -382,8 +399,9 @@ def summary_line(nodes: int, rounds: list[dict[str, float]]) -> str:
 
     return (f"nodes={nodes} rounds={len(rounds)} dra_pods_per_s={rate(DRA_SHARE):.1f} "
             f"extender_pods_per_s={rate(EXTENDER_SHARE):.1f} "
+            f"plugin_pods_per_s={rate(PLUGIN_SHARE):.1f} "
             f"default_pods_per_s={rate(WHOLE):.1f} dra_ratio={ratio(DRA_SHARE):.2f} "
-            f"extender_ratio={ratio(EXTENDER_SHARE):.2f}")
+            f"extender_ratio={ratio(EXTENDER_SHARE):.2f} plugin_ratio={ratio(PLUGIN_SHARE):.2f}")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,6 @@ const (
 	stateKey   = fwk.StateKey(Name)
 	gateWait   = 8 * time.Second        // the extender's BIND_GATE_WAIT_S
 	sweepEvery = 100 * time.Millisecond // how often held pods get their turn again
-	logHoldsOf = 50                     // the gate logs its first hold and every 50th
 )
 
 // reservation is a pod's placement from Reserve until its record is seen.
@@ -283,9 +282,8 @@ func (p *Plugin) Permit(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	if !p.gate.Enter(nodeName, string(pod.UID), sizesOf(r.placement)) {
 		return nil, 0
 	}
-	if n := p.holds.Add(1); n%logHoldsOf == 1 {
-		klog.InfoS("egpu bind gate", "holds", n, "pod", klog.KObj(pod), "node", nodeName)
-	}
+	klog.InfoS("egpu bind gate held the pod", "pod", klog.KObj(pod), "node", nodeName,
+		"holds", p.holds.Add(1))
 	return fwk.NewStatus(fwk.Wait, "a pod awaiting admission on the node holds other cards"),
 		gateWait
 }

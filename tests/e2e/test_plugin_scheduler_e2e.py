@@ -1,9 +1,9 @@
 """egpu-kube-scheduler end to end: its plugin, EgpuShares, places Deployments' replicas on a dev
 cluster (issue 24, docs/scheduler.md "The placement inside kube-scheduler").
 
-The module fixture builds egpu-kube-scheduler from this checkout (``devcluster.build``) and runs
-it as a second scheduler beside the dev cluster's, with one profile, ``egpu-plugin-e2e``
-(``devcluster.cluster.plugin_scheduler_config``), on 127.0.0.1. The tests' pods name that
+The module fixture runs egpu-kube-scheduler, built from this checkout, as a second scheduler
+beside the dev cluster's, with one profile, ``egpu-plugin-e2e``
+(``devcluster.plugin_scheduler.PluginSchedulerProcess``), on 127.0.0.1. The tests' pods name that
 scheduler and select this module's kwok nodes by label; kwok plays their kubelets (admission,
 Running). Pods are created WITHOUT the webhook, so they carry ``egpu.io/gpu: 1`` themselves.
 """
@@ -11,18 +11,15 @@ Running). Pods are created WITHOUT the webhook, so they carry ``egpu.io/gpu: 1``
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devcluster import build
 from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
-from devcluster.net import HOST, free_port, http_get, insecure_context
+from devcluster.plugin_scheduler import PluginSchedulerProcess
 from egpu.booking import CardBooking, record_bookings
 from egpu.contract import ANN_ALLOCATION, ANN_INVENTORY
 from egpu.records import Allocation, Inventory
@@ -38,45 +35,8 @@ NS = "egpu-plugin-e2e"
 _wait = devcluster.wait_until
 
 
-class PluginScheduler:
-    """egpu-kube-scheduler as a process of this module: start, kill (SIGKILL), start again."""
-
-    def __init__(self, kubeconfig: str, workdir: Path) -> None:
-        self.binary = build.plugin_scheduler()
-        self.kubeconfig = kubeconfig
-        self.config = workdir / "scheduler-config.json"
-        self.config.write_text(devcluster.plugin_scheduler_config(
-            kubeconfig, SCHEDULER, {"sharesPerCard": SHARES_PER_CARD,
-                                    "heartbeatTimeoutSeconds": 3600}))
-        self.log = workdir / "egpu-kube-scheduler.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        port = free_port()
-        argv = [str(self.binary), f"--config={self.config}",
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
-                f"--bind-address={HOST}", f"--secure-port={port}", "--v=1"]
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        health = f"https://{HOST}:{port}/healthz"
-
-        def healthy() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
-            with contextlib.suppress(OSError):
-                return http_get(health, insecure_context())[0] == 200
-            return False
-
-        _wait("egpu-kube-scheduler healthy", healthy, timeout=60)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-
 class Env:
-    def __init__(self, cluster: Any, scheduler: PluginScheduler) -> None:
+    def __init__(self, cluster: Any, scheduler: PluginSchedulerProcess) -> None:
         self.cluster = cluster
         self.api = RawApi(cluster.api_client())
         self.scheduler = scheduler
@@ -135,8 +95,9 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    scheduler = PluginScheduler(str(cluster.kubeconfig),
-                                tmp_path_factory.mktemp("egpu-plugin-e2e"))
+    scheduler = PluginSchedulerProcess(
+        str(cluster.kubeconfig), tmp_path_factory.mktemp("egpu-plugin-e2e"), SCHEDULER,
+        {"sharesPerCard": SHARES_PER_CARD, "heartbeatTimeoutSeconds": 3600})
     handle = Env(cluster, scheduler)
     cluster.ensure_namespace(NS)
     try:
@@ -144,7 +105,7 @@ def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]
         yield handle
     finally:
         handle.cleanup()
-        scheduler.kill()
+        scheduler.stop()
         print(f"egpu-kube-scheduler log: {scheduler.log}")
 
 

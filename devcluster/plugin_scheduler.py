@@ -1,0 +1,64 @@
+"""egpu-kube-scheduler as a child process beside the dev cluster's kube-scheduler, for tests and
+benchmarks: kube-scheduler with egpu's plugin, EgpuShares (kube-scheduler/plugin), serving one
+profile of its own.
+
+``PluginSchedulerProcess(kubeconfig, workdir, scheduler_name, plugin_args)`` builds the binary
+from this checkout when its sources changed (``devcluster.build.plugin_scheduler``) and writes
+its config (``devcluster.cluster.plugin_scheduler_config``: leader election off, so it runs
+beside the dev cluster's scheduler); ``start()`` runs it on 127.0.0.1:<free port> and waits for
+/healthz; ``kill()`` sends SIGKILL (a crash); ``stop()`` terminates it. Pods that name
+``scheduler_name`` are its own. ``gate_holds()`` counts the pods its bind gate has held, from
+its log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from devcluster import build
+from devcluster.cluster import plugin_scheduler_config
+from devcluster.net import HOST, free_port, http_get, insecure_context
+from devcluster.supervisor import Child
+
+GATE_HOLD_LOG = '"egpu bind gate held the pod"'  # kube-scheduler/plugin's log line per hold
+
+
+class PluginSchedulerProcess:
+    """One egpu-kube-scheduler, logging to ``workdir``/egpu-kube-scheduler.log; see the module
+    docstring."""
+
+    def __init__(self, kubeconfig: str, workdir: Path, scheduler_name: str,
+                 plugin_args: dict[str, Any] | None = None) -> None:
+        binary = build.plugin_scheduler()
+        config = workdir / "egpu-kube-scheduler-config.json"
+        config.write_text(plugin_scheduler_config(kubeconfig, scheduler_name, plugin_args))
+        self.port = free_port()
+        self.log = workdir / "egpu-kube-scheduler.log"
+        self.process = Child("egpu-kube-scheduler", [
+            str(binary), f"--config={config}", f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}", f"--bind-address={HOST}",
+            f"--secure-port={self.port}", "--v=1"], self.log)
+
+    def start(self, timeout_s: float = 60) -> None:
+        """Start it and wait for /healthz. Raises DevClusterError (quoting its log) when it
+        exits or times out."""
+        healthz = f"https://{HOST}:{self.port}/healthz"
+        self.process.start(lambda: http_get(healthz, insecure_context())[0] == 200,
+                           f"GET {healthz}", timeout_s, 0.25)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        self.process.kill()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s."""
+        self.process.stop()
+
+    def gate_holds(self) -> int:
+        """How many times its bind gate has held a pod so far (each start's log included)."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return 0
+        return text.count(GATE_HOLD_LOG)
