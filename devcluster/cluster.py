@@ -310,16 +310,19 @@ def plugin_profile(scheduler_name: str, plugin_args: dict[str, Any] | None = Non
                    ) -> dict[str, Any]:
     """A KubeSchedulerConfiguration profile that places egpu shares with egpu-kube-scheduler's
     plugin, EgpuShares (kube-scheduler/plugin), in place of the extender: the plugin at every
-    extension point it implements, DefaultBinder off (the plugin's Binding carries the
-    allocation record), and NodeResourcesFit told to ignore the shares' own resources (no
-    node advertises them; the plugin books them card by card). ``plugin_args``: the plugin's
+    extension point it implements, DefaultBinder after it (the plugin's Binding carries the
+    allocation record; DefaultBinder binds the pods without shares), and NodeResourcesFit
+    told to ignore the shares' own resources (no node advertises them; the plugin books them
+    card by card). ``plugin_args``: the plugin's
     args (egpu config names: sharesPerCard, heartbeatTimeoutSeconds, ...)."""
     on = [{"name": PLUGIN_NAME}]
     return {
         "schedulerName": scheduler_name,
         "plugins": {point: {"enabled": on} for point in
                     ("preFilter", "filter", "preScore", "score", "reserve", "permit")}
-        | {"bind": {"enabled": on, "disabled": [{"name": "DefaultBinder"}]}},
+        # the plugin binds share pods; DefaultBinder, after it, the pods it skips (no share)
+        | {"bind": {"disabled": [{"name": "DefaultBinder"}],
+                    "enabled": [*on, {"name": "DefaultBinder"}]}},
         "pluginConfig": [
             {"name": "NodeResourcesFit", "args": {
                 "ignoredResources": [n for n, ignored in EXTENDER_MANAGED_RESOURCES if ignored]}},

@@ -129,7 +129,7 @@ func (g *Gate) Done(uid string, let func(uid string) bool) {
 	for node, pods := range g.unadmitted {
 		if _, was := pods[uid]; was {
 			delete(pods, uid)
-			g.release(node, let)
+			g.release(node, let) // drops the node's maps once empty
 		}
 	}
 }
@@ -140,6 +140,9 @@ func (g *Gate) Forget(node, uid string, let func(uid string) bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.held[node], uid)
+	if len(g.held[node]) == 0 {
+		delete(g.held, node)
+	}
 	if _, was := g.unadmitted[node][uid]; was {
 		delete(g.unadmitted[node], uid)
 		g.release(node, let)
@@ -156,6 +159,20 @@ func (g *Gate) Sweep(let func(uid string) bool) {
 			g.release(node, let)
 		}
 	}
+}
+
+// Nodes is the number of nodes the gate keeps entries for (held or not admitted).
+func (g *Gate) Nodes() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	nodes := map[string]bool{}
+	for node := range g.held {
+		nodes[node] = true
+	}
+	for node := range g.unadmitted {
+		nodes[node] = true
+	}
+	return len(nodes)
 }
 
 // Held is the number of pods held now.

@@ -110,6 +110,10 @@ func TestABindingGivenUpReleasesWhatItHeld(t *testing.T) {
 	if !reflect.DeepEqual(let, []string{"p3"}) {
 		t.Fatalf("let %v through; want p3", let)
 	}
+	g.Done("p3", letAll(&let))
+	if g.Nodes() != 0 {
+		t.Fatalf("the gate keeps %d node(s) with no pod", g.Nodes())
+	}
 }
 
 func TestAPodSeenBoundCountsUntilAdmittedAndKeepsItsEntry(t *testing.T) {
@@ -124,5 +128,18 @@ func TestAPodSeenBoundCountsUntilAdmittedAndKeepsItsEntry(t *testing.T) {
 	}
 	if g.WouldHold("n1", "p1", one("C")) {
 		t.Fatal("a pod conflicts with its own entry")
+	}
+}
+
+// Bug caught: a node's map of held pods left behind, empty, when its last held pod is given up
+// with nothing to release: one entry per node the scheduler ever held a pod on.
+func TestTheGateKeepsNoNodeWithoutPods(t *testing.T) {
+	g := New()
+	g.Enter("n1", "p1", one("A"))
+	g.Enter("n1", "p2", one("B"))
+	g.Done("p1", func(string) bool { return false }) // p2 not listed as waiting yet
+	g.Forget("n1", "p2", func(string) bool { return true })
+	if g.Nodes() != 0 || g.Held() != 0 {
+		t.Fatalf("the gate keeps %d node(s), %d held pod(s)", g.Nodes(), g.Held())
 	}
 }

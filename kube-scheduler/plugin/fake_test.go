@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -13,7 +14,10 @@ import (
 type fakeHandle struct {
 	fwk.Handle
 	snapshot fwk.SharedLister
+	client   kubernetes.Interface
 }
+
+func (h *fakeHandle) ClientSet() kubernetes.Interface { return h.client }
 
 func (h *fakeHandle) SnapshotSharedLister() fwk.SharedLister { return h.snapshot }
 func (h *fakeHandle) GetWaitingPod(types.UID) fwk.WaitingPod { return nil }

@@ -46,6 +46,9 @@ const (
 	sweepEvery = 100 * time.Millisecond // how often held pods get their turn again
 )
 
+// instances: whether New has made the plugin (one per scheduler process).
+var instances atomic.Bool
+
 // reservation is a pod's placement from Reserve until its record is seen.
 type reservation struct {
 	node      string
@@ -61,10 +64,9 @@ type Plugin struct {
 	holds  atomic.Int64
 
 	mu     sync.Mutex
-	nodes  map[string]*parsedNode                         // node -> its records, by text
-	states map[string]bookedNode                          // node -> booked state, per generation
-	booked map[types.UID]map[string]placement.CardBooking // pod -> what its record books
-	held   map[types.UID]reservation                      // pod -> placement, until seen bound
+	nodes  map[string]*parsedNode    // node -> its annotations, parsed
+	states map[string]bookedNode     // node -> booked state, per generation
+	held   map[types.UID]reservation // pod -> placement, until seen bound
 }
 
 var (
@@ -81,17 +83,29 @@ var (
 // watches pods through the scheduler's own informer (records, admissions, deletions) and
 // sweeps the gate until ctx ends.
 func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+	if !instances.CompareAndSwap(false, true) {
+		// each profile's instance would hold its own reservations and gate, and not see the
+		// other's pods awaiting their records: cards booked twice
+		return nil, fmt.Errorf("%s is enabled in more than one scheduler profile; enable it "+
+			"in one", Name)
+	}
 	args, err := DecodeArgs(obj)
 	if err != nil {
 		return nil, err
 	}
 	p := newPlugin(h, args)
-	_, err = h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(
-		cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { p.observe(o, false) },
-			UpdateFunc: func(_, o any) { p.observe(o, false) },
-			DeleteFunc: func(o any) { p.observe(o, true) },
-		})
+	informers := h.SharedInformerFactory().Core().V1()
+	_, err = informers.Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { p.observe(o, false) },
+		UpdateFunc: func(_, o any) { p.observe(o, false) },
+		DeleteFunc: func(o any) { p.observe(o, true) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	_, err = informers.Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: p.forgetNode,
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -113,25 +127,28 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 func newPlugin(h fwk.Handle, args Args) *Plugin {
 	return &Plugin{handle: h, args: args, limits: args.limits(), gate: gate.New(),
 		nodes: map[string]*parsedNode{}, states: map[string]bookedNode{},
-		booked: map[types.UID]map[string]placement.CardBooking{},
-		held:   map[types.UID]reservation{}}
+		held: map[types.UID]reservation{}}
 }
 
 // Name is the plugin's name.
 func (p *Plugin) Name() string { return Name }
 
 // cycle is the pod's shares and, per node, its fit in this scheduling cycle. A clone (the
-// scheduler's preemption dry runs, which fit the pod on nodes with victims removed) starts
-// with no fits.
+// scheduler's preemption dry runs, and its passes with nominated pods) starts with no fits.
 type cycle struct {
 	demand *demand
 	mu     sync.Mutex
 	fits   map[string]fitAnswer
 }
 
+// fitAnswer is the pod's fit on one node, for the NodeInfo generation it was made on: the
+// scheduler's Filter, Score and Reserve of one cycle see one snapshot, and a preemption dry
+// run (victims removed, then added back one by one) or a pass with nominated pods added sees
+// other generations.
 type fitAnswer struct {
-	placed *placement.Placement
-	unfit  *placement.Unfit
+	generation int64
+	placed     *placement.Placement
+	unfit      *placement.Unfit
 }
 
 func (c *cycle) Clone() fwk.StateData {
@@ -167,11 +184,11 @@ func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
 
 // fit is the pod's fit on the node in this cycle: Filter's answer when it gave one.
 func (p *Plugin) fit(c *cycle, pod *v1.Pod, info fwk.NodeInfo) fitAnswer {
-	name := info.Node().Name
+	name, generation := info.Node().Name, info.GetGeneration()
 	c.mu.Lock()
 	got, ok := c.fits[name]
 	c.mu.Unlock()
-	if ok {
+	if ok && got.generation == generation {
 		return got
 	}
 	p.mu.Lock()
@@ -179,7 +196,7 @@ func (p *Plugin) fit(c *cycle, pod *v1.Pod, info fwk.NodeInfo) fitAnswer {
 	p.mu.Unlock()
 	placed, unfit := placement.Fit(node, c.demand.PodDemand, p.limits,
 		float64(time.Now().Unix()))
-	got = fitAnswer{placed, unfit}
+	got = fitAnswer{generation, placed, unfit}
 	c.mu.Lock()
 	c.fits[name] = got
 	c.mu.Unlock()
@@ -308,13 +325,22 @@ func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 			Annotations: map[string]string{annAllocation: text}},
 		Target: v1.ObjectReference{Kind: "Node", Name: nodeName},
 	}
-	err = p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Bind(ctx, binding,
-		metav1.CreateOptions{})
-	if err != nil {
-		return fwk.AsStatus(fmt.Errorf("binding %s/%s to %s: %w", pod.Namespace, pod.Name,
-			nodeName, err))
+	pods := p.handle.ClientSet().CoreV1().Pods(pod.Namespace)
+	err = pods.Bind(ctx, binding, metav1.CreateOptions{})
+	if err == nil {
+		return nil
 	}
-	return nil
+	// An error may come after the API server wrote the Binding (a timeout, a reset): read the
+	// pod back, so that a pod bound there keeps its cards booked (Unreserve would free them
+	// until the informer brings the bound pod).
+	if now, getErr := pods.Get(ctx, pod.Name, metav1.GetOptions{}); getErr == nil &&
+		now.UID == pod.UID && now.Spec.NodeName == nodeName {
+		klog.InfoS("egpu: the Binding's answer was an error, but the pod is bound",
+			"pod", klog.KObj(pod), "node", nodeName, "err", err)
+		return nil
+	}
+	return fwk.AsStatus(fmt.Errorf("binding %s/%s to %s: %w", pod.Namespace, pod.Name,
+		nodeName, err))
 }
 
 func (p *Plugin) reservation(uid types.UID) (reservation, bool) {
@@ -339,10 +365,10 @@ func (p *Plugin) let(uid string) bool {
 // except for a pod that is itself on the node. Caller holds mu.
 func (p *Plugin) nodeState(info fwk.NodeInfo, self types.UID) placement.NodeState {
 	node := info.Node()
-	inv, hb := node.Annotations[annInventory], node.Annotations[annHeartbeat]
+	annotations := annotationsOf(node.Annotations)
 	parsed := p.nodes[node.Name]
-	if parsed == nil || parsed.inventory != inv || parsed.heartbeat != hb {
-		parsed = &parsedNode{inv, hb, parseNode(node.Name, inv, hb)}
+	if parsed == nil || parsed.annotations != annotations {
+		parsed = &parsedNode{annotations, parseNode(node.Name, annotations)}
 		p.nodes[node.Name] = parsed
 	}
 	pods := info.GetPods()
@@ -350,17 +376,19 @@ func (p *Plugin) nodeState(info fwk.NodeInfo, self types.UID) placement.NodeStat
 	for _, pi := range pods {
 		keep = keep && pi.GetPod().UID != self
 	}
-	if got, ok := p.states[node.Name]; keep && ok && got.parsed == parsed &&
-		got.generation == info.GetGeneration() {
-		return got.state
+	before, known := p.states[node.Name]
+	if keep && known && before.parsed == parsed && before.generation == info.GetGeneration() {
+		return before.state
 	}
+	records := map[types.UID]map[string]placement.CardBooking{}
 	var bookings []map[string]placement.CardBooking
 	for _, pi := range pods {
 		pod := pi.GetPod()
 		if pod.UID == self {
 			continue
 		}
-		if b, ok := p.recordBookings(pod); ok {
+		if b, ok := recordBookings(pod, before.records); ok {
+			records[pod.UID] = b
 			bookings = append(bookings, b)
 			delete(p.held, pod.UID) // its record says what the reservation did
 		} else if r, ok := p.held[pod.UID]; ok && r.node == node.Name {
@@ -369,37 +397,49 @@ func (p *Plugin) nodeState(info fwk.NodeInfo, self types.UID) placement.NodeStat
 	}
 	state := booked(parsed.state, bookings)
 	if keep {
-		p.states[node.Name] = bookedNode{info.GetGeneration(), parsed, state}
+		p.states[node.Name] = bookedNode{info.GetGeneration(), parsed, state, records}
 	}
 	return state
 }
 
-// recordBookings is what the pod's egpu.io/allocation record books per card, decoded once per
-// pod; false when it has none. A record that does not decode books nothing and is logged, as
-// does a finished pod's, or a record on a pod that asks for no share.
-// Caller holds mu.
-func (p *Plugin) recordBookings(pod *v1.Pod) (map[string]placement.CardBooking, bool) {
+// recordBookings is what the pod's egpu.io/allocation record books per card (known: the
+// bookings decoded before, by pod); false when it has none. A record that does not decode
+// books nothing and is logged, as does a finished pod's, or a record on a pod that asks for
+// no share (scheduler/state.py pod_booking).
+func recordBookings(pod *v1.Pod, known map[types.UID]map[string]placement.CardBooking) (
+	map[string]placement.CardBooking, bool) {
 	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
-		return nil, true // a finished pod books nothing (scheduler/state.py pod_booking)
+		return nil, true
 	}
-	if got, ok := p.booked[pod.UID]; ok {
+	if got, ok := known[pod.UID]; ok {
 		return got, true
 	}
 	text, ok := pod.Annotations[annAllocation]
 	if !ok {
 		return nil, false
 	}
-	if !asksForShares(pod) { // a hand-written record on a pod without shares books nothing
-		p.booked[pod.UID] = nil
+	if !asksForShares(pod) {
 		return nil, true
 	}
 	a, err := records.DecodeAllocation(text)
 	if err != nil {
 		klog.ErrorS(err, "egpu: unreadable allocation record", "pod", klog.KObj(pod))
+		return nil, true
 	}
-	out := placement.BookingsOf(a)
-	p.booked[pod.UID] = out
-	return out, true
+	return placement.BookingsOf(a), true
+}
+
+// forgetNode drops what the plugin keeps of a deleted node.
+func (p *Plugin) forgetNode(o any) {
+	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = t.Obj
+	}
+	if node, ok := o.(*v1.Node); ok {
+		p.mu.Lock()
+		delete(p.nodes, node.Name)
+		delete(p.states, node.Name)
+		p.mu.Unlock()
+	}
 }
 
 // observe keeps the gate and the record cache in step with the pods: a pod gone drops its
@@ -415,7 +455,6 @@ func (p *Plugin) observe(o any, deleted bool) {
 	}
 	if deleted {
 		p.mu.Lock()
-		delete(p.booked, pod.UID)
 		delete(p.held, pod.UID)
 		p.mu.Unlock()
 	}

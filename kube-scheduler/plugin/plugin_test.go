@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	clientfake "k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 	fwk "k8s.io/kube-scheduler/framework"
 	schedcache "k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
@@ -240,6 +243,83 @@ func TestArgsNameTheFieldTheValueAndWhatIsAllowed(t *testing.T) {
 		_, err := DecodeArgs(&runtime.Unknown{Raw: []byte(raw)})
 		if says == "" && err != nil || says != "" && (err == nil || !strings.Contains(err.Error(), says)) {
 			t.Errorf("%s: %v; want %q", raw, err, says)
+		}
+	}
+}
+
+// Bug caught: the cycle's fit kept by node name alone, so preemption's dry run, which adds the
+// victims back one by one on its clone, reads "fits" each time and spares every victim.
+func TestAPreemptionDryRunFitsAgainAsEachVictimIsAddedBack(t *testing.T) {
+	p := newPlugin(nil, DefaultArgs())
+	victim := recorded(sharePod("victim", 1), "n1", 0, 20000)
+	full := nodeInfo(node("n1", 1), victim)
+	pod := sharePod("p", 16000)
+	dryRun := preFiltered(t, p, pod).Clone()
+	emptied := full.Snapshot()
+	if err := emptied.RemovePod(klogDiscard(), victim); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.Filter(context.Background(), dryRun, pod, emptied); !s.IsSuccess() {
+		t.Fatalf("Filter with the victim removed = %v", s)
+	}
+	victimInfo, err := framework.NewPodInfo(victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	emptied.AddPodInfo(victimInfo)
+	if s := p.Filter(context.Background(), dryRun, pod, emptied); s.Code() != fwk.Unschedulable {
+		t.Fatalf("Filter with the victim added back = %v, want Unschedulable", s)
+	}
+}
+
+// Bug caught: a Binding that the API server wrote but answered with an error freeing the
+// pod's cards (Unreserve) until the informer brings the bound pod: another pod overbooks them.
+func TestABindingWrittenButAnsweredWithAnErrorStaysBound(t *testing.T) {
+	n := node("n1", 1)
+	pod := sharePod("p", 16000)
+	client := clientfake.NewClientset(pod.DeepCopy())
+	client.PrependReactor("create", "pods", func(action clienttesting.Action) (bool,
+		runtime.Object, error) {
+		if action.GetSubresource() != "binding" {
+			return false, nil, nil
+		}
+		bound := pod.DeepCopy()
+		bound.Spec.NodeName = "n1"
+		if err := client.Tracker().Update(v1.SchemeGroupVersion.WithResource("pods"), bound,
+			"default"); err != nil {
+			return true, nil, err
+		}
+		return true, nil, errors.New("http2: client connection lost")
+	})
+	h := &fakeHandle{snapshot: schedcache.NewSnapshot(nil, []*v1.Node{n}), client: client}
+	p := newPlugin(h, DefaultArgs())
+	state := preFiltered(t, p, pod)
+	info, _ := h.snapshot.NodeInfos().Get("n1")
+	p.Filter(context.Background(), state, pod, info)
+	if s := p.Reserve(context.Background(), state, pod, "n1"); !s.IsSuccess() {
+		t.Fatalf("Reserve: %v", s)
+	}
+	if s := p.Bind(context.Background(), state, pod, "n1"); !s.IsSuccess() {
+		t.Fatalf("Bind of a pod the API server bound = %v, want success", s)
+	}
+	other := sharePod("other", 16000)
+	if s := p.Bind(context.Background(), preFiltered(t, p, other), other, "n1"); s.IsSuccess() {
+		t.Fatal("Bind of a pod without a reservation, that the API server did not bind, succeeded")
+	}
+}
+
+func TestANodeOfTheDRAPoolOrWithoutAnInventoryTakesNoShare(t *testing.T) {
+	p := newPlugin(nil, DefaultArgs())
+	dra, bare := node("dra", 1), node("bare", 0)
+	dra.Annotations[annAllocationMode] = "dra"
+	delete(bare.Annotations, annInventory)
+	for n, says := range map[*v1.Node]string{dra: "takes egpu shares through DRA",
+		bare: "annotation egpu.io/inventory missing"} {
+		pod := sharePod("p", 1000)
+		s := p.Filter(context.Background(), preFiltered(t, p, pod), pod, nodeInfo(n))
+		if s.Code() != fwk.UnschedulableAndUnresolvable || !strings.Contains(s.Message(), says) {
+			t.Errorf("%s: Filter = %v, want UnschedulableAndUnresolvable saying %q", n.Name, s,
+				says)
 		}
 	}
 }
