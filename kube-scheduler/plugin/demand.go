@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -13,21 +14,24 @@ import (
 
 // The pod's egpu names (../shared/CONTRACT.md, sections 1 and 2).
 const (
-	resGPU              = "egpu.io/gpu"
-	resMemory           = "egpu.io/gpu-memory"
-	resMemoryPercentage = "egpu.io/gpu-memory-percentage"
-	resCores            = "egpu.io/gpu-cores"
-	labelPriority       = "egpu.io/priority" // the webhook's label
-	annPriority         = "egpu.io/priority"
-	annComputePolicy    = "egpu.io/compute-policy"
-	annOversubscription = "egpu.io/memory-oversubscription"
-	annGPUPolicy        = "egpu.io/gpu-policy"
-	annNodePolicy       = "egpu.io/node-policy"
-	annUseType          = "egpu.io/use-gpu-type"
-	annNouseType        = "egpu.io/nouse-gpu-type"
-	annUseUUID          = "egpu.io/use-gpu-uuid"
-	annNouseUUID        = "egpu.io/nouse-gpu-uuid"
-	maxGPUsPerContainer = 16
+	resGPU               = "egpu.io/gpu"
+	resMemory            = "egpu.io/gpu-memory"
+	resMemoryPercentage  = "egpu.io/gpu-memory-percentage"
+	resCores             = "egpu.io/gpu-cores"
+	labelPriority        = "egpu.io/priority" // the webhook's label
+	annPriority          = "egpu.io/priority"
+	annComputePolicy     = "egpu.io/compute-policy"
+	annOversubscription  = "egpu.io/memory-oversubscription"
+	annGPUPolicy         = "egpu.io/gpu-policy"
+	annNodePolicy        = "egpu.io/node-policy"
+	annUseType           = "egpu.io/use-gpu-type"
+	annNouseType         = "egpu.io/nouse-gpu-type"
+	annUseUUID           = "egpu.io/use-gpu-uuid"
+	annNouseUUID         = "egpu.io/nouse-gpu-uuid"
+	annAllocationModePod = "egpu.io/allocation-mode"
+	maxGPUsPerContainer  = 16
+	egpuPrefix           = "egpu.io/"       // every resource name under it is egpu's
+	nativeGPU            = "nvidia.com/gpu" // whole cards, NVIDIA's device plugin's
 )
 
 // demand is what the plugin reads of a share pod: placement's demand, and what the
@@ -39,69 +43,113 @@ type demand struct {
 	computePolicy string
 }
 
+// problem is one mistake in a pod's shares, worded as egpu/requests.py RequestError.message:
+// the container (or the pod's annotation), the field, the value, why, and what is allowed.
+type problem struct{ container, field, value, reason, allowed string }
+
+func (p problem) String() string {
+	where := "pod annotation "
+	if p.container != "" {
+		where = fmt.Sprintf("container '%s': ", p.container)
+	}
+	reason := ""
+	if p.reason != "" {
+		reason = " (" + p.reason + ")"
+	}
+	return fmt.Sprintf("%s%s='%s' is not allowed%s; allowed: %s", where, p.field, p.value, reason,
+		p.allowed)
+}
+
+func (p problem) Error() string { return p.String() }
+
+// problems is every mistake of a pod, in the order egpu/requests.py finds them.
+type problems []problem
+
+func (ps problems) Error() string {
+	texts := make([]string, len(ps))
+	for i, p := range ps {
+		texts[i] = p.String()
+	}
+	return strings.Join(texts, "; ")
+}
+
+// shareResource is one of egpu's resource names with the range it allows.
+type shareResource struct {
+	name      string
+	low, high int64 // high 0: no bound
+	unit      string
+}
+
+// shareResources are egpu's resource names (../shared/CONTRACT.md, section 1).
+// In name order: the order in which egpu/requests.py checks them.
+var shareResources = []shareResource{
+	{resGPU, 1, maxGPUsPerContainer, ""},
+	{resCores, 1, 100, " (%)"},
+	{resMemory, 1, 0, " (MiB)"},
+	{resMemoryPercentage, 1, 100, " (%)"},
+}
+
 // readDemand reads a pod's shares, or nil when no container asks for an egpu.io resource.
 // It reads the egpu.io names of egpu/requests.py (not the config's aliases, which the webhook
-// rewrites to them at admission) and refuses, naming the container, the resource, the value
-// and what is allowed, what the webhook refuses: a quantity that is not a whole number (or
-// in binary units), out of range, or memory given both in MiB and in %, a policy annotation
-// not allowed, an empty entry in a card filter.
+// rewrites to them at admission) and refuses what the webhook refuses of them, every mistake
+// in its words (problems): a name under egpu.io/ that is not egpu's, a share in requests only
+// or with requests unlike its limits, a quantity that is not a whole number (or in binary
+// units) or out of range, memory given both in MiB and in %, nvidia.com/gpu beside a share,
+// a policy annotation not allowed, an empty entry in a card filter.
 func readDemand(pod *v1.Pod, args Args) (*demand, error) {
 	var containers []placement.ContainerDemand
+	var errs problems
 	kinds := map[string]string{}
-	add := func(c *v1.Container, kind placement.Kind, recordKind string) error {
-		value := func(res string, low, high int64) (int, bool, error) {
-			q, ok := c.Resources.Limits[v1.ResourceName(res)]
+	add := func(c *v1.Container, kind placement.Kind, recordKind string) {
+		found, bad := containerResources(c)
+		errs = append(errs, bad...)
+		if len(found) == 0 || len(bad) > 0 {
+			return
+		}
+		values := map[string]int64{}
+		for _, r := range shareResources {
+			q, ok := found[r.name]
 			if !ok {
-				return 0, false, nil
+				continue
 			}
+			allowed := fmt.Sprintf("an integer %s%s", span(r.low, r.high), r.unit)
 			n, whole := q.AsInt64()
 			if !whole || q.Format == resource.BinarySI {
-				return 0, true, fmt.Errorf("container '%s': %s=%s is not allowed (not a whole "+
-					"number); allowed: an integer %s", c.Name, res, q.String(), span(low, high))
+				reason := "not a whole number"
+				if r.name == resMemory {
+					reason += " (a plain number of MiB: 24Gi is 24576)"
+				}
+				errs = append(errs, problem{c.Name, r.name, q.String(), reason, allowed})
+			} else if n < r.low || (r.high > 0 && n > r.high) {
+				errs = append(errs, problem{c.Name, r.name, fmt.Sprint(n), "out of range", allowed})
+			} else {
+				values[r.name] = n
 			}
-			if n < low || (high > 0 && n > high) {
-				return 0, true, fmt.Errorf("container '%s': %s=%d is not allowed (out of "+
-					"range); allowed: an integer %s", c.Name, res, n, span(low, high))
-			}
-			return int(n), true, nil
 		}
-		gpus, hasGPU, err := value(resGPU, 1, maxGPUsPerContainer)
-		if err != nil {
-			return err
-		}
-		mib, hasMiB, err := value(resMemory, 1, 0)
-		if err != nil {
-			return err
-		}
-		pct, hasPct, err := value(resMemoryPercentage, 1, 100)
-		if err != nil {
-			return err
-		}
-		cores, hasCores, err := value(resCores, 1, 100)
-		if err != nil {
-			return err
-		}
-		if !hasGPU && !hasMiB && !hasPct && !hasCores {
-			return nil
-		}
+		mib, hasMiB := found[resMemory]
+		pct, hasPct := found[resMemoryPercentage]
 		if hasMiB && hasPct {
-			return fmt.Errorf("container '%s': %s=%d is not allowed (%s=%d is given too); "+
-				"allowed: %s alone (MiB) or %s alone (%% of the card), not both", c.Name,
-				resMemoryPercentage, pct, resMemory, mib, resMemory, resMemoryPercentage)
+			errs = append(errs, problem{c.Name, resMemoryPercentage, shownQuantity(pct),
+				fmt.Sprintf("%s=%s is given too", resMemory, shownQuantity(mib)),
+				fmt.Sprintf("%s alone (MiB) or %s alone (%% of the card), not both",
+					resMemory, resMemoryPercentage)})
+			return
 		}
-		share := placement.Share{GPUs: 1, Cores: cores, MemoryPercentage: 100}
-		if hasGPU {
-			share.GPUs = gpus
+		if len(values) != len(found) {
+			return
 		}
-		if hasMiB {
-			share.MemoryMiB, share.HasMemoryMiB, share.MemoryPercentage = mib, true, 0
-		} else if hasPct {
-			share.MemoryPercentage = pct
+		share := placement.Share{GPUs: 1, Cores: int(values[resCores]), MemoryPercentage: 100}
+		if n, ok := values[resGPU]; ok {
+			share.GPUs = int(n)
+		}
+		if n, ok := values[resMemory]; ok {
+			share.MemoryMiB, share.HasMemoryMiB, share.MemoryPercentage = int(n), true, 0
+		} else if n, ok := values[resMemoryPercentage]; ok {
+			share.MemoryPercentage = int(n)
 		}
 		containers = append(containers, placement.ContainerDemand{Name: c.Name, Kind: kind,
 			Share: share, Order: len(containers)})
 		kinds[c.Name] = recordKind
-		return nil
 	}
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
@@ -109,16 +157,12 @@ func readDemand(pod *v1.Pod, args Args) (*demand, error) {
 		if c.RestartPolicy != nil && *c.RestartPolicy == v1.ContainerRestartPolicyAlways {
 			kind, recordKind = placement.Sidecar, records.KindSidecar
 		}
-		if err := add(c, kind, recordKind); err != nil {
-			return nil, err
-		}
+		add(c, kind, recordKind)
 	}
 	for i := range pod.Spec.Containers {
-		if err := add(&pod.Spec.Containers[i], placement.App, records.KindApp); err != nil {
-			return nil, err
-		}
+		add(&pod.Spec.Containers[i], placement.App, records.KindApp)
 	}
-	if len(containers) == 0 {
+	if len(containers) == 0 && len(errs) == 0 {
 		return nil, nil
 	}
 	a := pod.Annotations
@@ -132,8 +176,7 @@ func readDemand(pod *v1.Pod, args Args) (*demand, error) {
 				return v, nil
 			}
 		}
-		return "", fmt.Errorf("pod annotation %s=%q is not allowed; allowed: %s", key, v,
-			strings.Join(allowed, ", "))
+		return fallback, problem{"", key, v, "", strings.Join(allowed, ", ")}
 	}
 	list := func(key string) ([]string, error) {
 		v, ok := a[key]
@@ -144,8 +187,8 @@ func readDemand(pod *v1.Pod, args Args) (*demand, error) {
 		for i := range items {
 			items[i] = strings.TrimSpace(items[i])
 			if items[i] == "" {
-				return nil, fmt.Errorf("pod annotation %s=%q is not allowed (an empty entry); "+
-					"allowed: a comma-separated list of non-empty names", key, v)
+				return nil, problem{"", key, v, "an empty entry",
+					"a comma-separated list of non-empty names"}
 			}
 		}
 		return items, nil
@@ -159,10 +202,9 @@ func readDemand(pod *v1.Pod, args Args) (*demand, error) {
 	}
 	d := &demand{kinds: kinds}
 	d.Containers = placement.NewPodDemand(containers)
-	var errs []error
 	note := func(err error) {
-		if err != nil {
-			errs = append(errs, err)
+		if p, ok := err.(problem); ok {
+			errs = append(errs, p)
 		}
 	}
 	priority, err := choice(annPriority, args.Priority, "high", "low")
@@ -186,6 +228,8 @@ func readDemand(pod *v1.Pod, args Args) (*demand, error) {
 		note(err)
 		*p.into = placement.Policy(v)
 	}
+	_, err = choice(annAllocationModePod, "", "extender", "dra")
+	note(err)
 	d.UseTypes, err = list(annUseType)
 	note(err)
 	d.NouseTypes, err = list(annNouseType)
@@ -196,9 +240,81 @@ func readDemand(pod *v1.Pod, args Args) (*demand, error) {
 	note(err)
 	d.UseUUIDs, d.NouseUUIDs = set(use), set(nouse)
 	if len(errs) > 0 {
-		return nil, errs[0]
+		return nil, errs
 	}
 	return d, nil
+}
+
+// containerResources are the container's egpu.io resources by name (from limits) and the
+// mistakes in how they are given (egpu/requests.py _container_resources, without aliases).
+func containerResources(c *v1.Container) (map[string]resource.Quantity, problems) {
+	limits, requests := c.Resources.Limits, c.Resources.Requests
+	names := map[string]bool{}
+	for name := range limits {
+		names[string(name)] = true
+	}
+	for name := range requests {
+		names[string(name)] = true
+	}
+	sorted := make([]string, 0, len(names))
+	for name := range names {
+		sorted = append(sorted, name)
+	}
+	slices.Sort(sorted)
+	found := map[string]resource.Quantity{}
+	var errs problems
+	written := func(name string) string {
+		if q, ok := limits[v1.ResourceName(name)]; ok {
+			return q.String()
+		}
+		q := requests[v1.ResourceName(name)]
+		return q.String()
+	}
+	for _, name := range sorted {
+		if !slices.ContainsFunc(shareResources, func(r shareResource) bool {
+			return r.name == name
+		}) {
+			if strings.HasPrefix(name, egpuPrefix) { // a misspelled share: never Pending
+				errs = append(errs, problem{c.Name, name, written(name), "not an egpu resource",
+					"one of " + strings.Join(shareNames(), ", ")})
+			}
+			continue
+		}
+		limit, inLimits := limits[v1.ResourceName(name)]
+		request, inRequests := requests[v1.ResourceName(name)]
+		switch {
+		case !inLimits:
+			errs = append(errs, problem{c.Name, name, request.String(),
+				"extended resources are set in limits; requests alone are not enough",
+				"the same value in resources.limits"})
+		case inRequests && request.Cmp(limit) != 0:
+			errs = append(errs, problem{c.Name, name + " (requests)", request.String(),
+				"requests must equal limits", "the limits value " + limit.String()})
+		default:
+			found[name] = limit
+		}
+	}
+	_, nvidiaLimit := limits[nativeGPU]
+	_, nvidiaRequest := requests[nativeGPU]
+	if len(found) > 0 && (nvidiaLimit || nvidiaRequest) {
+		errs = append(errs, problem{c.Name, nativeGPU, written(nativeGPU), "",
+			"either nvidia.com/gpu (whole cards) or egpu.io resources (shares), not both"})
+	}
+	return found, errs
+}
+
+// shareNames are egpu's resource names in the contract's order (egpu.contract.EGPU_RESOURCES).
+func shareNames() []string {
+	return []string{resGPU, resMemory, resMemoryPercentage, resCores}
+}
+
+// shownQuantity is a quantity as the author wrote it, where it is a whole number (the API
+// server stores 4000 as "4k": show 4000).
+func shownQuantity(q resource.Quantity) string {
+	if n, ok := q.AsInt64(); ok && q.Format != resource.BinarySI {
+		return fmt.Sprint(n)
+	}
+	return q.String()
 }
 
 // asksForShares: some container of the pod has an egpu.io/ limit.
@@ -206,7 +322,7 @@ func asksForShares(pod *v1.Pod) bool {
 	for _, list := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for i := range list {
 			for name := range list[i].Resources.Limits {
-				if strings.HasPrefix(string(name), "egpu.io/") {
+				if strings.HasPrefix(string(name), egpuPrefix) {
 					return true
 				}
 			}

@@ -1,7 +1,8 @@
 """The Go port of the placement (kube-scheduler/, issue 24: step 2 of docs/scheduler.md "The
 placement inside kube-scheduler") answers every case of placement_cases.yaml as the Python
-placement does, and reads and writes every record of tests/unit/record_cases.yaml as
-egpu.records does: ``go test`` there, from the module cache that ``make k8s`` fills
+placement does, reads and writes every record of tests/unit/record_cases.yaml as
+egpu.records does, and reads every pod of tests/unit/request_cases.yaml as egpu.requests
+does: ``go test`` there, from the module cache that ``make k8s`` fills
 (GOPROXY=off, go.mod and go.sum as committed: -mod=readonly), and ``gofmt`` finds nothing to
 change. Bug caught: a rule or a record format changed on one side only.
 """
@@ -24,14 +25,16 @@ def go_env() -> dict[str, str]:
     return {**build.go_env(), "GOPROXY": "off", "GOFLAGS": "-mod=readonly -trimpath"}
 
 
-def test_the_go_port_answers_every_placement_and_record_case_as_written() -> None:
+def test_the_go_port_answers_every_placement_record_and_request_case_as_written() -> None:
     proc = subprocess.run([build.find_go(), "test", "-count=1", "-v", "./..."], cwd=MODULE,
                           env=go_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     for test, cases_file in (("TestPlacementAnswersEachCaseAsWritten",
                               Path(__file__).with_name("placement_cases.yaml")),
                              ("TestEachRecordReadsAsWritten",
-                              MODULE.parent / "tests" / "unit" / "record_cases.yaml")):
+                              MODULE.parent / "tests" / "unit" / "record_cases.yaml"),
+                             ("TestEachPodReadsAsWritten",
+                              MODULE.parent / "tests" / "unit" / "request_cases.yaml")):
         cases = len(yaml.safe_load(cases_file.read_text())["cases"])
         assert proc.stdout.count(f"    --- PASS: {test}/") == cases, test
 
