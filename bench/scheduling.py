@@ -28,7 +28,11 @@ every kind alike; each ratio is taken within its round and the median of the rou
   DRA allocator.
 
 Everything (etcd, API server, both schedulers, kwok, extender, this client) shares the
-machine's cores; the ungating rate is printed so that a client-bound run can be told apart.
+machine's cores; the ungating rate is printed so that a client-bound run can be told apart,
+and each round's CPU seconds per process (its pods' creation, scheduling, binding and
+deletion), so that where a kind's time goes can be read: the extender watches every share
+pod, so it spends CPU in the plugin's rounds too, which a cluster that runs the plugin alone
+would not.
 
 Last line: ``nodes=N rounds=R dra_pods_per_s=N extender_pods_per_s=N plugin_pods_per_s=N
 default_pods_per_s=N dra_ratio=N extender_ratio=N plugin_ratio=N`` (medians of the rounds;
@@ -62,7 +66,7 @@ from devcluster.net import HOST
 from devcluster.plugin_scheduler import PluginSchedulerProcess
 from egpu.contract import DEVICE_CLASS_SHARE, DRA_CLAIM_FINALIZER
 from scheduler.kube import ApiStatusError, RawApi, load_client
-from testbed.stats import percentile
+from testbed.stats import cpu_seconds, percentile
 
 REPO = Path(__file__).resolve().parents[1]
 GATE = "egpu.io/bench"
@@ -320,18 +324,23 @@ def main(argv: list[str] | None = None) -> int:
         plugin = PluginSchedulerProcess(info.kubeconfig, work, PLUGIN_SCHEDULER,
                                         {"sharesPerCard": SHARES, "heartbeatTimeoutSeconds": 3600})
         plugin.start()
+        pids = {name: info.processes[name].pid for name in CPU_SHOWN if name in info.processes}
+        pids |= {"egpu-kube-scheduler": plugin.process.pid, "extender": extender.process.pid}
         for r in range(args.rounds):
             for kind in round_order(r):
                 holds = {EXTENDER_SHARE: lambda: gate_holds(extender),
                          PLUGIN_SHARE: plugin.gate_holds}.get(kind, lambda: None)
                 held = holds()
+                cpu = processes_cpu(pids)
                 rate, ungate = run(api, info.kubeconfig, kind, args.pods)
+                cpu = {n: s - cpu[n] for n, s in processes_cpu(pids).items() if n in cpu}
                 rounds.setdefault(r, {})[kind] = rate
                 held_text = ""
                 if held is not None:
                     held_text = f"; the bind gate held {(holds() or 0) - held}"
+                cpu_text = ", ".join(f"{n} {s:.1f}" for n, s in cpu.items())
                 print(f"round {r + 1} {kind}: {rate:.1f} pods/s (gates lifted at {ungate:.0f}/s"
-                      f"{held_text})", flush=True)
+                      f"{held_text}; CPU s: {cpu_text})", flush=True)
         print(scheduler_memory(state_dir), flush=True)
     finally:
         if plugin is not None:
@@ -347,6 +356,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 GATE_HELD_METRIC = "egpu_extender_bind_gate_held_total"  # scheduler/app.py's counter
+# the dev cluster's processes whose CPU each round prints (beside the egpu schedulers)
+CPU_SHOWN = ("kube-apiserver", "etcd", "kube-scheduler", "kwok")
+
+
+def processes_cpu(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds used so far by each named process still running (a round's figure is the
+    difference over it: its pods' creation, scheduling, binding and deletion)."""
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        with contextlib.suppress(OSError):
+            out[name] = cpu_seconds(pid)
+    return out
 
 
 def gate_holds(extender: Any) -> int | None:

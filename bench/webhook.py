@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 from certs.issue import create_ca, create_serving, write_bundle  # noqa: E402
 from devcluster.errors import DevClusterError  # noqa: E402
 from devcluster.webhook_process import WebhookProcess  # noqa: E402
-from testbed.stats import percentile  # noqa: E402
+from testbed.stats import cpu_seconds, percentile  # noqa: E402
 from webhook.registration import configuration_for_url  # noqa: E402
 
 
@@ -91,12 +91,6 @@ def start_webhook(certs: Path) -> WebhookProcess:
     except DevClusterError as exc:
         raise SystemExit(f"bench: the webhook did not start: {exc}") from None
     return webhook
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def load(url: str, body: bytes, cafile: str, concurrency: int, duration_s: float,
