@@ -38,6 +38,7 @@ const (
 // allocation record says of the pod beside its cards.
 type demand struct {
 	placement.PodDemand
+	shape         string            // the PodDemand as text: pods of one shape fit alike
 	kinds         map[string]string // container -> its record kind
 	priority      string
 	computePolicy string
@@ -242,6 +243,7 @@ func readDemand(pod *v1.Pod, args Args) (*demand, error) {
 	if len(errs) > 0 {
 		return nil, errs
 	}
+	d.shape = fmt.Sprintf("%+v", d.PodDemand) // fmt prints maps in key order
 	return d, nil
 }
 

@@ -44,6 +44,9 @@ const (
 	stateKey   = fwk.StateKey(Name)
 	gateWait   = 8 * time.Second        // the extender's BIND_GATE_WAIT_S
 	sweepEvery = 100 * time.Millisecond // how often held pods get their turn again
+	// how long a node's last fit answers a pod of the same shape on the same generation: well
+	// within any heartbeat timeout (1 s or more), so a node that goes stale is refused in time
+	shapeFitFor = 500 * time.Millisecond
 )
 
 // instances: whether New has made the plugin (one per scheduler process).
@@ -67,6 +70,8 @@ type Plugin struct {
 	nodes  map[string]*parsedNode    // node -> its annotations, parsed
 	states map[string]bookedNode     // node -> booked state, per generation
 	held   map[types.UID]reservation // pod -> placement, until seen bound
+	shapes map[string]shapeFit       // node -> its last fit, by the pod's shape
+	now    func() time.Time
 }
 
 var (
@@ -127,7 +132,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 func newPlugin(h fwk.Handle, args Args) *Plugin {
 	return &Plugin{handle: h, args: args, limits: args.limits(), gate: gate.New(),
 		nodes: map[string]*parsedNode{}, states: map[string]bookedNode{},
-		held: map[types.UID]reservation{}}
+		held: map[types.UID]reservation{}, shapes: map[string]shapeFit{}, now: time.Now}
 }
 
 // Name is the plugin's name.
@@ -191,16 +196,37 @@ func (p *Plugin) fit(c *cycle, pod *v1.Pod, info fwk.NodeInfo) fitAnswer {
 	if ok && got.generation == generation {
 		return got
 	}
+	now := p.now()
 	p.mu.Lock()
-	node := p.nodeState(info, pod.UID)
+	node, own := p.nodeState(info, pod.UID)
+	last, seen := p.shapes[name]
 	p.mu.Unlock()
-	placed, unfit := placement.Fit(node, c.demand.PodDemand, p.limits,
-		float64(time.Now().Unix()))
-	got = fitAnswer{generation, placed, unfit}
+	if own && seen && last.shape == c.demand.shape && last.answer.generation == generation &&
+		now.Sub(last.at) < shapeFitFor {
+		got = last.answer
+	} else {
+		placed, unfit := placement.Fit(node, c.demand.PodDemand, p.limits,
+			float64(now.Unix()))
+		got = fitAnswer{generation, placed, unfit}
+		if own {
+			p.mu.Lock()
+			p.shapes[name] = shapeFit{c.demand.shape, now, got}
+			p.mu.Unlock()
+		}
+	}
 	c.mu.Lock()
 	c.fits[name] = got
 	c.mu.Unlock()
 	return got
+}
+
+// shapeFit is the last fit on a node: the pod's shape (its demand, whatever its name) and
+// when, for one NodeInfo generation. The replicas of a Deployment share a shape, and the
+// scheduler examines each node again every few pods of a burst, most often unchanged.
+type shapeFit struct {
+	shape  string
+	at     time.Time
+	answer fitAnswer
 }
 
 // Filter passes a node where the pod's shares fit; else Unschedulable with placement's
@@ -362,8 +388,10 @@ func (p *Plugin) let(uid string) bool {
 
 // nodeState is the node's cards with everything booked there but the pod's own: the pods'
 // records, and the reservations of pods not yet seen bound. Kept per NodeInfo generation,
-// except for a pod that is itself on the node. Caller holds mu.
-func (p *Plugin) nodeState(info fwk.NodeInfo, self types.UID) placement.NodeState {
+// except for a pod that is itself on the node. own: the pod is not on the node (the state is
+// the node's own, whatever pod asks). Caller holds mu.
+func (p *Plugin) nodeState(info fwk.NodeInfo, self types.UID) (state placement.NodeState,
+	own bool) {
 	node := info.Node()
 	annotations := annotationsOf(node.Annotations)
 	parsed := p.nodes[node.Name]
@@ -378,7 +406,7 @@ func (p *Plugin) nodeState(info fwk.NodeInfo, self types.UID) placement.NodeStat
 	}
 	before, known := p.states[node.Name]
 	if keep && known && before.parsed == parsed && before.generation == info.GetGeneration() {
-		return before.state
+		return before.state, true
 	}
 	records := map[types.UID]map[string]placement.CardBooking{}
 	var bookings []map[string]placement.CardBooking
@@ -395,11 +423,11 @@ func (p *Plugin) nodeState(info fwk.NodeInfo, self types.UID) placement.NodeStat
 			bookings = append(bookings, r.placement.Bookings)
 		}
 	}
-	state := booked(parsed.state, bookings)
+	state = booked(parsed.state, bookings)
 	if keep {
 		p.states[node.Name] = bookedNode{info.GetGeneration(), parsed, state, records}
 	}
-	return state
+	return state, keep
 }
 
 // recordBookings is what the pod's egpu.io/allocation record books per card (known: the
@@ -438,6 +466,7 @@ func (p *Plugin) forgetNode(o any) {
 		p.mu.Lock()
 		delete(p.nodes, node.Name)
 		delete(p.states, node.Name)
+		delete(p.shapes, node.Name)
 		p.mu.Unlock()
 	}
 }

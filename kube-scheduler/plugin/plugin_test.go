@@ -311,3 +311,36 @@ func TestANodeOfTheDRAPoolOrWithoutAnInventoryTakesNoShare(t *testing.T) {
 		}
 	}
 }
+
+// Bug caught: a node's last fit reused for a pod of another shape (the cache keyed by node and
+// generation alone): a 30000 MiB share "fits" a 24000 MiB card.
+func TestANodesLastFitAnswersOnlyAPodOfTheSameShape(t *testing.T) {
+	p := newPlugin(nil, DefaultArgs())
+	info := nodeInfo(node("n1", 1))
+	small, large := sharePod("small", 1000), sharePod("large", 30000)
+	if s := p.Filter(context.Background(), preFiltered(t, p, small), small, info); !s.IsSuccess() {
+		t.Fatalf("Filter of 1000 MiB = %v", s)
+	}
+	s := p.Filter(context.Background(), preFiltered(t, p, large), large, info)
+	if s.Code() != fwk.UnschedulableAndUnresolvable {
+		t.Fatalf("Filter of 30000 MiB on a 24000 MiB card = %v, want UnschedulableAndUnresolvable", s)
+	}
+}
+
+// Bug caught: a node's last fit reused past its time, after the node's heartbeat went stale
+// (nothing on the node changed, so neither did its generation).
+func TestANodesLastFitIsNotReusedOnceItsHeartbeatIsStale(t *testing.T) {
+	p := newPlugin(nil, DefaultArgs()) // heartbeatTimeoutSeconds 120
+	clock := time.Now()
+	p.now = func() time.Time { return clock }
+	info := nodeInfo(node("n1", 1))
+	first, second := sharePod("first", 1000), sharePod("second", 1000)
+	if s := p.Filter(context.Background(), preFiltered(t, p, first), first, info); !s.IsSuccess() {
+		t.Fatalf("Filter with a fresh heartbeat = %v", s)
+	}
+	clock = clock.Add(121 * time.Second)
+	s := p.Filter(context.Background(), preFiltered(t, p, second), second, info)
+	if s.Code() != fwk.UnschedulableAndUnresolvable || !strings.Contains(s.Message(), "heartbeat") {
+		t.Fatalf("Filter 121 s later = %v, want UnschedulableAndUnresolvable (stale)", s)
+	}
+}
