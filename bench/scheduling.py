@@ -12,10 +12,11 @@ DeviceClasses of manifests/dra and a ResourceClaimTemplate of one share; starts 
 (``python -m scheduler.main``) and points the dev cluster's ``egpu-scheduler`` profile at it
 (``devcluster.set_extender``, restored at the end); and starts egpu-kube-scheduler beside the
 dev cluster's scheduler, its own profile ``egpu-plugin-bench`` served by egpu's plugin
-(``devcluster.plugin_scheduler``, on the same config). Then, in each of R rounds (``--rounds``,
-at least 3), P pods of each kind are created with a scheduling gate, the gates are lifted from
-16 threads (one pooled connection each), and the rate is P / (last bind - first ungate); pods
-(and claims) are deleted between the kinds. The kinds are interleaved: each round runs all
+(``devcluster.plugin_scheduler``, on the same config). Then, in each of R rounds
+(``--rounds``, at least 4: each kind once in each place of the rotation), P pods of each kind
+are created with a scheduling gate, the gates are lifted from 16 threads (one pooled
+connection each), and the rate is P / (last bind - first ungate); pods (and claims) are
+deleted between the kinds. The kinds are interleaved: each round runs all
 four, in an order rotated from the round before, so that a slow stretch of the machine hits
 every kind alike; each ratio is taken within its round and the median of the rounds is reported:
 
@@ -72,7 +73,6 @@ REPO = Path(__file__).resolve().parents[1]
 GATE = "egpu.io/bench"
 NS = "egpu-bench"
 SHARES = devnodes.DEFAULT_SHARES_PER_CARD
-MIN_ROUNDS = 3
 CLIENT_THREADS = 16  # the threads that create the pods and lift their gates
 
 
@@ -136,6 +136,7 @@ def heartbeat(api: RawApi, names: list[str]) -> None:
 # through the default scheduler's own allocator.
 WHOLE, EXTENDER_SHARE, PLUGIN_SHARE, DRA_SHARE = "default", "extender", "plugin", "dra"
 KINDS = (WHOLE, EXTENDER_SHARE, PLUGIN_SHARE, DRA_SHARE)
+MIN_ROUNDS = len(KINDS)  # each kind once in each place of the rotation
 PLUGIN_SCHEDULER = "egpu-plugin-bench"  # egpu-kube-scheduler's profile
 SHARE_MIB = 20000  # four shares fit an H100's 81559 MiB
 SHARE_CORES = 25

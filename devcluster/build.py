@@ -11,8 +11,8 @@ cache folder is kept between runs) reuses it:
                                    kubectl etcd kwok ... and egpu-kube-scheduler
 
 Only missing binaries are built. egpu-kube-scheduler (kube-scheduler with egpu's plugin) is
-built from this checkout's kube-scheduler/ module (go.mod and go.sum as committed), again
-whenever its sources differ from those it was built from (``plugin_scheduler``). Each binary
+built from this checkout's kube-scheduler/ module (go.mod and go.sum as committed), named by
+the digest of its sources (``plugin_scheduler``). Each binary
 is built with ``go build -p 2 -trimpath -ldflags='-s -w'`` and GOFLAGS=-mod=mod,
 GOTOOLCHAIN=local.
 """
@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,44 +297,57 @@ def missing(k8s_version: str = K8S_VERSION) -> list[str]:
 PLUGIN_SCHEDULER = "egpu-kube-scheduler"
 PLUGIN_MODULE_DIR = Path(__file__).resolve().parents[1] / "kube-scheduler"
 PLUGIN_PACKAGE = "./cmd/egpu-kube-scheduler"
+PLUGIN_BUILDS_KEPT = 4  # egpu-kube-scheduler-<digest> binaries kept in the bin folder
 
 
-def _plugin_sources_stamp(k8s_version: str) -> str:
-    """What egpu-kube-scheduler was built from: its module's go.mod, go.sum and non-test Go
-    files (a digest of their paths and contents), and the flags."""
+def _plugin_digest(go: str, env: dict[str, str], k8s_version: str) -> str:
+    """What egpu-kube-scheduler is built from, as a digest: its module's go.mod, go.sum and
+    non-test Go files (paths and contents), the Go version and the flags."""
     digest = hashlib.sha256()
     files = [PLUGIN_MODULE_DIR / "go.mod", PLUGIN_MODULE_DIR / "go.sum",
              *(f for f in PLUGIN_MODULE_DIR.rglob("*.go") if not f.name.endswith("_test.go"))]
     for f in sorted(files):
         digest.update(f.relative_to(PLUGIN_MODULE_DIR).as_posix().encode() + b"\0")
         digest.update(f.read_bytes() + b"\0")
-    return f"{digest.hexdigest()} -trimpath -ldflags={k8s_version_ldflags(k8s_version)}\n"
+    version = subprocess.run([go, "env", "GOVERSION"], env=env, capture_output=True,
+                             text=True, check=True).stdout.strip()
+    digest.update(f"{version} -trimpath -ldflags={k8s_version_ldflags(k8s_version)}".encode())
+    return digest.hexdigest()[:16]
 
 
 def plugin_scheduler(k8s_version: str = K8S_VERSION, parallel: int = 2) -> Path:
-    """egpu-kube-scheduler built from this checkout's kube-scheduler/ module into the bin
-    folder (reused while its sources and flags are the same); returns its path.
+    """egpu-kube-scheduler built from this checkout's kube-scheduler/ module; returns its path,
+    ``bin/egpu-kube-scheduler-<digest of its sources>``, built when missing.
 
-    GOFLAGS=-mod=readonly: the module's go.mod and go.sum are the record of its dependencies
-    (k8s.io/kubernetes at ``k8s_version``, tests/scheduler/test_placement_port.py checks)."""
-    out = binary_path(PLUGIN_SCHEDULER, k8s_version)
-    stamp = _stamp_path(PLUGIN_SCHEDULER, k8s_version)
-    wanted = _plugin_sources_stamp(k8s_version)
-    if out.exists() and stamp.exists() and stamp.read_text() == wanted:
+    The name carries the digest, so that clones of other sources sharing the cache never take
+    one another's binary (each builds its own, into a temporary file renamed into place);
+    the PLUGIN_BUILDS_KEPT newest stay. GOFLAGS=-mod=readonly: the module's go.mod and go.sum
+    are the record of its dependencies (k8s.io/kubernetes at ``k8s_version``,
+    tests/scheduler/test_placement_port.py checks)."""
+    go = find_go()
+    env = {**go_env(), "GOFLAGS": "-mod=readonly"}
+    folder = bin_dir(k8s_version)
+    out = folder / f"{PLUGIN_SCHEDULER}-{_plugin_digest(go, env, k8s_version)}"
+    if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    print(f"devcluster.build: building {PLUGIN_SCHEDULER} from {PLUGIN_MODULE_DIR} ...",
-          flush=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"devcluster.build: building {out.name} from {PLUGIN_MODULE_DIR} ...", flush=True)
     t0 = time.monotonic()
-    tmp = out.with_name(f".{PLUGIN_SCHEDULER}.tmp")
-    _run([find_go(), "build", f"-p={parallel}", "-trimpath",
-          f"-ldflags={k8s_version_ldflags(k8s_version)}", "-o", str(tmp), PLUGIN_PACKAGE],
-         PLUGIN_MODULE_DIR, {**go_env(), "GOFLAGS": "-mod=readonly"},
-         f"building {PLUGIN_SCHEDULER}")
-    tmp.replace(out)
-    stamp.write_text(wanted)
-    print(f"devcluster.build: {PLUGIN_SCHEDULER} built in {time.monotonic() - t0:.0f}s",
-          flush=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", dir=folder)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        _run([go, "build", f"-p={parallel}", "-trimpath",
+              f"-ldflags={k8s_version_ldflags(k8s_version)}", "-o", str(tmp), PLUGIN_PACKAGE],
+             PLUGIN_MODULE_DIR, env, f"building {PLUGIN_SCHEDULER}")
+        tmp.chmod(0o755)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    builds = sorted(folder.glob(f"{PLUGIN_SCHEDULER}-*"), key=lambda f: f.stat().st_mtime)
+    for old in builds[:-PLUGIN_BUILDS_KEPT]:  # a running one keeps its file open: no harm
+        old.unlink(missing_ok=True)
+    print(f"devcluster.build: {out.name} built in {time.monotonic() - t0:.0f}s", flush=True)
     return out
 
 

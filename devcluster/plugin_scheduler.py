@@ -7,8 +7,9 @@ from this checkout when its sources changed (``devcluster.build.plugin_scheduler
 its config (``devcluster.cluster.plugin_scheduler_config``: leader election off, so it runs
 beside the dev cluster's scheduler); ``start()`` runs it on 127.0.0.1:<free port> and waits for
 /healthz; ``kill()`` sends SIGKILL (a crash); ``stop()`` terminates it. Pods that name
-``scheduler_name`` are its own. ``gate_holds()`` counts the pods its bind gate has held, from
-its log.
+``scheduler_name`` are its own. It runs with the dev cluster's kube-scheduler's environment
+(GOGC) and feature gates, so that the two compare. ``gate_holds()`` counts the pods its bind
+gate has held, from its log.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from devcluster import build
-from devcluster.cluster import plugin_scheduler_config
+from devcluster.cluster import plugin_scheduler_config, scheduler_env, scheduler_feature_gates
 from devcluster.net import HOST, free_port, http_get, insecure_context
 from devcluster.supervisor import Child
 
@@ -38,7 +39,8 @@ class PluginSchedulerProcess:
         self.process = Child("egpu-kube-scheduler", [
             str(binary), f"--config={config}", f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}", f"--bind-address={HOST}",
-            f"--secure-port={self.port}", "--v=1"], self.log)
+            f"--secure-port={self.port}", "--v=1", *scheduler_feature_gates()], self.log,
+            env=scheduler_env())  # as the dev cluster's kube-scheduler runs (GOGC, gates)
 
     def start(self, timeout_s: float = 60) -> None:
         """Start it and wait for /healthz. Raises DevClusterError (quoting its log) when it

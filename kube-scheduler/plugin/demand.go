@@ -51,14 +51,58 @@ type problem struct{ container, field, value, reason, allowed string }
 func (p problem) String() string {
 	where := "pod annotation "
 	if p.container != "" {
-		where = fmt.Sprintf("container '%s': ", p.container)
+		where = fmt.Sprintf("container %s: ", pythonRepr(clip(p.container)))
 	}
 	reason := ""
 	if p.reason != "" {
 		reason = " (" + p.reason + ")"
 	}
-	return fmt.Sprintf("%s%s='%s' is not allowed%s; allowed: %s", where, p.field, p.value, reason,
-		p.allowed)
+	return fmt.Sprintf("%s%s=%s is not allowed%s; allowed: %s", where, p.field,
+		pythonRepr(clip(p.value)), reason, p.allowed)
+}
+
+// shownChars: a name or value in a message is cut to this many characters, then "..."
+// (egpu.podshape.SHOWN_CHARS).
+const shownChars = 60
+
+// clip is egpu.podshape.clip: text cut to shownChars characters, with "..." when cut.
+func clip(text string) string {
+	if runes := []rune(text); len(runes) > shownChars {
+		return string(runes[:shownChars]) + "..."
+	}
+	return text
+}
+
+// pythonRepr is text as Python's repr writes a str, so that the words match the extender's:
+// single quotes, or double quotes when the text has a single quote and no double quote;
+// backslash, the quote, tab, newline and carriage return escaped, other control characters
+// as \xNN.
+func pythonRepr(text string) string {
+	quote := '\''
+	if strings.ContainsRune(text, '\'') && !strings.ContainsRune(text, '"') {
+		quote = '"'
+	}
+	var b strings.Builder
+	b.WriteRune(quote)
+	for _, r := range text {
+		switch {
+		case r == quote || r == '\\':
+			b.WriteRune('\\')
+			b.WriteRune(r)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteRune(quote)
+	return b.String()
 }
 
 func (p problem) Error() string { return p.String() }
@@ -243,7 +287,9 @@ func readDemand(pod *v1.Pod, args Args) (*demand, error) {
 	if len(errs) > 0 {
 		return nil, errs
 	}
-	d.shape = fmt.Sprintf("%+v", d.PodDemand) // fmt prints maps in key order
+	// %#v quotes every string (a list ["a b"] and ["a", "b"] filter cards differently) and
+	// prints maps in key order
+	d.shape = fmt.Sprintf("%#v", d.PodDemand)
 	return d, nil
 }
 

@@ -44,8 +44,8 @@ const (
 	stateKey   = fwk.StateKey(Name)
 	gateWait   = 8 * time.Second        // the extender's BIND_GATE_WAIT_S
 	sweepEvery = 100 * time.Millisecond // how often held pods get their turn again
-	// how long a node's last fit answers a pod of the same shape on the same generation: well
-	// within any heartbeat timeout (1 s or more), so a node that goes stale is refused in time
+	// how long a node's last fit answers a pod of the same shape on the same generation: a
+	// node whose heartbeat goes stale meanwhile is refused at most this late
 	shapeFitFor = 500 * time.Millisecond
 )
 

@@ -338,9 +338,31 @@ func TestANodesLastFitIsNotReusedOnceItsHeartbeatIsStale(t *testing.T) {
 	if s := p.Filter(context.Background(), preFiltered(t, p, first), first, info); !s.IsSuccess() {
 		t.Fatalf("Filter with a fresh heartbeat = %v", s)
 	}
+	// 121 s on (placement reads the time in whole seconds), the heartbeat is stale; the last
+	// fit is made 501 ms old, just past shapeFitFor
 	clock = clock.Add(121 * time.Second)
+	p.shapes["n1"] = shapeFit{p.shapes["n1"].shape, clock.Add(-501 * time.Millisecond),
+		p.shapes["n1"].answer}
 	s := p.Filter(context.Background(), preFiltered(t, p, second), second, info)
 	if s.Code() != fwk.UnschedulableAndUnresolvable || !strings.Contains(s.Message(), "heartbeat") {
-		t.Fatalf("Filter 121 s later = %v, want UnschedulableAndUnresolvable (stale)", s)
+		t.Fatalf("Filter of a pod of the same shape = %v, want UnschedulableAndUnresolvable "+
+			"(stale)", s)
+	}
+}
+
+// Bug caught: the shape written so that two card filters read alike ("%+v" prints ["a b"]
+// and ["a", "b"] both as [a b]): a pod excluding every card reuses the fit of one that
+// excludes none.
+func TestPodsWhoseCardFiltersDifferHaveOtherShapes(t *testing.T) {
+	p := newPlugin(nil, DefaultArgs())
+	info := nodeInfo(node("n1", 1)) // cards "NVIDIA A10"
+	whole, words := sharePod("whole", 1000), sharePod("words", 1000)
+	whole.Annotations = map[string]string{annNouseType: "NVIDIA A100"}  // no card is that model
+	words.Annotations = map[string]string{annNouseType: "NVIDIA, A100"} // every card is NVIDIA
+	if s := p.Filter(context.Background(), preFiltered(t, p, whole), whole, info); !s.IsSuccess() {
+		t.Fatalf("Filter of a pod excluding NVIDIA A100 = %v", s)
+	}
+	if s := p.Filter(context.Background(), preFiltered(t, p, words), words, info); s.IsSuccess() {
+		t.Fatal("a pod excluding NVIDIA cards passed the filter on a node of NVIDIA A10 cards")
 	}
 }

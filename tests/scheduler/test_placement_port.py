@@ -39,7 +39,7 @@ def test_the_go_port_answers_every_placement_record_and_request_case_as_written(
         assert proc.stdout.count(f"    --- PASS: {test}/") == cases, test
 
 
-def test_the_plugin_module_builds_against_the_pinned_kubernetes() -> None:
+def test_the_plugin_module_requires_the_pinned_kubernetes() -> None:
     """Bug caught: K8S_VERSION moved on and the plugin still built against the old
     k8s.io/kubernetes (its scheduler framework would differ from the dev cluster's)."""
     requires = (MODULE / "go.mod").read_text()
