@@ -21,7 +21,8 @@ from xdist.scheduler import LoadScopeScheduling
 E2E_DIR = "tests/e2e"
 LANES = {
     "kwok": ("test_devcluster", "test_dra_claims_e2e", "test_dra_e2e", "test_manifests",
-             "test_node_e2e", "test_scheduler_e2e", "test_webhook_e2e"),
+             "test_node_e2e", "test_scheduler_e2e", "test_plugin_scheduler_e2e",
+             "test_webhook_e2e"),
     "real-node": ("test_real_node", "test_real_node_drills", "test_dra_real_node",
                   "test_node_restarts_bench"),
     # one lane: two 80-pod bursts at once overload two cores (timing checks failed, 19 min)
