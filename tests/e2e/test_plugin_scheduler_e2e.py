@@ -85,8 +85,12 @@ class Env:
                       content_type="application/merge-patch+json")
 
     def cleanup(self) -> None:
+        """The namespace, then the nodes once no pod of the namespace is left (the next
+        module of the kwok lane reads every pod's record and the node it names)."""
         with contextlib.suppress(ApiStatusError):
             self.api.json("DELETE", f"/api/v1/namespaces/{NS}")
+        _wait(f"the pods of {NS} gone", lambda: not self.api.json(
+            "GET", f"/api/v1/namespaces/{NS}/pods")["items"], timeout=120)
         for name in self.nodes:
             with contextlib.suppress(ApiStatusError):
                 self.api.json("DELETE", f"/api/v1/nodes/{name}")
