@@ -23,6 +23,7 @@ from egpu.booking import CardBooking, record_bookings
 from egpu.contract import ANN_ALLOCATION, ANN_INVENTORY
 from egpu.records import Allocation, Inventory
 from scheduler.kube import ApiStatusError, RawApi
+from tests.e2e.kwok_nodes import replace_node
 
 pytestmark = pytest.mark.e2e
 
@@ -44,22 +45,8 @@ class Env:
     def add_node(self, name: str, cards: int) -> None:
         body = devnodes.node_manifest({"name": name, "labels": LABEL, "cards": {
             "count": cards, "model": "NVIDIA A10", "memoryMiB": CARD_MIB}}, SHARES_PER_CARD)
-        with contextlib.suppress(ApiStatusError):
-            self.api.json("DELETE", f"/api/v1/nodes/{name}")
-        _wait(f"node {name} gone", lambda: self._missing(f"/api/v1/nodes/{name}"))
-        self.api.json("POST", "/api/v1/nodes", body=body)
-        status = {"status": {k: body["status"][k] for k in ("capacity", "allocatable")}}
-        self.api.json("PATCH", f"/api/v1/nodes/{name}/status", body=status,
-                      content_type="application/merge-patch+json")
+        replace_node(self.api, self.cluster.api_client(), body)
         self.nodes.append(name)
-        devnodes.wait_nodes_ready(self.cluster.api_client(), [name], timeout_s=60)
-
-    def _missing(self, path: str) -> bool:
-        try:
-            self.api.json("GET", path)
-        except ApiStatusError as exc:
-            return exc.status == 404
-        return False
 
     def pods(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self.api.json(

@@ -34,6 +34,7 @@ from egpu.contract import ANN_ALLOCATION, DEFAULT_SCHEDULER_NAME, VOLCANO_ALIASE
 from egpu.records import Allocation, Inventory
 from egpu.requests import read_pod
 from scheduler.kube import ApiStatusError, RawApi
+from tests.e2e.kwok_nodes import missing, replace_node
 
 pytestmark = pytest.mark.e2e
 
@@ -68,23 +69,9 @@ class Env:
         body = devnodes.node_manifest({"name": name, "labels": {"egpu-e2e": "scheduler"},
                                        "cards": {"count": count, "model": model,
                                                  "memoryMiB": memory}}, SHARES_PER_CARD)
-        with contextlib.suppress(ApiStatusError):
-            self.api.json("DELETE", f"/api/v1/nodes/{name}")
-        _wait(f"node {name} gone", lambda: self._missing(f"/api/v1/nodes/{name}"))
-        self.api.json("POST", "/api/v1/nodes", body=body)
-        status = {"status": {k: body["status"][k] for k in ("capacity", "allocatable")}}
-        self.api.json("PATCH", f"/api/v1/nodes/{name}/status", body=status,
-                      content_type="application/merge-patch+json")
+        replace_node(self.api, self.client, body)
         self.nodes.append(name)
-        devnodes.wait_nodes_ready(self.client, [name], timeout_s=60)
         return body
-
-    def _missing(self, path: str) -> bool:
-        try:
-            self.api.json("GET", path)
-        except ApiStatusError as exc:
-            return exc.status == 404
-        return False
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         kind, ns = obj["kind"], obj["metadata"].get("namespace", "default")
@@ -534,7 +521,7 @@ def test_allocation_and_priority_cannot_be_edited_and_binds_still_work(env: Env)
                 return str(exc)
             env.api.json("DELETE", f"/api/v1/namespaces/{ns}/pods/hand",
                          query={"gracePeriodSeconds": 0})
-            _wait("hand gone", lambda: env._missing(f"/api/v1/namespaces/{ns}/pods/hand"))
+            _wait("hand gone", lambda: missing(env.api, f"/api/v1/namespaces/{ns}/pods/hand"))
             return ""
 
         message = _wait("the policy denies a CREATE with the annotation", denied_at_create,
