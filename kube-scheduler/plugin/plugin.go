@@ -138,8 +138,10 @@ func newPlugin(h fwk.Handle, args Args) *Plugin {
 // Name is the plugin's name.
 func (p *Plugin) Name() string { return Name }
 
-// cycle is the pod's shares and, per node, its fit in this scheduling cycle. A clone (the
-// scheduler's preemption dry runs, and its passes with nominated pods) starts with no fits.
+// cycle is the pod's shares and, per node, its fit in this scheduling cycle. A fit answers
+// only the NodeInfo generation it was made on (fitAnswer), which keeps preemption's dry runs
+// and the passes with nominated pods right; a clone (those runs) starts with no fits only so
+// that its answers do not push the cycle's own out.
 type cycle struct {
 	demand *demand
 	mu     sync.Mutex

@@ -115,26 +115,6 @@ func TestAPodBoundToTheNodeCountsInTheNextCycle(t *testing.T) {
 	}
 }
 
-// Bug caught: a clone of the cycle (preemption's dry run) sharing the cycle's fits, so a node
-// where the pod fits once a victim is removed still reads as full and nothing is preempted.
-func TestAPreemptionDryRunFitsThePodAgain(t *testing.T) {
-	p := newPlugin(nil, DefaultArgs())
-	victim := recorded(sharePod("victim", 1), "n1", 0, 20000)
-	full := nodeInfo(node("n1", 1), victim)
-	pod := sharePod("p", 16000)
-	state := preFiltered(t, p, pod)
-	if s := p.Filter(context.Background(), state, pod, full); s.Code() != fwk.Unschedulable {
-		t.Fatalf("Filter on the full card = %v", s)
-	}
-	emptied := full.Snapshot()
-	if err := emptied.RemovePod(klogDiscard(), victim); err != nil {
-		t.Fatal(err)
-	}
-	if s := p.Filter(context.Background(), state.Clone(), pod, emptied); !s.IsSuccess() {
-		t.Fatalf("Filter with the victim removed, on a clone of the cycle = %v", s)
-	}
-}
-
 // Bug caught: Reserve not holding the placement, so the next pod is fitted on the card
 // before the first's record exists and the card is overbooked.
 func TestAReservedPodBooksItsCardUntilItsRecordIsSeen(t *testing.T) {
