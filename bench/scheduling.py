@@ -322,8 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         extender = ExtenderProcess(info.kubeconfig, config, work / "extender.log")
         extender.start()
         devcluster.set_extender(info, extender.url)
-        plugin = PluginSchedulerProcess(info.kubeconfig, work, PLUGIN_SCHEDULER,
-                                        {"sharesPerCard": SHARES, "heartbeatTimeoutSeconds": 3600})
+        plugin = PluginSchedulerProcess(info.kubeconfig, work, PLUGIN_SCHEDULER, config)
         plugin.start()
         pids = {name: info.processes[name].pid for name in CPU_SHOWN if name in info.processes}
         pids |= {"egpu-kube-scheduler": plugin.process.pid, "extender": extender.process.pid}

@@ -306,15 +306,15 @@ def scheduler_config(
 PLUGIN_NAME = "EgpuShares"  # kube-scheduler/plugin's Name
 
 
-def plugin_profile(scheduler_name: str, plugin_args: dict[str, Any] | None = None
+def plugin_profile(scheduler_name: str, egpu_config: str | Path | None = None
                    ) -> dict[str, Any]:
     """A KubeSchedulerConfiguration profile that places egpu shares with egpu-kube-scheduler's
     plugin, EgpuShares (kube-scheduler/plugin), in place of the extender: the plugin at every
     extension point it implements, DefaultBinder after it (the plugin's Binding carries the
     allocation record; DefaultBinder binds the pods without shares), and NodeResourcesFit
     told to ignore the shares' own resources (no node advertises them; the plugin books them
-    card by card). ``plugin_args``: the plugin's
-    args (egpu config names: sharesPerCard, heartbeatTimeoutSeconds, ...)."""
+    card by card). ``egpu_config``: egpu's config file, the one the extender and the webhook
+    read (the plugin's arg configFile; None: egpu's defaults)."""
     on = [{"name": PLUGIN_NAME}]
     return {
         "schedulerName": scheduler_name,
@@ -326,15 +326,16 @@ def plugin_profile(scheduler_name: str, plugin_args: dict[str, Any] | None = Non
         "pluginConfig": [
             {"name": "NodeResourcesFit", "args": {
                 "ignoredResources": [n for n, ignored in EXTENDER_MANAGED_RESOURCES if ignored]}},
-            {"name": PLUGIN_NAME, "args": dict(plugin_args or {})},
+            {"name": PLUGIN_NAME,
+             "args": {"configFile": str(egpu_config)} if egpu_config is not None else {}},
         ],
     }
 
 
 def plugin_scheduler_config(kubeconfig: str | Path, scheduler_name: str,
-                            plugin_args: dict[str, Any] | None = None) -> str:
+                            egpu_config: str | Path | None = None) -> str:
     """KubeSchedulerConfiguration (as JSON, which is YAML) for a second scheduler beside the
-    dev cluster's: one profile, ``plugin_profile(scheduler_name, plugin_args)``, leader
+    dev cluster's: one profile, ``plugin_profile(scheduler_name, egpu_config)``, leader
     election off, the dev cluster's client limits."""
     return json.dumps({
         "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -343,7 +344,7 @@ def plugin_scheduler_config(kubeconfig: str | Path, scheduler_name: str,
                              "burst": 2 * SCHEDULER_CLIENT_QPS},
         "leaderElection": {"leaderElect": False},
         "percentageOfNodesToScore": SCHEDULER_PERCENTAGE_OF_NODES_TO_SCORE,
-        "profiles": [plugin_profile(scheduler_name, plugin_args)],
+        "profiles": [plugin_profile(scheduler_name, egpu_config)],
     }, indent=1) + "\n"
 
 

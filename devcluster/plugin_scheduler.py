@@ -2,7 +2,7 @@
 benchmarks: kube-scheduler with egpu's plugin, EgpuShares (kube-scheduler/plugin), serving one
 profile of its own.
 
-``PluginSchedulerProcess(kubeconfig, workdir, scheduler_name, plugin_args)`` builds the binary
+``PluginSchedulerProcess(kubeconfig, workdir, scheduler_name, egpu_config)`` builds the binary
 from this checkout when its sources changed (``devcluster.build.plugin_scheduler``) and writes
 its config (``devcluster.cluster.plugin_scheduler_config``: leader election off, so it runs
 beside the dev cluster's scheduler); ``start()`` runs it on 127.0.0.1:<free port> and waits for
@@ -15,7 +15,6 @@ gate has held, from its log.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from devcluster import build
 from devcluster.cluster import plugin_scheduler_config, scheduler_env, scheduler_feature_gates
@@ -30,10 +29,10 @@ class PluginSchedulerProcess:
     docstring."""
 
     def __init__(self, kubeconfig: str, workdir: Path, scheduler_name: str,
-                 plugin_args: dict[str, Any] | None = None) -> None:
+                 egpu_config: Path | None = None) -> None:
         binary = build.plugin_scheduler()
         config = workdir / "egpu-kube-scheduler-config.json"
-        config.write_text(plugin_scheduler_config(kubeconfig, scheduler_name, plugin_args))
+        config.write_text(plugin_scheduler_config(kubeconfig, scheduler_name, egpu_config))
         self.port = free_port()
         self.log = workdir / "egpu-kube-scheduler.log"
         self.process = Child("egpu-kube-scheduler", [

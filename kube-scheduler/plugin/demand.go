@@ -8,6 +8,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/egpu/egpu/kube-scheduler/config"
 	"github.com/egpu/egpu/kube-scheduler/placement"
 	"github.com/egpu/egpu/kube-scheduler/records"
 )
@@ -51,14 +52,14 @@ type problem struct{ container, field, value, reason, allowed string }
 func (p problem) String() string {
 	where := "pod annotation "
 	if p.container != "" {
-		where = fmt.Sprintf("container %s: ", pythonRepr(clip(p.container)))
+		where = fmt.Sprintf("container %s: ", config.ReprString(clip(p.container)))
 	}
 	reason := ""
 	if p.reason != "" {
 		reason = " (" + p.reason + ")"
 	}
 	return fmt.Sprintf("%s%s=%s is not allowed%s; allowed: %s", where, p.field,
-		pythonRepr(clip(p.value)), reason, p.allowed)
+		config.ReprString(clip(p.value)), reason, p.allowed)
 }
 
 // shownChars: a name or value in a message is cut to this many characters, then "..."
@@ -71,38 +72,6 @@ func clip(text string) string {
 		return string(runes[:shownChars]) + "..."
 	}
 	return text
-}
-
-// pythonRepr is text as Python's repr writes a str, so that the words match the extender's:
-// single quotes, or double quotes when the text has a single quote and no double quote;
-// backslash, the quote, tab, newline and carriage return escaped, other control characters
-// as \xNN.
-func pythonRepr(text string) string {
-	quote := '\''
-	if strings.ContainsRune(text, '\'') && !strings.ContainsRune(text, '"') {
-		quote = '"'
-	}
-	var b strings.Builder
-	b.WriteRune(quote)
-	for _, r := range text {
-		switch {
-		case r == quote || r == '\\':
-			b.WriteRune('\\')
-			b.WriteRune(r)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case r < 0x20 || r == 0x7f:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		default:
-			b.WriteRune(r)
-		}
-	}
-	b.WriteRune(quote)
-	return b.String()
 }
 
 func (p problem) Error() string { return p.String() }
@@ -141,7 +110,7 @@ var shareResources = []shareResource{
 // or with requests unlike its limits, a quantity that is not a whole number (or in binary
 // units) or out of range, memory given both in MiB and in %, nvidia.com/gpu beside a share,
 // a policy annotation not allowed, an empty entry in a card filter.
-func readDemand(pod *v1.Pod, args Args) (*demand, error) {
+func readDemand(pod *v1.Pod, s settings) (*demand, error) {
 	var containers []placement.ContainerDemand
 	var errs problems
 	kinds := map[string]string{}
@@ -252,13 +221,17 @@ func readDemand(pod *v1.Pod, args Args) (*demand, error) {
 			errs = append(errs, p)
 		}
 	}
-	priority, err := choice(annPriority, args.Priority, "high", "low")
+	fallback := s.defaults.Priority
+	if p, ok := s.priorityClasses[pod.Spec.PriorityClassName]; ok {
+		fallback = p
+	}
+	priority, err := choice(annPriority, fallback, "high", "low")
 	note(err)
 	if label := pod.Labels[labelPriority]; label == "high" || label == "low" {
 		priority = label // the webhook's resolution, where valid
 	}
 	d.priority = priority
-	d.computePolicy, err = choice(annComputePolicy, args.ComputePolicy, "strict", "elastic")
+	d.computePolicy, err = choice(annComputePolicy, s.defaults.ComputePolicy, "strict", "elastic")
 	note(err)
 	oversubscribe, err := choice(annOversubscription, "false", "true", "false")
 	note(err)
@@ -267,7 +240,8 @@ func readDemand(pod *v1.Pod, args Args) (*demand, error) {
 		key      string
 		fallback placement.Policy
 		into     *placement.Policy
-	}{{annGPUPolicy, args.GPUPolicy, &d.GPUPolicy}, {annNodePolicy, args.NodePolicy, &d.NodePolicy}} {
+	}{{annGPUPolicy, placement.Policy(s.defaults.GPUPolicy), &d.GPUPolicy},
+		{annNodePolicy, placement.Policy(s.defaults.NodePolicy), &d.NodePolicy}} {
 		v, err := choice(p.key, string(p.fallback), string(placement.Binpack),
 			string(placement.Spread))
 		note(err)

@@ -46,7 +46,7 @@ func TestEachPodReadsAsWritten(t *testing.T) {
 			if err := json.Unmarshal(raw, &pod); err != nil {
 				t.Fatalf("the case's pod: %v", err)
 			}
-			d, err := readDemand(&pod, DefaultArgs())
+			d, err := readDemand(&pod, defaultSettings())
 			switch {
 			case c.Expect["none"] == true:
 				if d != nil || err != nil {

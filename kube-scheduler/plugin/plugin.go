@@ -60,11 +60,10 @@ type reservation struct {
 
 // Plugin is EgpuShares. Safe for the scheduler's concurrent calls.
 type Plugin struct {
-	handle fwk.Handle
-	args   Args
-	limits placement.Limits
-	gate   *gate.Gate
-	holds  atomic.Int64
+	handle   fwk.Handle
+	settings settings
+	gate     *gate.Gate
+	holds    atomic.Int64
 
 	mu     sync.Mutex
 	nodes  map[string]*parsedNode    // node -> its annotations, parsed
@@ -84,8 +83,8 @@ var (
 	_ fwk.BindPlugin      = (*Plugin)(nil)
 )
 
-// New is the plugin's factory (app.WithPlugin(Name, New)): it reads its args (DecodeArgs),
-// watches pods through the scheduler's own informer (records, admissions, deletions) and
+// New is the plugin's factory (app.WithPlugin(Name, New)): it reads its args (DecodeArgs) and
+// egpu's config file they name, watches pods through the scheduler's own informer (records, admissions, deletions) and
 // sweeps the gate until ctx ends.
 func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
 	if !instances.CompareAndSwap(false, true) {
@@ -98,7 +97,11 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	if err != nil {
 		return nil, err
 	}
-	p := newPlugin(h, args)
+	s, err := args.load()
+	if err != nil {
+		return nil, err
+	}
+	p := newPlugin(h, s)
 	informers := h.SharedInformerFactory().Core().V1()
 	_, err = informers.Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { p.observe(o, false) },
@@ -129,8 +132,8 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	return p, nil
 }
 
-func newPlugin(h fwk.Handle, args Args) *Plugin {
-	return &Plugin{handle: h, args: args, limits: args.limits(), gate: gate.New(),
+func newPlugin(h fwk.Handle, s settings) *Plugin {
+	return &Plugin{handle: h, settings: s, gate: gate.New(),
 		nodes: map[string]*parsedNode{}, states: map[string]bookedNode{},
 		held: map[types.UID]reservation{}, shapes: map[string]shapeFit{}, now: time.Now}
 }
@@ -174,7 +177,7 @@ func cycleOf(state fwk.CycleState) *cycle {
 // (with the webhook's words) for a pod whose shares do not read.
 func (p *Plugin) PreFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	_ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	d, err := readDemand(pod, p.args)
+	d, err := readDemand(pod, p.settings)
 	if err != nil {
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
 			"invalid egpu request: "+err.Error())
@@ -207,7 +210,7 @@ func (p *Plugin) fit(c *cycle, pod *v1.Pod, info fwk.NodeInfo) fitAnswer {
 		now.Sub(last.at) < shapeFitFor {
 		got = last.answer
 	} else {
-		placed, unfit := placement.Fit(node, c.demand.PodDemand, p.limits,
+		placed, unfit := placement.Fit(node, c.demand.PodDemand, p.settings.limits,
 			float64(now.Unix()))
 		got = fitAnswer{generation, placed, unfit}
 		if own {

@@ -3,6 +3,8 @@ package plugin
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +19,8 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 	schedcache "k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
+
+	"github.com/egpu/egpu/kube-scheduler/placement"
 )
 
 // inventory is one node's egpu.io/inventory: cards of 24000 MiB, UUIDs GPU-0, GPU-1, ...
@@ -75,7 +79,7 @@ func preFiltered(t *testing.T, p *Plugin, pod *v1.Pod) fwk.CycleState {
 }
 
 func TestAPodWithoutSharesIsSkipped(t *testing.T) {
-	p := newPlugin(nil, DefaultArgs())
+	p := newPlugin(nil, defaultSettings())
 	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plain", UID: "plain"},
 		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c"}}}}
 	_, status := p.PreFilter(context.Background(), framework.NewCycleState(), pod, nil)
@@ -86,7 +90,7 @@ func TestAPodWithoutSharesIsSkipped(t *testing.T) {
 
 // The words are the reader's (request_cases.yaml); here, that PreFilter refuses with them.
 func TestAMalformedSharePodIsUnschedulableAndUnresolvableWithTheReadersWords(t *testing.T) {
-	p := newPlugin(nil, DefaultArgs())
+	p := newPlugin(nil, defaultSettings())
 	pod := sharePod("p", 1)
 	pod.Spec.Containers[0].Resources.Limits[resMemory] = resource.MustParse("500m")
 	_, status := p.PreFilter(context.Background(), framework.NewCycleState(), pod, nil)
@@ -100,7 +104,7 @@ func TestAMalformedSharePodIsUnschedulableAndUnresolvableWithTheReadersWords(t *
 // Bug caught: the booked state kept by node name alone, so a pod bound after it was built
 // (a new NodeInfo generation) books nothing and the card is overbooked.
 func TestAPodBoundToTheNodeCountsInTheNextCycle(t *testing.T) {
-	p := newPlugin(nil, DefaultArgs())
+	p := newPlugin(nil, defaultSettings())
 	n := node("n1", 1)
 	before := nodeInfo(n)
 	if s := p.Filter(context.Background(), preFiltered(t, p, sharePod("a", 16000)),
@@ -121,7 +125,7 @@ func TestAReservedPodBooksItsCardUntilItsRecordIsSeen(t *testing.T) {
 	n := node("n1", 1)
 	first := sharePod("first", 16000)
 	h := &fakeHandle{snapshot: schedcache.NewSnapshot(nil, []*v1.Node{n})}
-	p := newPlugin(h, DefaultArgs())
+	p := newPlugin(h, defaultSettings())
 	state := preFiltered(t, p, first)
 	info, _ := h.snapshot.NodeInfos().Get("n1")
 	if s := p.Filter(context.Background(), state, first, info); !s.IsSuccess() {
@@ -148,7 +152,7 @@ func TestAReservedPodBooksItsCardUntilItsRecordIsSeen(t *testing.T) {
 // Bug caught: a node where the gate would hold the pod outscoring (or tying with) a node
 // that takes it at once: binpack scores a nearly empty node 0 too.
 func TestANodeWhereTheGateWouldHoldThePodScores0AndEveryOtherAtLeast1(t *testing.T) {
-	p := newPlugin(nil, DefaultArgs())
+	p := newPlugin(nil, defaultSettings())
 	busy := node("busy", 2)
 	waiting := recorded(sharePod("waiting", 1), "busy", 0, 23000) // not admitted yet
 	p.observe(waiting, false)
@@ -169,7 +173,7 @@ func TestANodeWhereTheGateWouldHoldThePodScores0AndEveryOtherAtLeast1(t *testing
 }
 
 func TestTheRecordSaysEachContainersKindAndThePodsPolicies(t *testing.T) {
-	p := newPlugin(nil, DefaultArgs())
+	p := newPlugin(nil, defaultSettings())
 	always := v1.ContainerRestartPolicyAlways
 	pod := sharePod("p", 1000)
 	pod.Spec.InitContainers = []v1.Container{{Name: "proxy", RestartPolicy: &always,
@@ -196,17 +200,17 @@ func TestTheRecordSaysEachContainersKindAndThePodsPolicies(t *testing.T) {
 	}
 }
 
-func TestArgsNameTheFieldTheValueAndWhatIsAllowed(t *testing.T) {
-	if got, err := DecodeArgs(nil); err != nil || got != DefaultArgs() {
-		t.Fatalf("no args = %+v, %v; want the defaults", got, err)
+// Bug caught: an args field misspelt in a profile read as absent, so that the plugin ran on
+// egpu's defaults instead of the cluster's config file.
+func TestArgsNameAnUnknownFieldAndTheAllowedOnes(t *testing.T) {
+	if got, err := DecodeArgs(nil); err != nil || got != (Args{}) {
+		t.Fatalf("no args = %+v, %v; want none", got, err)
 	}
 	for raw, says := range map[string]string{
-		`{"sharesPerCard": 4, "heartbeatTimeoutSeconds": 3600}`: "",
-		`{"sharesPerCard": 33}`:                                 "sharesPerCard=33 is not allowed; allowed: an integer 1..32",
-		`{"memoryOversubscriptionRatio": 0.5}`:                  "memoryOversubscriptionRatio=0.5 is not allowed; allowed: 1.0..100.0",
-		`{"priority": "urgent"}`:                                "priority=urgent is not allowed; allowed: high, low",
-		`{"nodePolicy": "fullest"}`:                             "nodePolicy=fullest is not allowed; allowed: binpack, spread",
-		`{"sharesPercard": 4}`:                                  `unknown field "sharesPercard"; allowed fields: sharesPerCard`,
+		`{"configFile": "/etc/egpu/config.yaml", "configKeepDir": "/var/lib/egpu"}`: "",
+		`{"configfile": "/etc/egpu/config.yaml"}`:                                   `unknown field "configfile"; allowed fields: configFile, configKeepDir`,
+		`{"sharesPerCard": 4}`: `unknown field "sharesPerCard"; allowed fields: configFile, configKeepDir`,
+		`["configFile"]`:       "expected a JSON object",
 	} {
 		_, err := DecodeArgs(&runtime.Unknown{Raw: []byte(raw)})
 		if says == "" && err != nil || says != "" && (err == nil || !strings.Contains(err.Error(), says)) {
@@ -215,10 +219,46 @@ func TestArgsNameTheFieldTheValueAndWhatIsAllowed(t *testing.T) {
 	}
 }
 
+// Bugs caught: the plugin placing shares by egpu's default limits and policies while the
+// cluster's config file says others (sharesPerCard, the default node policy, a PriorityClass's
+// priority), or starting on a bad file it never had a good copy of.
+func TestTheConfigFileSetsTheLimitsAndTheDefaults(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "config.yaml")
+	text := "sharesPerCard: 4\ndefaults: {nodePolicy: spread}\npriorityClasses: {batch: low}\n"
+	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Args{ConfigFile: file}.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.limits.SharesPerCard != 4 || s.limits.HeartbeatTimeoutS != 120 {
+		t.Errorf("limits %+v; want 4 shares a card and the default heartbeat timeout", s.limits)
+	}
+	pod := sharePod("p", 1000)
+	pod.Spec.PriorityClassName = "batch"
+	d, err := readDemand(pod, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.NodePolicy != placement.Spread || d.GPUPolicy != placement.Binpack || d.priority != "low" {
+		t.Errorf("node policy %s, card policy %s, priority %s; want spread, binpack, low",
+			d.NodePolicy, d.GPUPolicy, d.priority)
+	}
+	if err := os.WriteFile(file, []byte("sharesPerCard: 33\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Args{ConfigFile: file}.load()
+	if err == nil || !strings.Contains(err.Error(), "sharesPerCard: 33 is out of range; allowed: 1..32") {
+		t.Errorf("a bad file with no good copy kept: %v", err)
+	}
+}
+
 // Bug caught: the cycle's fit kept by node name alone, so preemption's dry run, which adds the
 // victims back one by one on its clone, reads "fits" each time and spares every victim.
 func TestAPreemptionDryRunFitsAgainAsEachVictimIsAddedBack(t *testing.T) {
-	p := newPlugin(nil, DefaultArgs())
+	p := newPlugin(nil, defaultSettings())
 	victim := recorded(sharePod("victim", 1), "n1", 0, 20000)
 	full := nodeInfo(node("n1", 1), victim)
 	pod := sharePod("p", 16000)
@@ -260,7 +300,7 @@ func TestABindingWrittenButAnsweredWithAnErrorStaysBound(t *testing.T) {
 		return true, nil, errors.New("http2: client connection lost")
 	})
 	h := &fakeHandle{snapshot: schedcache.NewSnapshot(nil, []*v1.Node{n}), client: client}
-	p := newPlugin(h, DefaultArgs())
+	p := newPlugin(h, defaultSettings())
 	state := preFiltered(t, p, pod)
 	info, _ := h.snapshot.NodeInfos().Get("n1")
 	p.Filter(context.Background(), state, pod, info)
@@ -277,7 +317,7 @@ func TestABindingWrittenButAnsweredWithAnErrorStaysBound(t *testing.T) {
 }
 
 func TestANodeOfTheDRAPoolOrWithoutAnInventoryTakesNoShare(t *testing.T) {
-	p := newPlugin(nil, DefaultArgs())
+	p := newPlugin(nil, defaultSettings())
 	dra, bare := node("dra", 1), node("bare", 0)
 	dra.Annotations[annAllocationMode] = "dra"
 	delete(bare.Annotations, annInventory)
@@ -295,7 +335,7 @@ func TestANodeOfTheDRAPoolOrWithoutAnInventoryTakesNoShare(t *testing.T) {
 // Bug caught: a node's last fit reused for a pod of another shape (the cache keyed by node and
 // generation alone): a 30000 MiB share "fits" a 24000 MiB card.
 func TestANodesLastFitAnswersOnlyAPodOfTheSameShape(t *testing.T) {
-	p := newPlugin(nil, DefaultArgs())
+	p := newPlugin(nil, defaultSettings())
 	info := nodeInfo(node("n1", 1))
 	small, large := sharePod("small", 1000), sharePod("large", 30000)
 	if s := p.Filter(context.Background(), preFiltered(t, p, small), small, info); !s.IsSuccess() {
@@ -310,7 +350,7 @@ func TestANodesLastFitAnswersOnlyAPodOfTheSameShape(t *testing.T) {
 // Bug caught: a node's last fit reused past its time, after the node's heartbeat went stale
 // (nothing on the node changed, so neither did its generation).
 func TestANodesLastFitIsNotReusedOnceItsHeartbeatIsStale(t *testing.T) {
-	p := newPlugin(nil, DefaultArgs()) // heartbeatTimeoutSeconds 120
+	p := newPlugin(nil, defaultSettings()) // heartbeatTimeoutSeconds 120
 	clock := time.Now()
 	p.now = func() time.Time { return clock }
 	info := nodeInfo(node("n1", 1))
@@ -334,7 +374,7 @@ func TestANodesLastFitIsNotReusedOnceItsHeartbeatIsStale(t *testing.T) {
 // and ["a", "b"] both as [a b]): a pod excluding every card reuses the fit of one that
 // excludes none.
 func TestPodsWhoseCardFiltersDifferHaveOtherShapes(t *testing.T) {
-	p := newPlugin(nil, DefaultArgs())
+	p := newPlugin(nil, defaultSettings())
 	info := nodeInfo(node("n1", 1)) // cards "NVIDIA A10"
 	whole, words := sharePod("whole", 1000), sharePod("words", 1000)
 	whole.Annotations = map[string]string{annNouseType: "NVIDIA A100"}  // no card is that model

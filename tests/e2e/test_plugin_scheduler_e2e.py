@@ -6,6 +6,8 @@ beside the dev cluster's, with one profile, ``egpu-plugin-e2e``
 (``devcluster.plugin_scheduler.PluginSchedulerProcess``), on 127.0.0.1. The tests' pods name that
 scheduler and select this module's kwok nodes by label; kwok plays their kubelets (admission,
 Running). Pods are created WITHOUT the webhook, so they carry ``egpu.io/gpu: 1`` themselves.
+The plugin reads egpu's config file, written by the fixture as the extender's would be; its
+default compute policy (elastic, not egpu's strict) shows in every record the plugin writes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
@@ -30,6 +33,7 @@ pytestmark = pytest.mark.e2e
 SCHEDULER = "egpu-plugin-e2e"
 LABEL = {"egpu-e2e": "plugin"}
 SHARES_PER_CARD = devnodes.DEFAULT_SHARES_PER_CARD
+CONFIG_COMPUTE_POLICY = "elastic"  # egpu's default is strict: the records show which was read
 CARD_MIB = 24000
 NS = "egpu-plugin-e2e"
 _wait = devcluster.wait_until
@@ -85,9 +89,12 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    scheduler = PluginSchedulerProcess(
-        str(cluster.kubeconfig), tmp_path_factory.mktemp("egpu-plugin-e2e"), SCHEDULER,
-        {"sharesPerCard": SHARES_PER_CARD, "heartbeatTimeoutSeconds": 3600})
+    work = tmp_path_factory.mktemp("egpu-plugin-e2e")
+    egpu_config = work / "egpu-config.yaml"
+    egpu_config.write_text(yaml.safe_dump({
+        "sharesPerCard": SHARES_PER_CARD, "heartbeatTimeoutSeconds": 3600,
+        "defaults": {"computePolicy": CONFIG_COMPUTE_POLICY}}))
+    scheduler = PluginSchedulerProcess(str(cluster.kubeconfig), work, SCHEDULER, egpu_config)
     handle = Env(cluster, scheduler)
     cluster.ensure_namespace(NS)
     try:
@@ -113,8 +120,8 @@ def record(pod: dict[str, Any]) -> Allocation | None:
 
 def assert_no_card_overbooked(env: Env, pods: list[dict[str, Any]]) -> None:
     """Every live pod's record, summed per card: within the card's MiB, 100% of its cores
-    and its share slots; each record names the node the pod is bound to, and no share pod is
-    bound without one."""
+    and its share slots; each record names the node the pod is bound to and the config file's
+    default compute policy, and no share pod is bound without one."""
     totals: dict[tuple[str, str], CardBooking] = {}
     for p in pods:
         a = record(p)
@@ -125,6 +132,8 @@ def assert_no_card_overbooked(env: Env, pods: list[dict[str, Any]]) -> None:
                 f"{p['metadata']['name']} bound without a record"
             continue
         assert a.node == p["spec"]["nodeName"], (p["metadata"]["name"], a.node)
+        # the config file's default, not egpu's (strict): the plugin read the file
+        assert a.compute_policy == CONFIG_COMPUTE_POLICY, (p["metadata"]["name"], a)
         for uuid, b in record_bookings(a).items():
             totals[(a.node, uuid)] = totals.get((a.node, uuid), CardBooking()) + b
     cards = {(n, c.uuid): c for n in env.nodes for c in Inventory.decode(

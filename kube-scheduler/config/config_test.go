@@ -1,0 +1,157 @@
+package config
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// TestEachConfigReadsAsWritten runs tests/unit/config_cases.yaml (its header says the format)
+// against Parse; tests/unit/test_config_cases.py runs it against egpu/config.py. Bug caught: a
+// key, default, bound or refusal's words changed on one side only.
+func TestEachConfigReadsAsWritten(t *testing.T) {
+	text, err := os.ReadFile("../../tests/unit/config_cases.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Cases []struct {
+			Name   string `yaml:"name"`
+			Text   string `yaml:"text"`
+			Expect struct {
+				Config map[string]any `yaml:"config"`
+				Says   string         `yaml:"says"`
+				YAML   bool           `yaml:"yaml"`
+			} `yaml:"expect"`
+		} `yaml:"cases"`
+	}
+	if err := yaml.Unmarshal(text, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Cases) < 50 {
+		t.Fatalf("read %d cases; the file has more", len(doc.Cases))
+	}
+	for _, c := range doc.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			got, err := Parse(c.Text)
+			switch {
+			case c.Expect.Config != nil:
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				read := asWritten(t, got)
+				for key, want := range c.Expect.Config {
+					if !reflect.DeepEqual(read[key], plain(t, want)) {
+						t.Errorf("%s: read %#v, want %#v", key, read[key], plain(t, want))
+					}
+				}
+			case c.Expect.YAML:
+				if err == nil || !strings.HasPrefix(err.Error(), "config: not valid YAML (") {
+					t.Fatalf("want a YAML refusal, got %v", err)
+				}
+			default:
+				if err == nil || err.Error() != c.Expect.Says {
+					t.Fatalf("refusal\n got: %v\nwant: %s", err, c.Expect.Says)
+				}
+			}
+		})
+	}
+}
+
+// asWritten is the config under its file's names, as JSON reads it back.
+func asWritten(t *testing.T, c Config) map[string]any {
+	t.Helper()
+	raw, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// plain is a case's value as JSON reads it back (numbers as float64).
+func plain(t *testing.T, v any) any {
+	t.Helper()
+	raw, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestTheDefaultsCaseNamesEveryKey: the first case holds every key, so that a key added to
+// Config is checked against egpu/config.py. Bug caught: a key only one reader knows.
+func TestTheDefaultsCaseNamesEveryKey(t *testing.T) {
+	text, err := os.ReadFile("../../tests/unit/config_cases.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Cases []struct {
+			Expect struct {
+				Config map[string]any `yaml:"config"`
+			} `yaml:"expect"`
+		} `yaml:"cases"`
+	}
+	if err := yaml.Unmarshal(text, &doc); err != nil {
+		t.Fatal(err)
+	}
+	read := asWritten(t, Default())
+	for key := range read {
+		if _, ok := doc.Cases[0].Expect.Config[key]; !ok {
+			t.Errorf("the first case does not check %s", key)
+		}
+	}
+	if len(read) != len(doc.Cases[0].Expect.Config) {
+		t.Errorf("Config has %d keys, the first case %d", len(read), len(doc.Cases[0].Expect.Config))
+	}
+}
+
+// TestABadFileRunsOnTheLastGoodOne: LoadKeeping keeps a good file and falls back to it, with
+// the error, when the file turns bad; without a kept copy the error stands. Bugs caught: a
+// restart on a hand-edited bad ConfigMap taking the scheduler down although it had a good
+// config, or guessing defaults when it never had one.
+func TestABadFileRunsOnTheLastGoodOne(t *testing.T) {
+	dir := t.TempDir()
+	file, keep := filepath.Join(dir, "config.yaml"), filepath.Join(dir, "keep")
+	if _, err := LoadKeeping(file, keep); err == nil {
+		t.Fatal("a missing file with nothing kept was read")
+	}
+	good := "sharesPerCard: 4\n"
+	if err := os.WriteFile(file, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := LoadKeeping(file, keep)
+	if err != nil || loaded.Source != "file" || loaded.Config.SharesPerCard != 4 ||
+		loaded.Generation != Generation(good) {
+		t.Fatalf("good file: %+v, %v", loaded, err)
+	}
+	if err := os.WriteFile(file, []byte("sharesPerCard: 99\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err = LoadKeeping(file, keep)
+	if err != nil || loaded.Source != "last-good" || loaded.Config.SharesPerCard != 4 ||
+		!strings.Contains(loaded.Err, "sharesPerCard: 99 is out of range") ||
+		loaded.Generation != Generation(good) {
+		t.Fatalf("bad file: %+v, %v", loaded, err)
+	}
+	if _, err := LoadKeeping(file, ""); err == nil {
+		t.Fatal("a bad file with no keep folder was read")
+	}
+	if loaded, err := LoadKeeping("", ""); err != nil || loaded.Generation != "defaults" ||
+		loaded.Config.SharesPerCard != 10 {
+		t.Fatalf("no file: %+v, %v", loaded, err)
+	}
+}

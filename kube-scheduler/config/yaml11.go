@@ -1,0 +1,314 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/big"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// The values a YAML document reads to, as PyYAML's SafeLoader constructs them (egpu/config.py
+// reads the config with it): YAML 1.1 scalars (yes/on are booleans, 0755 is octal, 1:30 is
+// 90, 2001-12-14 is a date), merge keys (<<) flattened, mappings in their document order.
+// yaml.v3 parses the text; the scalars are resolved here, by PyYAML's rules, because v3
+// resolves them by YAML 1.2's (where yes is text).
+//
+// A value is one of: nil, bool, *big.Int, float64, string, timestamp, []any, mapping.
+
+// mapping is a YAML mapping in document order (a Python dict: a key given again by a merge
+// keeps its first place and takes the later value).
+type mapping []pair
+
+type pair struct {
+	key, value any
+}
+
+// timestamp is a YAML 1.1 timestamp scalar (PyYAML: a datetime.date or datetime.datetime).
+type timestamp string
+
+func (m mapping) get(key string) (any, bool) {
+	for _, p := range m {
+		if k, ok := p.key.(string); ok && k == key {
+			return p.value, true
+		}
+	}
+	return nil, false
+}
+
+func (m *mapping) set(key, value any) {
+	for i, p := range *m {
+		if sameKey(p.key, key) {
+			(*m)[i].value = value
+			return
+		}
+	}
+	*m = append(*m, pair{key, value})
+}
+
+func sameKey(a, b any) bool {
+	if ai, ok := a.(*big.Int); ok {
+		bi, ok := b.(*big.Int)
+		return ok && ai.Cmp(bi) == 0
+	}
+	return a == b
+}
+
+// PyYAML's implicit resolvers (yaml/resolver.py), for plain scalars.
+var (
+	reBool = regexp.MustCompile(`^(?:yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE` +
+		`|on|On|ON|off|Off|OFF)$`)
+	reFloat = regexp.MustCompile(`^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?` +
+		`|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?` +
+		`|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*` +
+		`|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$`)
+	reInt = regexp.MustCompile(`^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)` +
+		`|[-+]?0x[0-9a-fA-F_]+|[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+)$`)
+	reNull      = regexp.MustCompile(`^(?:~|null|Null|NULL|)$`)
+	reTimestamp = regexp.MustCompile(`^(?:[0-9]{4}-[0-9]{2}-[0-9]{2}` +
+		`|[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(?:[Tt]|[ \t]+)[0-9]{1,2}:[0-9]{2}:[0-9]{2}` +
+		`(?:\.[0-9]*)?(?:[ \t]*(?:Z|[-+][0-9]{1,2}(?::[0-9]{2})?))?)$`)
+	trueWords = map[string]bool{"yes": true, "true": true, "on": true}
+)
+
+// decodeYAML reads one YAML document as PyYAML's SafeLoader with egpu's unique-key check
+// would (egpu/config.py _UniqueKeyLoader): an error for text that is not YAML, for more than
+// one document, and for a key given twice in one mapping.
+func decodeYAML(text string) (any, error) {
+	dec := yaml.NewDecoder(strings.NewReader(text))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil // no document: None
+		}
+		return nil, err
+	}
+	var next yaml.Node
+	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return nil, err
+		}
+		return nil, errors.New("expected a single document in the stream")
+	}
+	if len(doc.Content) == 0 {
+		return nil, nil
+	}
+	return construct(doc.Content[0])
+}
+
+func construct(n *yaml.Node) (any, error) {
+	switch n.Kind {
+	case yaml.AliasNode:
+		return construct(n.Alias)
+	case yaml.ScalarNode:
+		return scalar(n)
+	case yaml.SequenceNode:
+		items := make([]any, 0, len(n.Content))
+		for _, c := range n.Content {
+			v, err := construct(c)
+			if err != nil {
+				return nil, err
+			}
+			items = append(items, v)
+		}
+		return items, nil
+	case yaml.MappingNode:
+		return constructMapping(n)
+	}
+	return nil, fmt.Errorf("line %d: unexpected YAML node", n.Line)
+}
+
+func isMergeKey(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.Style == 0 && n.Value == "<<"
+}
+
+// constructMapping: the merged pairs first (later sources of a merge list first, so that
+// earlier ones win), then the mapping's own pairs (PyYAML's flatten_mapping); a key of the
+// mapping's own given twice is an error (the merged ones may be overridden).
+func constructMapping(n *yaml.Node) (mapping, error) {
+	var merged, own mapping
+	seen := mapping{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		keyNode, valueNode := n.Content[i], n.Content[i+1]
+		if isMergeKey(keyNode) {
+			sources := []*yaml.Node{valueNode}
+			if target := resolveAlias(valueNode); target.Kind == yaml.SequenceNode {
+				sources = target.Content
+			}
+			var parts []mapping
+			for _, s := range sources {
+				v, err := construct(s)
+				if err != nil {
+					return nil, err
+				}
+				m, ok := v.(mapping)
+				if !ok {
+					return nil, fmt.Errorf("line %d: expected a mapping for merging", s.Line)
+				}
+				parts = append(parts, m)
+			}
+			for j := len(parts) - 1; j >= 0; j-- {
+				for _, p := range parts[j] {
+					merged.set(p.key, p.value)
+				}
+			}
+			continue
+		}
+		key, err := construct(keyNode)
+		if err != nil {
+			return nil, err
+		}
+		switch key.(type) {
+		case mapping, []any:
+			return nil, fmt.Errorf("line %d: found unhashable key", keyNode.Line)
+		}
+		if _, dup := seenKey(seen, key); dup {
+			return nil, fmt.Errorf("line %d: key %s is given twice", keyNode.Line, repr(key))
+		}
+		seen = append(seen, pair{key, nil})
+		value, err := construct(valueNode)
+		if err != nil {
+			return nil, err
+		}
+		own = append(own, pair{key, value})
+	}
+	out := merged
+	for _, p := range own {
+		out.set(p.key, p.value)
+	}
+	if out == nil {
+		out = mapping{}
+	}
+	return out, nil
+}
+
+func resolveAlias(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	return n
+}
+
+func seenKey(seen mapping, key any) (int, bool) {
+	for i, p := range seen {
+		if sameKey(p.key, key) {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+func scalar(n *yaml.Node) (any, error) {
+	quoted := n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|
+		yaml.FoldedStyle) != 0
+	if n.Style&yaml.TaggedStyle != 0 {
+		switch n.Tag {
+		case "!!str":
+			return n.Value, nil
+		case "!!int":
+			return yamlInt(n.Value, n.Line)
+		case "!!float":
+			return yamlFloat(n.Value, n.Line)
+		case "!!bool":
+			if !reBool.MatchString(n.Value) {
+				return nil, fmt.Errorf("line %d: %q is not a boolean", n.Line, n.Value)
+			}
+			return trueWords[strings.ToLower(n.Value)], nil
+		case "!!null":
+			return nil, nil
+		}
+		return nil, fmt.Errorf("line %d: could not determine a constructor for the tag %s",
+			n.Line, n.Tag)
+	}
+	if quoted {
+		return n.Value, nil
+	}
+	v := n.Value
+	switch {
+	case reBool.MatchString(v):
+		return trueWords[strings.ToLower(v)], nil
+	case reInt.MatchString(v):
+		return yamlInt(v, n.Line)
+	case reFloat.MatchString(v):
+		return yamlFloat(v, n.Line)
+	case reNull.MatchString(v):
+		return nil, nil
+	case reTimestamp.MatchString(v):
+		return timestamp(v), nil
+	}
+	return v, nil
+}
+
+// yamlInt is PyYAML's construct_yaml_int: underscores dropped, 0b binary, 0x hex, a leading 0
+// octal, a:b:c base 60.
+func yamlInt(text string, line int) (*big.Int, error) {
+	v := strings.ReplaceAll(text, "_", "")
+	sign := int64(1)
+	if strings.HasPrefix(v, "-") {
+		sign = -1
+	}
+	v = strings.TrimLeft(v, "+-")
+	out := new(big.Int)
+	ok := true
+	switch {
+	case v == "0":
+	case strings.HasPrefix(v, "0b"):
+		_, ok = out.SetString(v[2:], 2)
+	case strings.HasPrefix(v, "0x"):
+		_, ok = out.SetString(v[2:], 16)
+	case strings.HasPrefix(v, "0"):
+		_, ok = out.SetString(v, 8)
+	case strings.Contains(v, ":"):
+		for _, part := range strings.Split(v, ":") {
+			digit, err := strconv.ParseInt(part, 10, 64)
+			if err != nil {
+				ok = false
+				break
+			}
+			out.Mul(out, big.NewInt(60))
+			out.Add(out, big.NewInt(digit))
+		}
+	default:
+		_, ok = out.SetString(v, 10)
+	}
+	if !ok {
+		return nil, fmt.Errorf("line %d: %q is not an integer", line, text)
+	}
+	return out.Mul(out, big.NewInt(sign)), nil
+}
+
+// yamlFloat is PyYAML's construct_yaml_float.
+func yamlFloat(text string, line int) (float64, error) {
+	v := strings.ToLower(strings.ReplaceAll(text, "_", ""))
+	sign := 1.0
+	if strings.HasPrefix(v, "-") {
+		sign = -1
+	}
+	v = strings.TrimLeft(v, "+-")
+	switch {
+	case v == ".inf":
+		return sign * math.Inf(1), nil
+	case v == ".nan":
+		return math.NaN(), nil
+	case strings.Contains(v, ":"):
+		out := 0.0
+		for _, part := range strings.Split(v, ":") {
+			digit, err := strconv.ParseFloat(part, 64)
+			if err != nil {
+				return 0, fmt.Errorf("line %d: %q is not a number", line, text)
+			}
+			out = out*60 + digit
+		}
+		return sign * out, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return 0, fmt.Errorf("line %d: %q is not a number", line, text)
+	}
+	return sign * f, nil
+}
