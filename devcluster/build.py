@@ -315,6 +315,14 @@ def _plugin_digest(go: str, env: dict[str, str], k8s_version: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def plugin_scheduler_path(k8s_version: str = K8S_VERSION) -> Path:
+    """Where egpu-kube-scheduler built from this checkout's sources lies (built or not):
+    ``bin/egpu-kube-scheduler-<digest>``."""
+    go = find_go()
+    env = {**go_env(), "GOFLAGS": "-mod=readonly"}
+    return bin_dir(k8s_version) / f"{PLUGIN_SCHEDULER}-{_plugin_digest(go, env, k8s_version)}"
+
+
 def plugin_scheduler(k8s_version: str = K8S_VERSION, parallel: int = 2) -> Path:
     """egpu-kube-scheduler built from this checkout's kube-scheduler/ module; returns its path,
     ``bin/egpu-kube-scheduler-<digest of its sources>``, built when missing.
@@ -327,7 +335,7 @@ def plugin_scheduler(k8s_version: str = K8S_VERSION, parallel: int = 2) -> Path:
     go = find_go()
     env = {**go_env(), "GOFLAGS": "-mod=readonly"}
     folder = bin_dir(k8s_version)
-    out = folder / f"{PLUGIN_SCHEDULER}-{_plugin_digest(go, env, k8s_version)}"
+    out = plugin_scheduler_path(k8s_version)
     if out.exists():
         return out
     folder.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from devcluster import build as buildmod
 from devcluster import supervisor
 from devcluster.errors import DevClusterError as DevClusterError
@@ -306,30 +308,26 @@ def scheduler_config(
 PLUGIN_NAME = "EgpuShares"  # kube-scheduler/plugin's Name
 
 
+# The profile egpu installs (the KubeSchedulerConfiguration in this ConfigMap), which the dev
+# cluster's and the benchmarks' egpu-kube-scheduler run too.
+PLUGIN_PROFILE_MANIFEST = Path(__file__).resolve().parent.parent / "manifests" / "scheduler" / \
+    "kube-scheduler-config.yaml"
+
+
 def plugin_profile(scheduler_name: str, egpu_config: str | Path | None = None
                    ) -> dict[str, Any]:
-    """A KubeSchedulerConfiguration profile that places egpu shares with egpu-kube-scheduler's
-    plugin, EgpuShares (kube-scheduler/plugin), in place of the extender: the plugin at every
-    extension point it implements, DefaultBinder after it (the plugin's Binding carries the
-    allocation record; DefaultBinder binds the pods without shares), and NodeResourcesFit
-    told to ignore the shares' own resources (no node advertises them; the plugin books them
-    card by card). ``egpu_config``: egpu's config file, the one the extender and the webhook
-    read (the plugin's arg configFile; None: egpu's defaults)."""
-    on = [{"name": PLUGIN_NAME}]
-    return {
-        "schedulerName": scheduler_name,
-        "plugins": {point: {"enabled": on} for point in
-                    ("preFilter", "filter", "preScore", "score", "reserve", "permit")}
-        # the plugin binds share pods; DefaultBinder, after it, the pods it skips (no share)
-        | {"bind": {"disabled": [{"name": "DefaultBinder"}],
-                    "enabled": [*on, {"name": "DefaultBinder"}]}},
-        "pluginConfig": [
-            {"name": "NodeResourcesFit", "args": {
-                "ignoredResources": [n for n, ignored in EXTENDER_MANAGED_RESOURCES if ignored]}},
-            {"name": PLUGIN_NAME,
-             "args": {"configFile": str(egpu_config)} if egpu_config is not None else {}},
-        ],
-    }
+    """The KubeSchedulerConfiguration profile manifests/scheduler installs (egpu-kube-scheduler's
+    plugin, EgpuShares, at every extension point it implements, DefaultBinder after it, and
+    NodeResourcesFit told to ignore the shares' own resources), named ``scheduler_name``.
+    ``egpu_config``: egpu's config file, the one the extender and the webhook read (the
+    plugin's arg configFile; None: egpu's defaults); no last good copy is kept (the installed
+    one keeps it in its pod's folder)."""
+    manifest = yaml.safe_load(PLUGIN_PROFILE_MANIFEST.read_text())
+    (profile,) = yaml.safe_load(manifest["data"]["config.yaml"])["profiles"]
+    profile["schedulerName"] = scheduler_name
+    (plugin,) = [c for c in profile["pluginConfig"] if c["name"] == PLUGIN_NAME]
+    plugin["args"] = {"configFile": str(egpu_config)} if egpu_config is not None else {}
+    return dict(profile)
 
 
 def plugin_scheduler_config(kubeconfig: str | Path, scheduler_name: str,

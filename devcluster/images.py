@@ -8,7 +8,9 @@ the whole reference, which ctr keeps as the image name):
                                               Python part with its dependencies and the
                                               interposer at /opt/egpu/lib/libegpu_interpose.so
     egpu.local/pause:3.10                     the pod sandbox: a static /pause (devcluster/pause.c)
-    registry.k8s.io/kube-scheduler:v1.37.2    the kube-scheduler that devcluster.build caches
+    egpu.local/egpu-kube-scheduler:dev        kube-scheduler with egpu's plugin (kube-scheduler/),
+                                              as devcluster.build builds it from this checkout
+                                              (kube-scheduler/Dockerfile describes the same)
 
 Everything is cached outside the clone, keyed by a hash of its inputs:
 
@@ -19,7 +21,7 @@ Everything is cached outside the clone, keyed by a hash of its inputs:
         deps-<key>/pip/        the pip wheel that installs inside the rootfs
         egpu-<key>.oci.tar     deps + a layer with egpu's wheel and the interposer
         pause-<key>.oci.tar
-        kube-scheduler-<key>.oci.tar
+        egpu-kube-scheduler-<key>.oci.tar
 
 The base key covers the suite and the package list (debootstrap is the slow part), the deps key
 the base key and pyproject.toml's dependencies, the egpu key the deps key and the sources (the
@@ -56,9 +58,9 @@ from devcluster import build
 # --- References (what the manifests name, or what a kustomize override points at) ---------
 IMAGE_EGPU = "egpu.local/egpu:dev"
 IMAGE_PAUSE = "egpu.local/pause:3.10"
-IMAGE_KUBE_SCHEDULER = f"registry.k8s.io/kube-scheduler:{build.K8S_VERSION}"
-IMAGES = (IMAGE_EGPU, IMAGE_PAUSE, IMAGE_KUBE_SCHEDULER)
-KIND = {IMAGE_EGPU: "egpu", IMAGE_PAUSE: "pause", IMAGE_KUBE_SCHEDULER: "kube-scheduler"}
+IMAGE_SCHEDULER = "egpu.local/egpu-kube-scheduler:dev"
+IMAGES = (IMAGE_EGPU, IMAGE_PAUSE, IMAGE_SCHEDULER)
+KIND = {IMAGE_EGPU: "egpu", IMAGE_PAUSE: "pause", IMAGE_SCHEDULER: build.PLUGIN_SCHEDULER}
 
 # --- The egpu image's recipe -------------------------------------------------------------
 SUITE = "bookworm"
@@ -100,7 +102,7 @@ SKIP_SUFFIXES = (".pyc", ".pyo", ".so", ".o", ".egg-info")
 
 PAUSE_SOURCE = "devcluster/pause.c"
 PAUSE_CFLAGS = ("-static", "-Os", "-s", "-std=gnu11", "-Wall", "-Wextra", "-Werror")
-SCHEDULER_PATH = "usr/local/bin/kube-scheduler"
+SCHEDULER_PATH = f"usr/local/bin/{build.PLUGIN_SCHEDULER}"
 NONROOT_UID = 65532  # distroless' "nonroot"; the scheduler pod runs as it
 PAUSE_UID = 65535  # the upstream pause image's user
 
@@ -211,9 +213,8 @@ def pause_key(source: bytes, compiler: str) -> str:
 
 
 def scheduler_key(binary_sha256: str) -> str:
-    return key_of(
-        "kube-scheduler", binary_sha256, SCHEDULER_PATH, SCHEDULER_CONFIG, passwd_text()
-    )
+    return key_of(build.PLUGIN_SCHEDULER, binary_sha256, SCHEDULER_PATH, SCHEDULER_CONFIG,
+                  passwd_text())
 
 
 def archive_name(kind: str, key: str) -> str:
@@ -660,13 +661,16 @@ def _build_pause(log: Log, dest: Path) -> None:
 
 
 def _build_scheduler(log: Log, dest: Path, binary: Path) -> None:
+    """egpu-kube-scheduler's image: the binary, and the non-root user it runs as."""
     _require_tools(["umoci", "skopeo"])
-    with _workdir("kube-scheduler") as work:
-        done = _step(log, f"kube-scheduler: layer from {binary}, archive")
+    kind = KIND[IMAGE_SCHEDULER]
+    with _workdir(kind) as work:
+        done = _step(log, f"{kind}: layer from {binary}, archive")
         root = _staging(work)
-        bindir = _mkdirs(root, str(Path(SCHEDULER_PATH).parent))
-        shutil.copy2(binary, bindir / "kube-scheduler")
-        (bindir / "kube-scheduler").chmod(0o755)
+        target = root / SCHEDULER_PATH
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(binary, target)
+        target.chmod(0o755)
         etc = _mkdirs(root, "etc")
         (etc / "passwd").write_text(passwd_text())
         (etc / "group").write_text(group_text())
@@ -676,28 +680,29 @@ def _build_scheduler(log: Log, dest: Path, binary: Path) -> None:
         tmp.mkdir()
         tmp.chmod(0o1777)
         _new_layout(work / "oci")
-        _insert(work / "oci", root, f"kube-scheduler {build.K8S_VERSION} (devcluster.build)")
-        _archive(work / "oci", IMAGE_KUBE_SCHEDULER, dest, SCHEDULER_CONFIG)
+        _insert(work / "oci", root, f"{kind} {build.K8S_VERSION} (devcluster.build)")
+        _archive(work / "oci", IMAGE_SCHEDULER, dest, SCHEDULER_CONFIG)
         done()
 
 
 # --- Entry points ---------------------------------------------------------------------------
 def _scheduler_binary() -> Path:
-    return build.binary_path("kube-scheduler")
+    """egpu-kube-scheduler as built from this checkout (built or not)."""
+    return build.plugin_scheduler_path()
 
 
 def archive_paths() -> dict[str, Path | None]:
     """reference -> the archive the current inputs map to (built or not); None for the
-    kube-scheduler while its binary is not built. Builds nothing."""
+    scheduler while its binary is not built. Builds nothing."""
     d = images_dir()
     binary = _scheduler_binary()
-    sched = d / archive_name("kube-scheduler", scheduler_key(sha256_file(binary))) \
+    sched = d / archive_name(KIND[IMAGE_SCHEDULER], scheduler_key(sha256_file(binary))) \
         if binary.exists() else None
     pause = pause_key((REPO / PAUSE_SOURCE).read_bytes(), compiler_version())
     return {
         IMAGE_EGPU: d / archive_name("egpu", _inputs_egpu()[0]),
         IMAGE_PAUSE: d / archive_name("pause", pause),
-        IMAGE_KUBE_SCHEDULER: sched,
+        IMAGE_SCHEDULER: sched,
     }
 
 
@@ -709,8 +714,8 @@ def ensure_images(force: bool = False, only: Iterable[str] | None = None,
                   log: Log = _log) -> dict[str, Path]:
     """Build whichever image archive is missing (everything with force, the egpu image's cached
     base and dependency stages included); reference -> archive path.
-    Raises ImagesError (after building the others) when the kube-scheduler binary is not
-    built yet."""
+    Raises ImagesError (after building the others) when egpu-kube-scheduler is not built
+    yet."""
     only_set = None if only is None else set(only)
     wanted = [r for r in IMAGES if only_set is None or r in only_set]
     unknown = (only_set or set()) - set(IMAGES)
@@ -734,11 +739,11 @@ def ensure_images(force: bool = False, only: Iterable[str] | None = None,
             kind = KIND[ref]
             if path is None:
                 problems.append(
-                    f"{ref}: the kube-scheduler binary is not built yet ({_scheduler_binary()}"
-                    " is missing). Run `make k8s` (python -m devcluster.build), or wait for the"
-                    " build that is running, then `make image` again"
+                    f"{ref}: its binary is not built yet ({_scheduler_binary()} is missing). Run "
+                    "`make k8s` (python -m devcluster.build), or wait for the build that is "
+                    "running, then `make image` again"
                 )
-                log(f"[{n}/{len(todo)}] {ref}: skipped, kube-scheduler binary not built yet")
+                log(f"[{n}/{len(todo)}] {ref}: skipped, its binary is not built yet")
                 continue
             log(f"[{n}/{len(todo)}] {ref} -> {path} ...")
             t0 = time.monotonic()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -38,16 +39,29 @@ LOG_LOST_AFTER_S = 20.0  # a probe's log line missing this long: read its file (
 HELD_ALLOCATIONS = real_node.HELD_ALLOCATIONS  # alloc(mib), freed on SIGTERM
 
 
+# The published images the manifests and the chart name -> the dev images `make image` builds.
+LOCAL_IMAGES = {"ghcr.io/egpu/egpu": devimages.IMAGE_EGPU,
+                "ghcr.io/egpu/egpu-kube-scheduler": devimages.IMAGE_SCHEDULER}
+
+
+def helm_image_values() -> dict[str, dict[str, str]]:
+    """The chart's ``images`` values that run the dev images."""
+    egpu_repo, _, egpu_tag = devimages.IMAGE_EGPU.rpartition(":")
+    scheduler_repo, _, scheduler_tag = devimages.IMAGE_SCHEDULER.rpartition(":")
+    return {"egpu": {"repository": egpu_repo, "tag": egpu_tag},
+            "scheduler": {"repository": scheduler_repo, "tag": scheduler_tag}}
+
+
 def kustomization(out_dir: Path) -> Path:
-    """A kustomization naming manifests/ with the egpu image overridden to the local tag."""
-    repo_ref, _, tag = devimages.IMAGE_EGPU.rpartition(":")
+    """A kustomization naming manifests/ with egpu's images overridden to the dev ones."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         # kustomize takes only relative paths; a kustomization folder may lie above
         "resources": [os.path.relpath(REPO / "manifests", out_dir)],
-        "images": [{"name": "ghcr.io/egpu/egpu", "newName": repo_ref, "newTag": tag}],
+        "images": [{"name": name, "newName": ref.rpartition(":")[0],
+                    "newTag": ref.rpartition(":")[2]} for name, ref in LOCAL_IMAGES.items()],
     }))
     return out_dir
 
@@ -273,7 +287,7 @@ def scheduler_log_tail(cluster: Any, lines: int = 30) -> str:
     out = []
     for pod in get_json(cluster, "pods", "-n", NAMESPACE, "-l",
                         "app.kubernetes.io/name=egpu-scheduler")["items"]:
-        for container in ("kube-scheduler", "extender"):
+        for container in ("kube-scheduler",):
             text = cluster.kubectl("-n", NAMESPACE, "logs", pod["metadata"]["name"], "-c",
                                    container, f"--tail={lines}", check=False)
             out.append(f"[{pod['metadata']['name']}/{container}]\n{text}")
@@ -281,5 +295,12 @@ def scheduler_log_tail(cluster: Any, lines: int = 30) -> str:
 
 
 def scrape(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
+    """GET a metrics page; an https one without checking its certificate (egpu-kube-scheduler
+    serves its /metrics with a self-signed one, as kube-scheduler does)."""
+    context = None
+    if url.startswith("https://"):
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:
         return str(resp.read().decode())

@@ -83,6 +83,7 @@ func (a Args) load() (settings, error) {
 	if err != nil {
 		return settings{}, fmt.Errorf("%s: egpu config %s: %v", Name, a.ConfigFile, err)
 	}
+	reportConfig(loaded)
 	if loaded.Err != "" {
 		klog.ErrorS(nil, "egpu config is bad; running on the last good config until it is "+
 			"fixed", "error", loaded.Err, "generation", loaded.Generation)

@@ -332,6 +332,7 @@ func (p *Plugin) Permit(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	}
 	klog.InfoS("egpu bind gate held the pod", "pod", klog.KObj(pod), "node", nodeName,
 		"holds", p.holds.Add(1))
+	gateHeld.Inc()
 	return fwk.NewStatus(fwk.Wait, "a pod awaiting admission on the node holds other cards"),
 		gateWait
 }

@@ -16,10 +16,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clientfake "k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/component-base/metrics/legacyregistry"
+	"k8s.io/component-base/metrics/testutil"
 	fwk "k8s.io/kube-scheduler/framework"
 	schedcache "k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
+	"github.com/egpu/egpu/kube-scheduler/config"
 	"github.com/egpu/egpu/kube-scheduler/placement"
 )
 
@@ -384,5 +387,41 @@ func TestPodsWhoseCardFiltersDifferHaveOtherShapes(t *testing.T) {
 	}
 	if s := p.Filter(context.Background(), preFiltered(t, p, words), words, info); s.IsSuccess() {
 		t.Fatal("a pod excluding NVIDIA cards passed the filter on a node of NVIDIA A10 cards")
+	}
+}
+
+// Bugs caught: the scheduler running on its last good config while its metrics say nothing
+// (alert EgpuConfigNotApplied silent), or a stale series left beside the new one.
+func TestTheConfigInfoSaysWhichConfigRuns(t *testing.T) {
+	dir := t.TempDir()
+	file, keep := filepath.Join(dir, "config.yaml"), filepath.Join(dir, "keep")
+	good := "sharesPerCard: 4\n"
+	if err := os.WriteFile(file, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := func(source string) string {
+		return `
+# HELP egpu_config_info [ALPHA] The config a part runs: its generation (SHA-256 prefix of the config text) and source (file, or last-good when the file is bad)
+# TYPE egpu_config_info gauge
+egpu_config_info{generation="` + config.Generation(good) + `",part="scheduler",source="` +
+			source + `"} 1
+`
+	}
+	if _, err := (Args{ConfigFile: file, ConfigKeepDir: keep}).load(); err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.GatherAndCompare(legacyregistry.DefaultGatherer,
+		strings.NewReader(want("file")), "egpu_config_info"); err != nil {
+		t.Error(err)
+	}
+	if err := os.WriteFile(file, []byte("sharesPerCard: lots\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (Args{ConfigFile: file, ConfigKeepDir: keep}).load(); err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.GatherAndCompare(legacyregistry.DefaultGatherer,
+		strings.NewReader(want("last-good")), "egpu_config_info"); err != nil {
+		t.Error(err)
 	}
 }

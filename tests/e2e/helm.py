@@ -42,11 +42,11 @@ def install(cluster: RealCluster, work: Path, *sets: str) -> None:
     cluster.kubectl("delete", "-k", str(kustomize), "--ignore-not-found", "--wait=true",
                     "--timeout=180s", timeout=200)
     ca = inst.create_webhook_tls(cluster, work)
-    repo_ref, _, tag = inst.devimages.IMAGE_EGPU.rpartition(":")
     more = [arg for value in sets for arg in ("--set", value)]
     helm(cluster, work, "install", RELEASE, str(CHART), "--namespace", inst.NAMESPACE,
          "--set", "namespace.create=false",
-         "--set", f"images.egpu.repository={repo_ref}", "--set", f"images.egpu.tag={tag}",
+         *(arg for part, image in inst.helm_image_values().items() for key, value in image.items()
+           for arg in ("--set", f"images.{part}.{key}={value}")),
          "--set", f"webhook.caBundle={base64.b64encode(ca.read_bytes()).decode()}", *more)
     inst.wait_installed(cluster)
     cluster.ensure_namespace(inst.SHARE_NS)

@@ -77,12 +77,11 @@ def _values(cluster: RealCluster, work: Path, **config: object) -> Path:
     install put into the MutatingWebhookConfiguration)."""
     import yaml
 
-    repo_ref, _, tag = inst.devimages.IMAGE_EGPU.rpartition(":")
     registration = inst.get_json(cluster, "mutatingwebhookconfiguration", "egpu-webhook")
     path = work / "egpu-values.yaml"
     path.write_text(yaml.safe_dump({
         "namespace": {"create": False},
-        "images": {"egpu": {"repository": repo_ref, "tag": tag}},
+        "images": inst.helm_image_values(),
         "webhook": {"caBundle": registration["webhooks"][0]["clientConfig"]["caBundle"]},
         "logLevel": "DEBUG",
         "config": config,
@@ -91,8 +90,12 @@ def _values(cluster: RealCluster, work: Path, **config: object) -> Path:
     return path
 
 
-def _metrics(cluster: RealCluster, selector: str, port: int) -> list[str]:
-    return [inst.scrape(f"http://{p['status']['podIP']}:{port}/metrics")
+SCHEDULER = ("app.kubernetes.io/name=egpu-scheduler", 10259, "https")  # egpu-kube-scheduler
+AGENT = ("app.kubernetes.io/name=egpu-node-agent", 9400, "http")
+
+
+def _metrics(cluster: RealCluster, selector: str, port: int, scheme: str = "http") -> list[str]:
+    return [inst.scrape(f"{scheme}://{p['status']['podIP']}:{port}/metrics")
             for p in inst.get_json(cluster, "pods", "-n", inst.NAMESPACE, "-l", selector)["items"]
             if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")]
 
@@ -124,9 +127,9 @@ def _configmap_generation(cluster: RealCluster) -> str:
 def test_helm_upgrade_with_a_values_file_applies_the_new_ratio_and_log_level(
         helm_installed: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> None:
     """docs/operating.md's upgrade: `helm upgrade -f values` (no --reuse-values) with a new
-    oversubscription ratio and log level. The extender and the agents roll by themselves
+    oversubscription ratio and log level. The scheduler and the agents roll by themselves
     (config checksum), the next placement uses the new ratio, the running share pod keeps its
-    share and its exporter series. Bugs caught: only the ConfigMap changed (the extender kept
+    share and its exporter series. Bugs caught: only the ConfigMap changed (the scheduler kept
     1.5 until a manual restart); a float from --set read as text crashed a restarting part."""
     home = tmp_path_factory.mktemp("helm-upgrade")
     before = inst.get_json(helm_installed, "pod", "-n", inst.SHARE_NS, "chat-serving-helm")
@@ -134,12 +137,14 @@ def test_helm_upgrade_with_a_values_file_applies_the_new_ratio_and_log_level(
     _helm(helm_installed, home, "upgrade", RELEASE, str(CHART), "--namespace", inst.NAMESPACE,
           "-f", str(values), "--wait", "--timeout", "300s")
     _rolled(helm_installed)
-    extender = [c for p in inst.get_json(helm_installed, "pods", "-n", inst.NAMESPACE, "-l",
-                                         "app.kubernetes.io/name=egpu-scheduler")["items"]
-                for c in p["spec"]["containers"] if c["name"] == "extender"]
-    assert extender and all("--log-level=DEBUG" in c["command"] for c in extender)
-    for text in _metrics(helm_installed, "app.kubernetes.io/name=egpu-scheduler", 8889):
-        assert 'source="file"' in text and "egpu_config_info" in text, text[-500:]
+    scheduler = [c for p in inst.get_json(helm_installed, "pods", "-n", inst.NAMESPACE, "-l",
+                                          SCHEDULER[0])["items"]
+                 for c in p["spec"]["containers"] if c["name"] == "kube-scheduler"]
+    assert scheduler and all("--v=4" in c["command"] for c in scheduler)  # DEBUG
+    generation = _configmap_generation(helm_installed)
+    for text in _metrics(helm_installed, *SCHEDULER):
+        assert f'egpu_config_info{{generation="{generation}",part="scheduler",source="file"}} 1' \
+            in text, text[-500:]
     # `kubectl egpu` says the real node's agent runs the upgraded ConfigMap's config
     wanted = f"config {_configmap_generation(helm_installed)} (file)"
     helm_installed.wait_for("the agents' config lines at the new generation", lambda: (
@@ -182,7 +187,7 @@ def test_a_bad_value_is_refused_by_helm_and_changes_nothing(
 def test_a_bad_configmap_edit_leaves_every_part_running_on_its_last_good_config(
         helm_installed: RealCluster) -> None:
     """A hand edit of egpu-config with a bad value, then the node agents rolled (new pods: the
-    node keeps their last good config) and the extenders' containers restarted (as a crash
+    node keeps their last good config) and the schedulers' containers restarted (as a crash
     or a liveness kill would: the pod's emptyDir keeps it): each comes back Ready on its
     last good config and says so (egpu_config_info source="last-good"). Bug caught: a
     restarting part went into a crash loop on the bad value."""
@@ -198,29 +203,29 @@ def test_a_bad_configmap_edit_leaves_every_part_running_on_its_last_good_config(
                                "daemonset/egpu-node-agent", "--timeout=300s", timeout=310)
 
         def files_updated() -> bool:  # the kubelet syncs ConfigMap volumes within a minute
-            # the node's own extender containers (a host-wide pgrep also finds the extenders
+            # the node's own scheduler containers (a host-wide pgrep also finds the schedulers
             # of other lanes' real nodes, tests/lanes.py)
-            containers = helm_installed.node.crictl("ps", "--name", "extender", "-q").split()
+            containers = helm_installed.node.crictl("ps", "--name", "kube-scheduler",
+                                                    "-q").split()
             return bool(containers) and all("lots" in helm_installed.node.crictl(
                 "exec", cid, "cat", "/etc/egpu/config.yaml") for cid in containers)
 
-        helm_installed.wait_for("the bad config in the extenders' volumes", files_updated,
+        helm_installed.wait_for("the bad config in the schedulers' volumes", files_updated,
                                 timeout=120, interval=3.0)
-        for cid in helm_installed.node.crictl("ps", "--name", "extender", "-q").split():
+        for cid in helm_installed.node.crictl("ps", "--name", "kube-scheduler", "-q").split():
             helm_installed.node.crictl("stop", cid)
 
-        def on_last_good(selector: str, port: int) -> bool:
+        def on_last_good(selector: str, port: int, scheme: str) -> bool:
             try:
-                texts = _metrics(helm_installed, selector, port)
+                texts = _metrics(helm_installed, selector, port, scheme)
             except OSError:
                 return False  # a container still restarting
             return bool(texts) and all('source="last-good"' in t for t in texts)
 
-        for selector, port in (("app.kubernetes.io/name=egpu-node-agent", 9400),
-                               ("app.kubernetes.io/name=egpu-scheduler", 8889)):
+        for selector, port, scheme in (AGENT, SCHEDULER):
             helm_installed.wait_for(f"{selector} serving on its last good config",
-                                    lambda s=selector, p=port: on_last_good(s, p), timeout=120,
-                                    interval=2.0)
+                                    lambda s=selector, p=port, k=scheme: on_last_good(s, p, k),
+                                    timeout=120, interval=2.0)
         # and `kubectl egpu` says so, beside the ConfigMap's (bad) generation
         kept = f"ConfigMap {_configmap_generation(helm_installed)}: the ConfigMap is bad"
         helm_installed.wait_for("the agents' config lines on the last good config", lambda: (

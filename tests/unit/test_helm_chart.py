@@ -31,7 +31,7 @@ RELEASE = "egpu"
 NAMESPACE = "egpu-system"
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 EGPU_IMAGE = f"ghcr.io/egpu/egpu:{APP_VERSION}"
-KUBE_SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler:"
+SCHEDULER_IMAGE = f"ghcr.io/egpu/egpu-kube-scheduler:{APP_VERSION}"
 # The labels a chart usually adds; the only difference allowed between helm and kustomize.
 HELM_LABELS = frozenset({
     "helm.sh/chart",
@@ -42,7 +42,6 @@ HELM_LABELS = frozenset({
 # The containers that run the egpu image (object, container), with the default values.
 EGPU_CONTAINERS = {
     (("Deployment", NAMESPACE, "egpu-webhook"), "webhook"),
-    (("Deployment", NAMESPACE, "egpu-scheduler"), "extender"),
     (("DaemonSet", NAMESPACE, "egpu-node-agent"), "install"),
     (("DaemonSet", NAMESPACE, "egpu-node-agent"), "agent"),
 }
@@ -249,10 +248,10 @@ def test_the_egpu_containers_are_known(helm) -> None:
     pytest.param({"images.egpu.pullPolicy": "Always"},
                  lambda c: c["image"] == EGPU_IMAGE,
                  "imagePullPolicy", "Always", id="egpu-pull-policy"),
-    pytest.param({"images.kubeScheduler.repository": "mirror.example.com/kube-scheduler",
-                  "images.kubeScheduler.tag": "v1.37.9"},
-                 lambda c: c["image"].startswith(KUBE_SCHEDULER_IMAGE),
-                 "image", "mirror.example.com/kube-scheduler:v1.37.9", id="kube-scheduler-image"),
+    pytest.param({"images.scheduler.repository": "mirror.example.com/egpu-kube-scheduler",
+                  "images.scheduler.tag": "0.1.1"},
+                 lambda c: c["image"] == SCHEDULER_IMAGE,
+                 "image", "mirror.example.com/egpu-kube-scheduler:0.1.1", id="scheduler-image"),
 ])
 def test_an_image_value_changes_its_containers_and_nothing_else(
         helm, values: dict[str, str], selects: Callable[[dict[str, Any]], bool],

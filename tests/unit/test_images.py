@@ -16,10 +16,11 @@ import yaml
 from devcluster import images
 from devcluster.images import (
     IMAGE_EGPU,
-    IMAGE_KUBE_SCHEDULER,
     IMAGE_PAUSE,
+    IMAGE_SCHEDULER,
     ImageConfig,
 )
+from testbed import realnode_install
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,8 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_references() -> None:
     assert IMAGE_EGPU == "egpu.local/egpu:dev"
     assert IMAGE_PAUSE == "egpu.local/pause:3.10"
-    assert IMAGE_KUBE_SCHEDULER == "registry.k8s.io/kube-scheduler:v1.37.2"
-    assert images.IMAGES == (IMAGE_EGPU, IMAGE_PAUSE, IMAGE_KUBE_SCHEDULER)
+    assert IMAGE_SCHEDULER == "egpu.local/egpu-kube-scheduler:dev"
+    assert images.IMAGES == (IMAGE_EGPU, IMAGE_PAUSE, IMAGE_SCHEDULER)
     # Each names a registry host (a dot before the first '/'): containerd and the kubelet use
     # it as is instead of normalizing it to docker.io/library/...
     for ref in images.IMAGES:
@@ -42,7 +43,9 @@ def test_kube_scheduler_reference_is_the_manifests() -> None:
     names = {
         c["name"]: c["image"] for c in doc["spec"]["template"]["spec"]["containers"]
     }
-    assert names["kube-scheduler"] == IMAGE_KUBE_SCHEDULER
+    assert names["kube-scheduler"] == "ghcr.io/egpu/egpu-kube-scheduler:0.1.0"
+    assert realnode_install.LOCAL_IMAGES[names["kube-scheduler"].rpartition(":")[0]] \
+        == IMAGE_SCHEDULER
 
 
 # --- keys --------------------------------------------------------------------------------------
@@ -202,9 +205,9 @@ def test_configs() -> None:
     assert images.EGPU_CONFIG.cmd == ("egpu", "--help")
     assert {"PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1"} <= set(images.EGPU_CONFIG.env)
     assert images.PAUSE_CONFIG.entrypoint == ("/pause",)
-    assert images.SCHEDULER_CONFIG.entrypoint == ("/usr/local/bin/kube-scheduler",)
+    assert images.SCHEDULER_CONFIG.entrypoint == ("/usr/local/bin/egpu-kube-scheduler",)
     assert any(e.startswith("PATH=") and "/usr/local/bin" in e
-               for e in images.SCHEDULER_CONFIG.env)  # `command: [kube-scheduler, ...]`
+               for e in images.SCHEDULER_CONFIG.env)  # `command: [egpu-kube-scheduler, ...]`
     args = images.config_args(images.SCHEDULER_CONFIG)
     assert args[:3] == ["--clear=config.env", "--clear=config.entrypoint", "--clear=config.cmd"]
     assert "--config.user=65532:65532" in args
@@ -213,10 +216,12 @@ def test_configs() -> None:
 
 def test_names() -> None:
     assert images.archive_name("egpu", "0123456789abcdef") == "egpu-0123456789abcdef.oci.tar"
-    pat = images.stage_pattern("kube-scheduler")
-    assert pat.match("kube-scheduler-0123456789abcdef.oci.tar")
-    assert pat.match("kube-scheduler-0123456789abcdef")
-    assert not pat.match("kube-scheduler-0123456789abcdef.oci.tar.tmp")
+    pat = images.stage_pattern("egpu-kube-scheduler")
+    assert pat.match("egpu-kube-scheduler-0123456789abcdef.oci.tar")
+    assert pat.match("egpu-kube-scheduler-0123456789abcdef")
+    assert not pat.match("egpu-kube-scheduler-0123456789abcdef.oci.tar.tmp")
+    assert not images.stage_pattern("kube-scheduler").match(
+        "egpu-kube-scheduler-0123456789abcdef.oci.tar")
     assert not images.stage_pattern("egpu").match("egpu-base-0123456789abcdef")
 
 
@@ -224,11 +229,12 @@ def test_missing_scheduler_binary_is_said_clearly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("EGPU_CACHE", str(tmp_path))
-    with pytest.raises(images.ImagesError, match="kube-scheduler binary is not built yet"):
-        images.ensure_images(only=[IMAGE_KUBE_SCHEDULER], log=lambda _m: None)
-    assert images.main(["--print", IMAGE_KUBE_SCHEDULER]) == 1
+    with pytest.raises(images.ImagesError,
+                       match="egpu-kube-scheduler:dev: its binary is not built yet"):
+        images.ensure_images(only=[IMAGE_SCHEDULER], log=lambda _m: None)
+    assert images.main(["--print", IMAGE_SCHEDULER]) == 1
     out = capsys.readouterr().out
-    assert out.startswith(IMAGE_KUBE_SCHEDULER) and "missing" in out
+    assert out.startswith(IMAGE_SCHEDULER) and "missing" in out
     with pytest.raises(images.ImagesError, match="unknown image"):
         images.ensure_images(only=["docker.io/library/busybox:latest"])
 
@@ -264,8 +270,9 @@ def test_built_archives(tmp_path: Path) -> None:
         return json.loads(out)["config"]
 
     assert config(paths[IMAGE_PAUSE])["Entrypoint"] == ["/pause"]  # type: ignore[arg-type]
-    sched = config(paths[IMAGE_KUBE_SCHEDULER])  # type: ignore[arg-type]
-    assert sched["Entrypoint"] == ["/usr/local/bin/kube-scheduler"]
+    sched = config(paths[IMAGE_SCHEDULER])  # type: ignore[arg-type]
+    assert sched["Entrypoint"] == ["/usr/local/bin/egpu-kube-scheduler"]
+    assert sched["User"] == "65532:65532"  # the Deployment's runAsUser
     egpu_cfg = config(paths[IMAGE_EGPU])  # type: ignore[arg-type]
     assert egpu_cfg["Cmd"] == ["egpu", "--help"]
     assert "PYTHONUNBUFFERED=1" in egpu_cfg["Env"]

@@ -24,7 +24,7 @@ The namespace of every namespaced object.
 {{- end }}
 
 {{/*
-The egpu image (webhook, extender, node agent): repository:tag, the tag defaulting to appVersion.
+The egpu image (webhook, node agent): repository:tag, the tag defaulting to appVersion.
 */}}
 {{- define "egpu.image" -}}
 {{- $image := .Values.images.egpu -}}
@@ -32,11 +32,18 @@ The egpu image (webhook, extender, node agent): repository:tag, the tag defaulti
 {{- end }}
 
 {{/*
-The kube-scheduler image.
+The egpu-kube-scheduler image: repository:tag, the tag defaulting to appVersion.
 */}}
-{{- define "egpu.kubeSchedulerImage" -}}
-{{- $image := .Values.images.kubeScheduler -}}
-{{- printf "%s:%s" $image.repository (toString $image.tag) -}}
+{{- define "egpu.schedulerImage" -}}
+{{- $image := .Values.images.scheduler -}}
+{{- printf "%s:%s" $image.repository (toString ($image.tag | default .Chart.AppVersion)) -}}
+{{- end }}
+
+{{/*
+The egpu scheduler's kube-scheduler verbosity (--v) for its log level (egpu.logLevel).
+*/}}
+{{- define "egpu.schedulerVerbosity" -}}
+{{- get (dict "DEBUG" "4" "INFO" "2" "WARNING" "1" "ERROR" "0") (include "egpu.logLevel" (list . "scheduler")) -}}
 {{- end }}
 
 {{/*
@@ -53,7 +60,7 @@ the PriorityClasses the chart creates added to config.priorityClasses when not n
 {{- end }}
 
 {{/*
-The log level of one egpu part: (list $root "webhook"|"extender"|"nodeAgent"): its
+The log level of one egpu part: (list $root "webhook"|"scheduler"|"nodeAgent"): its
 logLevels.<part> when set, else logLevel; upper case, as Python's logging names them.
 */}}
 {{- define "egpu.logLevel" -}}
