@@ -20,7 +20,8 @@ Keys (YAML, camelCase as Kubernetes configs are)::
     coresOversubscriptionRatio: 1.0        # >= 1; booked cores may reach 100 x ratio per card
     ignoredNamespaces: [kube-system, egpu-system]
     allowPrivileged: false                 # deny privileged containers with a share unless true
-    heartbeatTimeoutSeconds: 120           # a node's inventory older than this takes no shares
+    heartbeatTimeoutSeconds: 120           # 1..86400; a node's inventory older than this takes
+                                           # no shares
     lowPriorityFloorPercent: 0             # 0..100: what a low-priority share keeps of a card
                                            # beside busy high-priority work (0: it yields fully)
     allocationMode: extender               # extender | dra: what the webhook makes of a share
@@ -56,6 +57,9 @@ from egpu.contract import (
 from egpu.policies import AllocationMode, ComputePolicy, PlacementPolicy, Priority
 
 _Policy = TypeVar("_Policy", bound=StrEnum)
+
+
+MAX_HEARTBEAT_TIMEOUT_S = 86400  # heartbeatTimeoutSeconds' bound: a day
 
 
 class ConfigError(ValueError):
@@ -138,13 +142,12 @@ def _numeric_text(value: Any, parse: Any) -> Any:
     return value
 
 
-def _int(value: Any, key: str, low: int, high: int | None = None) -> int:
+def _int(value: Any, key: str, low: int, high: int) -> int:
     value = _numeric_text(value, int)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{key}: {value!r} is not an integer")
-    if value < low or (high is not None and value > high):
-        allowed = f"{low}..{high}" if high is not None else f">= {low}"
-        raise ConfigError(f"{key}: {value} is out of range; allowed: {allowed}")
+    if not low <= value <= high:
+        raise ConfigError(f"{key}: {value} is out of range; allowed: {low}..{high}")
     return value
 
 
@@ -214,7 +217,9 @@ def parse_config(data: Any) -> Config:
         "coresOversubscriptionRatio": ("cores_oversubscription_ratio", _ratio),
         "ignoredNamespaces": ("ignored_namespaces", lambda v, k: _names(v, k)),
         "allowPrivileged": ("allow_privileged", lambda v, k: _bool(v, k)),
-        "heartbeatTimeoutSeconds": ("heartbeat_timeout_seconds", lambda v, k: _int(v, k, 1)),
+        # a node silent for longer than a day is no node to place on
+        "heartbeatTimeoutSeconds": ("heartbeat_timeout_seconds",
+                                    lambda v, k: _int(v, k, 1, MAX_HEARTBEAT_TIMEOUT_S)),
         "lowPriorityFloorPercent": ("low_priority_floor_percent", lambda v, k: _int(v, k, 0, 100)),
         "allocationMode": ("allocation_mode", lambda v, k: _policy(v, k, AllocationMode)),
         "namespaceAllocationModes": ("namespace_allocation_modes",

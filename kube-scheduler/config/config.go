@@ -60,6 +60,8 @@ const (
 	maxSharesPerCard   = 32               // a card roster's entries (egpu.card_roster.NSLOTS)
 	minRatio, maxRatio = 1.0, 100.0
 	maxFloorPercent    = 100
+	// a node silent for longer than a day is no node to place on
+	maxHeartbeatTimeoutS = 86400
 )
 
 // Default is the configuration of an absent or empty file.
@@ -162,7 +164,7 @@ func parse(data any) (Config, error) {
 			return nil
 		}},
 		{"heartbeatTimeoutSeconds", func(v any, k string) (err error) {
-			c.HeartbeatTimeoutSeconds, err = atLeast(v, k, 1)
+			c.HeartbeatTimeoutSeconds, err = boundedInt(v, k, 1, maxHeartbeatTimeoutS)
 			return err
 		}},
 		{"lowPriorityFloorPercent", func(v any, k string) (err error) {
@@ -313,30 +315,18 @@ func pythonNumber(t string, asFloat bool) bool {
 	return digits(whole) && digits(frac)
 }
 
-// integer is egpu/config.py's _int: a whole number (not a boolean) within low..high.
-func integer(v any, key string, low, high int64, bounded bool) (int, error) {
+// boundedInt is egpu/config.py's _int: a whole number (not a boolean) within low..high (every
+// integer key has both bounds).
+func boundedInt(v any, key string, low, high int64) (int, error) {
 	v = numericText(v, false)
 	n, ok := v.(*big.Int)
 	if !ok {
 		return 0, refuse("%s: %s is not an integer", key, repr(v))
 	}
-	// beyond int64 (Python's ints have no bound) is refused as out of range: no key needs it
-	if n.Cmp(big.NewInt(low)) < 0 || bounded && n.Cmp(big.NewInt(high)) > 0 || !n.IsInt64() {
-		allowed := fmt.Sprintf(">= %d", low)
-		if bounded {
-			allowed = fmt.Sprintf("%d..%d", low, high)
-		}
-		return 0, refuse("%s: %s is out of range; allowed: %s", key, n.String(), allowed)
+	if n.Cmp(big.NewInt(low)) < 0 || n.Cmp(big.NewInt(high)) > 0 {
+		return 0, refuse("%s: %s is out of range; allowed: %d..%d", key, n.String(), low, high)
 	}
 	return int(n.Int64()), nil
-}
-
-func boundedInt(v any, key string, low, high int64) (int, error) {
-	return integer(v, key, low, high, true)
-}
-
-func atLeast(v any, key string, low int64) (int, error) {
-	return integer(v, key, low, 0, false)
 }
 
 // ratio is egpu/config.py's _ratio: a number (not a boolean) within 1.0..100.0.

@@ -100,10 +100,14 @@ func repr(v any) string {
 	return fmt.Sprint(v)
 }
 
-// str is Python's str of a value: repr but for text, which stands as it is.
+// str is Python's str of a value: repr but for text, which stands as it is, and a date, which
+// Python writes as its ISO text.
 func str(v any) string {
-	if s, ok := v.(string); ok {
-		return s
+	switch x := v.(type) {
+	case string:
+		return x
+	case timestamp:
+		return string(x)
 	}
 	return repr(v)
 }
