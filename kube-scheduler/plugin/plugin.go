@@ -416,6 +416,7 @@ func (p *Plugin) nodeState(info fwk.NodeInfo, self types.UID) (state placement.N
 	}
 	records := map[types.UID]map[string]placement.CardBooking{}
 	var bookings []map[string]placement.CardBooking
+	var nominated []*v1.Pod
 	for _, pi := range pods {
 		pod := pi.GetPod()
 		if pod.UID == self {
@@ -427,13 +428,40 @@ func (p *Plugin) nodeState(info fwk.NodeInfo, self types.UID) (state placement.N
 			delete(p.held, pod.UID) // its record says what the reservation did
 		} else if r, ok := p.held[pod.UID]; ok && r.node == node.Name {
 			bookings = append(bookings, r.placement.Bookings)
+		} else if pod.Spec.NodeName == "" {
+			nominated = append(nominated, pod)
 		}
 	}
 	state = booked(parsed.state, bookings)
+	if len(nominated) > 0 {
+		state = p.bookNominated(state, parsed.state, bookings, nominated)
+	}
 	if keep {
 		p.states[node.Name] = bookedNode{info.GetGeneration(), parsed, state, records}
 	}
 	return state, keep
+}
+
+// bookNominated books the shares of pods nominated to the node, which the scheduler adds to a
+// copy of the node for a pod of lower or equal priority (RunFilterPluginsWithNominatedPods):
+// a preemptor not yet bound has no record and no reservation, yet the cards its victims free
+// are its. Each is fitted on the state as it stands, in order; one that does not fit books
+// nothing (the scheduler fits it again in its own cycle). Without this, a pod of lower
+// priority takes the freed cards and the preemptor preempts again.
+func (p *Plugin) bookNominated(state, base placement.NodeState,
+	bookings []map[string]placement.CardBooking, nominated []*v1.Pod) placement.NodeState {
+	now := float64(p.now().Unix())
+	for _, pod := range nominated {
+		d, err := readDemand(pod, p.settings)
+		if err != nil || d == nil {
+			continue
+		}
+		if placed, _ := placement.Fit(state, d.PodDemand, p.settings.limits, now); placed != nil {
+			bookings = append(bookings, placed.Bookings)
+			state = booked(base, bookings)
+		}
+	}
+	return state
 }
 
 // recordBookings is what the pod's egpu.io/allocation record books per card (known: the

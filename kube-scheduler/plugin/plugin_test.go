@@ -425,3 +425,26 @@ egpu_config_info{generation="` + config.Generation(good) + `",part="scheduler",s
 		t.Error(err)
 	}
 }
+
+// Bug caught: a pod nominated to the node by preemption (no record, no reservation: not bound
+// yet) booking nothing, so a pod of lower priority takes the cards its victims freed and the
+// preemptor preempts again.
+func TestAPodNominatedToTheNodeHoldsTheCardsItFits(t *testing.T) {
+	p := newPlugin(nil, defaultSettings())
+	pod := sharePod("p", 16000)
+	if s := p.Filter(context.Background(), preFiltered(t, p, pod), pod,
+		nodeInfo(node("n1", 1))); !s.IsSuccess() {
+		t.Fatalf("Filter on the empty card = %v", s)
+	}
+	preemptor := sharePod("preemptor", 16000) // as the scheduler adds it: no node name yet
+	withNominated := nodeInfo(node("n1", 1), preemptor)
+	if s := p.Filter(context.Background(), preFiltered(t, p, pod), pod,
+		withNominated); s.Code() != fwk.Unschedulable {
+		t.Fatalf("Filter beside the nominated preemptor = %v, want Unschedulable", s)
+	}
+	small := sharePod("small", 8000) // what the preemptor leaves fits
+	if s := p.Filter(context.Background(), preFiltered(t, p, small), small,
+		withNominated); !s.IsSuccess() {
+		t.Fatalf("Filter of 8000 MiB beside the nominated preemptor = %v", s)
+	}
+}
