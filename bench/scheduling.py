@@ -1,45 +1,41 @@
-"""Scheduling throughput: pods bound per second for DRA shares, extender shares, plugin shares
-and whole cards.
+"""Scheduling throughput: pods bound per second for DRA shares, shares through egpu's
+scheduler, and whole cards.
 
-    python bench/scheduling.py [--nodes 1000] [--pods 1000] [--cards 8]
+    python bench/scheduling.py [--nodes 1000] [--pods 1000] [--cards 8] [--rounds 6]
 
 On the dev cluster (reused when ``egpu dev-cluster`` reports one up, else started and stopped
 here): adds N kwok nodes of C H100-sized cards each with both ``nvidia.com/gpu: C`` and
 ``egpu.io/gpu: C x sharesPerCard``, the node agent's inventory annotations and its
 ResourceSlices of driver gpu.egpu.io (``devcluster.dra.publish_node_slices``, as the agent with
 ``--dra`` publishes them), and waits until they are Ready and untainted; applies the
-DeviceClasses of manifests/dra and a ResourceClaimTemplate of one share; starts the extender
-(``python -m scheduler.main``) and points the dev cluster's ``egpu-scheduler`` profile at it
-(``devcluster.set_extender``, restored at the end); and starts egpu-kube-scheduler beside the
-dev cluster's scheduler, its own profile ``egpu-plugin-bench`` served by egpu's plugin
-(``devcluster.plugin_scheduler``, on the same config). Then, in each of R rounds
-(``--rounds``, at least 4: each kind once in each place of the rotation), P pods of each kind
-are created with a scheduling gate, the gates are lifted from 16 threads (one pooled
-connection each), and the rate is P / (last bind - first ungate); pods (and claims) are
-deleted between the kinds. The kinds are interleaved: each round runs all
-four, in an order rotated from the round before, so that a slow stretch of the machine hits
-every kind alike; each ratio is taken within its round and the median of the rounds is reported:
+DeviceClasses of manifests/dra and a ResourceClaimTemplate of one share; and starts
+egpu-kube-scheduler, the scheduler egpu installs, beside the dev cluster's scheduler (as a
+cluster runs it beside its default one), with the installed profile (manifests/scheduler) under
+the name ``egpu-plugin-bench`` and an egpu config file (``devcluster.plugin_scheduler``). Then, in
+each of R rounds (``--rounds``, at least 3: each kind once in each place of the rotation), P
+pods of each kind are created with a scheduling gate, the gates are lifted from 16 threads (one
+pooled connection each), and the rate is P / (last bind - first ungate); pods (and claims) are
+deleted between the kinds. The kinds are interleaved: each round runs all three, in an order
+rotated from the round before, so that a slow stretch of the machine hits every kind alike;
+each ratio is taken within its round and the median of the rounds is reported:
 
 - ``default``: a whole card, ``nvidia.com/gpu: 1``, default-scheduler (device-plugin counting);
-- ``extender``: a share (20000 MiB, 25%) through egpu-scheduler and the extender;
-- ``plugin``: the same share through egpu-kube-scheduler's plugin, EgpuShares (the placement
-  that replaces the extender: docs/scheduler.md "The placement inside kube-scheduler");
+- ``plugin``: a share (20000 MiB, 25%) through egpu-kube-scheduler's plugin, EgpuShares (the
+  placement that replaced the extender: docs/scheduler.md "The placement inside
+  kube-scheduler");
 - ``dra``: the same share as a ResourceClaim of class share.gpu.egpu.io (consumable capacity),
   one per pod, created with the pods (before the gates are lifted), default-scheduler's own
   DRA allocator.
 
-Everything (etcd, API server, both schedulers, kwok, extender, this client) shares the
-machine's cores; the ungating rate is printed so that a client-bound run can be told apart,
-and each round's CPU seconds per process (its pods' creation, scheduling, binding and
-deletion), so that where a kind's time goes can be read: the extender watches every share
-pod, so it spends CPU in the plugin's rounds too, which a cluster that runs the plugin alone
-would not.
+Everything (etcd, API server, both schedulers, kwok, this client) shares the machine's cores;
+the ungating rate is printed so that a client-bound run can be told apart, and each round's CPU
+seconds per process (its pods' creation, scheduling, binding and deletion), so that where a
+kind's time goes can be read.
 
-Last line: ``nodes=N rounds=R dra_pods_per_s=N extender_pods_per_s=N plugin_pods_per_s=N
-default_pods_per_s=N dra_ratio=N extender_ratio=N plugin_ratio=N`` (medians of the rounds;
-each ratio is that kind's pods / plain pods within one round; issue 24's targets: dra_ratio >=
-0.5, extender_ratio >= 0.8, which the plugin, replacing the extender, must meet as
-plugin_ratio).
+Last line: ``nodes=N rounds=R dra_pods_per_s=N plugin_pods_per_s=N default_pods_per_s=N
+dra_ratio=N plugin_ratio=N`` (medians of the rounds; each ratio is that kind's pods / plain
+pods within one round; issue 24's targets: dra_ratio >= 0.5, and >= 0.8 for the shares of
+egpu's scheduler, which the issue named extender_ratio while the extender placed them).
 """
 
 from __future__ import annotations
@@ -50,7 +46,6 @@ import multiprocessing
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -62,8 +57,6 @@ from devcluster import cluster as devcluster
 from devcluster import dra as devdra
 from devcluster import nodes as devnodes
 from devcluster.cluster import wait_until
-from devcluster.extender import ExtenderProcess
-from devcluster.net import HOST
 from devcluster.plugin_scheduler import PluginSchedulerProcess
 from egpu.contract import DEVICE_CLASS_SHARE, DRA_CLAIM_FINALIZER
 from scheduler.kube import ApiStatusError, RawApi, load_client
@@ -132,11 +125,12 @@ def heartbeat(api: RawApi, names: list[str]) -> None:
 
 
 # The three kinds of pod measured: a whole card through the default scheduler's device-plugin
-# counting; a share through the egpu extender; a share as a DRA claim (consumable capacity)
+# counting; a share through egpu's scheduler; a share as a DRA claim (consumable capacity)
 # through the default scheduler's own allocator.
-WHOLE, EXTENDER_SHARE, PLUGIN_SHARE, DRA_SHARE = "default", "extender", "plugin", "dra"
-KINDS = (WHOLE, EXTENDER_SHARE, PLUGIN_SHARE, DRA_SHARE)
+WHOLE, PLUGIN_SHARE, DRA_SHARE = "default", "plugin", "dra"
+KINDS = (WHOLE, PLUGIN_SHARE, DRA_SHARE)
 MIN_ROUNDS = len(KINDS)  # each kind once in each place of the rotation
+DEFAULT_ROUNDS = 2 * MIN_ROUNDS
 PLUGIN_SCHEDULER = "egpu-plugin-bench"  # egpu-kube-scheduler's profile
 SHARE_MIB = 20000  # four shares fit an H100's 81559 MiB
 SHARE_CORES = 25
@@ -164,12 +158,12 @@ def share_claim(name: str) -> dict[str, Any]:
 
 def pod(name: str, kind: str) -> dict[str, Any]:
     limits: dict[str, str] = {"nvidia.com/gpu": "1"} if kind == WHOLE else {}
-    if kind in (EXTENDER_SHARE, PLUGIN_SHARE):
+    if kind == PLUGIN_SHARE:
         limits = {"egpu.io/gpu": "1", "egpu.io/gpu-memory": str(SHARE_MIB),
                   "egpu.io/gpu-cores": str(SHARE_CORES)}
     container: dict[str, Any] = {"name": "c", "image": "busybox",
                                  "resources": {"limits": limits}}
-    schedulers = {EXTENDER_SHARE: devcluster.EGPU_SCHEDULER, PLUGIN_SHARE: PLUGIN_SCHEDULER}
+    schedulers = {PLUGIN_SHARE: PLUGIN_SCHEDULER}
     spec: dict[str, Any] = {
         "schedulerName": schedulers.get(kind, "default-scheduler"),
         "terminationGracePeriodSeconds": 0, "schedulingGates": [{"name": GATE}],
@@ -276,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--cards", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS,
-                        help=f"rounds of the four kinds, interleaved (at least {MIN_ROUNDS})")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                        help=f"rounds of the three kinds, interleaved (at least {MIN_ROUNDS})")
     args = parser.parse_args(argv)
     if args.rounds < MIN_ROUNDS:
         parser.error(f"--rounds {args.rounds}: at least {MIN_ROUNDS} (a median of rounds)")
@@ -294,10 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     # CPUs, 10 here) is smaller than the 16 threads, and each thread past it would pay a TLS
     # handshake per request, bounding the plain pods' rate by the client
     api = RawApi(load_client(info.kubeconfig, pool_size=CLIENT_THREADS))
-    extender = None
     plugin = None
     rounds: dict[int, dict[str, float]] = {}
-    previous = (info.extender_url, info.extender_ca_file)
     try:
         with contextlib.suppress(ApiStatusError):
             api.json("POST", "/api/v1/namespaces", body={"metadata": {"name": NS}})
@@ -309,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                                           "heartbeatTimeoutSeconds": 3600}))
         heartbeat(api, names)
         t = time.monotonic()
-        # as the node agent with --dra publishes them, on the config the extender gets
+        # as the node agent with --dra publishes them, on the config egpu's scheduler gets
         with ThreadPoolExecutor(CLIENT_THREADS) as pool:
             list(pool.map(lambda n: devdra.publish_node_slices(
                 info.api_client(), n, devnodes.inventory(node_spec(n, args.cards)).cards,
@@ -319,17 +311,13 @@ def main(argv: list[str] | None = None) -> int:
             api.json("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates",
                      body=share_template())
         print(f"ResourceSlices published in {time.monotonic() - t:.0f}s", flush=True)
-        extender = ExtenderProcess(info.kubeconfig, config, work / "extender.log")
-        extender.start()
-        devcluster.set_extender(info, extender.url)
         plugin = PluginSchedulerProcess(info.kubeconfig, work, PLUGIN_SCHEDULER, config)
         plugin.start()
         pids = {name: info.processes[name].pid for name in CPU_SHOWN if name in info.processes}
-        pids |= {"egpu-kube-scheduler": plugin.process.pid, "extender": extender.process.pid}
+        pids |= {"egpu-kube-scheduler": plugin.process.pid}
         for r in range(args.rounds):
             for kind in round_order(r):
-                holds = {EXTENDER_SHARE: lambda: gate_holds(extender),
-                         PLUGIN_SHARE: plugin.gate_holds}.get(kind, lambda: None)
+                holds = {PLUGIN_SHARE: plugin.gate_holds}.get(kind, lambda: None)
                 held = holds()
                 cpu = processes_cpu(pids)
                 rate, ungate = run(api, info.kubeconfig, kind, args.pods)
@@ -341,13 +329,10 @@ def main(argv: list[str] | None = None) -> int:
                 cpu_text = ", ".join(f"{n} {s:.1f}" for n, s in cpu.items())
                 print(f"round {r + 1} {kind}: {rate:.1f} pods/s (gates lifted at {ungate:.0f}/s"
                       f"{held_text}; CPU s: {cpu_text})", flush=True)
-        print(scheduler_memory(state_dir), flush=True)
+        print(schedulers_memory(pids), flush=True)
     finally:
         if plugin is not None:
             plugin.stop()
-        if extender is not None:
-            extender.stop()
-            devcluster.set_extender(info, *previous)
         delete_nodes(api, args.nodes)
         if started:
             devcluster.down(state_dir)
@@ -355,7 +340,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-GATE_HELD_METRIC = "egpu_extender_bind_gate_held_total"  # scheduler/app.py's counter
 # the dev cluster's processes whose CPU each round prints (beside the egpu schedulers)
 CPU_SHOWN = ("kube-apiserver", "etcd", "kube-scheduler", "kwok")
 
@@ -370,34 +354,22 @@ def processes_cpu(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
-def gate_holds(extender: Any) -> int | None:
-    """How many binds the extender's bind gate has held so far (its /metrics), or None when
-    it has no metrics port or does not answer."""
-    port = getattr(extender, "metrics_port", None)
-    if port is None:
-        return None
-    try:
-        with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10) as reply:
-            text = reply.read().decode()
-    except OSError:
-        return None
-    return next((int(float(line.split()[1])) for line in text.splitlines()
-                 if line.startswith(GATE_HELD_METRIC + " ")), None)
-
-
-def scheduler_memory(state_dir: Path) -> str:
-    """The kube-scheduler's peak resident memory over the rounds (its VmHWM: the process
-    ``set_extender`` started before them) and the GOGC it ran with (its own environment)."""
-    pid = devcluster.ClusterInfo.load(state_dir).processes["kube-scheduler"].pid
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError as exc:
-        return f"kube-scheduler peak RSS: unknown ({exc})"
-    hwm_kib = next((int(line.split()[1]) for line in status.splitlines()
-                    if line.startswith("VmHWM:")), 0)
-    gogc = next((v[5:].decode() for v in environ if v.startswith(b"GOGC=")), "100, Go default")
-    return f"kube-scheduler peak RSS: {hwm_kib // 1024} MiB (GOGC={gogc})"
+def schedulers_memory(pids: dict[str, int]) -> str:
+    """Each scheduler's peak resident memory so far (VmHWM) and the GOGC it runs with."""
+    parts = []
+    for name in ("kube-scheduler", "egpu-kube-scheduler"):
+        try:
+            status = Path(f"/proc/{pids[name]}/status").read_text()
+            environ = Path(f"/proc/{pids[name]}/environ").read_bytes().split(b"\0")
+        except (KeyError, OSError) as exc:
+            parts.append(f"{name} unknown ({exc!r})")
+            continue
+        hwm_kib = next((int(line.split()[1]) for line in status.splitlines()
+                        if line.startswith("VmHWM:")), 0)
+        gogc = next((v[5:].decode() for v in environ if v.startswith(b"GOGC=")),
+                    "100, Go default")
+        parts.append(f"{name} {hwm_kib // 1024} MiB (GOGC={gogc})")
+    return "peak RSS: " + ", ".join(parts)
 
 
 def round_order(r: int) -> tuple[str, ...]:
@@ -419,10 +391,9 @@ def summary_line(nodes: int, rounds: list[dict[str, float]]) -> str:
         return med([r[kind] / r[WHOLE] for r in rounds])
 
     return (f"nodes={nodes} rounds={len(rounds)} dra_pods_per_s={rate(DRA_SHARE):.1f} "
-            f"extender_pods_per_s={rate(EXTENDER_SHARE):.1f} "
             f"plugin_pods_per_s={rate(PLUGIN_SHARE):.1f} "
             f"default_pods_per_s={rate(WHOLE):.1f} dra_ratio={ratio(DRA_SHARE):.2f} "
-            f"extender_ratio={ratio(EXTENDER_SHARE):.2f} plugin_ratio={ratio(PLUGIN_SHARE):.2f}")
+            f"plugin_ratio={ratio(PLUGIN_SHARE):.2f}")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def test_a_figure_that_misses_its_target_or_is_missing_is_not_met(tmp_path: Path
     low = kept(tmp_path, "pod_start", "pods=40 start_ratio=0.78")
     assert summary.judge("pod_start", low)[1] == "not met: start_ratio=0.78"
     missing = kept(tmp_path, "scheduling", "nodes=1000 dra_ratio=0.6")
-    assert "extender_ratio missing" in summary.judge("scheduling", missing)[1]
+    assert "plugin_ratio missing" in summary.judge("scheduling", missing)[1]
     failed = kept(tmp_path, "pod_start", "pods=40 start_ratio=0.9", status="1")
     assert summary.judge("pod_start", failed)[1] == "not met: exit status 1"
     assert summary.judge("pod_start", None)[1] == "not measured"
