@@ -630,7 +630,7 @@ def decide_pod(pod: Mapping[str, Any], config: Config, namespace: str = "",
     if preset:
         problems.insert(0, (DENY_ALLOCATION, (
             f"pod annotation {ANN_ALLOCATION} is not allowed at creation: it is set by the "
-            "egpu scheduler extender at bind time; remove it")))
+            "egpu scheduler at bind time; remove it")))
     for kind, message in problems:
         denials.append(kind)
         messages.append(message)

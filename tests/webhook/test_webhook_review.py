@@ -477,7 +477,7 @@ def test_binary_suffixes_and_fractions_still_denied(written: str) -> None:
 
 @pytest.mark.parametrize("limits", [GPU, {"cpu": "1"}])
 def test_a_pod_created_with_an_allocation_annotation_is_denied(limits: dict[str, str]) -> None:
-    """F2: only the extender writes egpu.io/allocation (in its Binding); a hand-written one
+    """F2: only the egpu scheduler writes egpu.io/allocation (in its Binding); a hand-written one
     would book cards (or, edited later, shrink or lift a share)."""
     text = ('{"version":1,"node":"n1","containers":[{"name":"c","init":false,"cards":'
             '[{"uuid":"GPU-0","index":0,"memory_mib":1,"cores":0}]}]}')
@@ -487,7 +487,7 @@ def test_a_pod_created_with_an_allocation_annotation_is_denied(limits: dict[str,
     assert response["status"]["code"] == 403 and response["status"]["reason"] == "Forbidden"
     assert response["status"]["message"] == (
         "pod annotation egpu.io/allocation is not allowed at creation: it is set by the egpu "
-        "scheduler extender at bind time; remove it")
+        "scheduler at bind time; remove it")
     assert answer(make_pod(container(limits=limits),
                            annotations={"egpu.io/allocation": ""}))["allowed"] is False
     # updates are the ValidatingAdmissionPolicy's (manifests/webhook); ignored namespaces too
