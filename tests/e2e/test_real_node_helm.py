@@ -202,13 +202,19 @@ def test_a_bad_configmap_edit_leaves_every_part_running_on_its_last_good_config(
         helm_installed.kubectl("-n", inst.NAMESPACE, "rollout", "status",
                                "daemonset/egpu-node-agent", "--timeout=300s", timeout=310)
 
+        def mounted_config(cid: str) -> str:
+            """The config file as the container sees it, read on the node from its volume's
+            host folder (the scheduler's image has no shell or cat to exec)."""
+            mounts = json.loads(helm_installed.node.crictl("inspect", cid))["status"]["mounts"]
+            folder = next(m["hostPath"] for m in mounts if m["containerPath"] == "/etc/egpu")
+            return helm_installed.node.run("cat", f"{folder}/config.yaml", check=False)
+
         def files_updated() -> bool:  # the kubelet syncs ConfigMap volumes within a minute
             # the node's own scheduler containers (a host-wide pgrep also finds the schedulers
             # of other lanes' real nodes, tests/lanes.py)
             containers = helm_installed.node.crictl("ps", "--name", "kube-scheduler",
                                                     "-q").split()
-            return bool(containers) and all("lots" in helm_installed.node.crictl(
-                "exec", cid, "cat", "/etc/egpu/config.yaml") for cid in containers)
+            return bool(containers) and all("lots" in mounted_config(cid) for cid in containers)
 
         helm_installed.wait_for("the bad config in the schedulers' volumes", files_updated,
                                 timeout=120, interval=3.0)
