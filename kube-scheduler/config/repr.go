@@ -2,69 +2,16 @@ package config
 
 import (
 	"fmt"
-	"math"
 	"math/big"
 	"strconv"
 	"strings"
+
+	"github.com/egpu/egpu/kube-scheduler/pyrepr"
 )
 
-// Values in messages are written as Python writes them (repr and str), so that a config is
-// refused by egpu-kube-scheduler in the words egpu/config.py refuses it with
+// Values in messages are written as Python writes them (repr and str, package pyrepr), so that
+// a config is refused by egpu-kube-scheduler in the words egpu/config.py refuses it with
 // (tests/unit/config_cases.yaml holds both to it).
-
-// ReprString is text as Python's repr writes a str: single quotes, or double quotes when the
-// text has a single quote and no double quote; backslash, the quote, tab, newline and
-// carriage return escaped, other control characters as \xNN.
-func ReprString(text string) string {
-	quote := '\''
-	if strings.ContainsRune(text, '\'') && !strings.ContainsRune(text, '"') {
-		quote = '"'
-	}
-	var b strings.Builder
-	b.WriteRune(quote)
-	for _, r := range text {
-		switch {
-		case r == quote || r == '\\':
-			b.WriteRune('\\')
-			b.WriteRune(r)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case r < 0x20 || r == 0x7f:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		default:
-			b.WriteRune(r)
-		}
-	}
-	b.WriteRune(quote)
-	return b.String()
-}
-
-// reprFloat is Python's repr of a float: the shortest digits that read back, fixed-point
-// with at least one decimal for exponents -4..15, else d.ddde+XX.
-func reprFloat(f float64) string {
-	switch {
-	case math.IsNaN(f):
-		return "nan"
-	case math.IsInf(f, 1):
-		return "inf"
-	case math.IsInf(f, -1):
-		return "-inf"
-	}
-	sci := strconv.FormatFloat(f, 'e', -1, 64)
-	exp, _ := strconv.Atoi(sci[strings.IndexByte(sci, 'e')+1:])
-	if exp < -4 || exp >= 16 {
-		return sci
-	}
-	fixed := strconv.FormatFloat(f, 'f', -1, 64)
-	if !strings.ContainsAny(fixed, ".") {
-		fixed += ".0"
-	}
-	return fixed
-}
 
 // repr is Python's repr of a value of decodeYAML.
 func repr(v any) string {
@@ -79,9 +26,9 @@ func repr(v any) string {
 	case *big.Int:
 		return x.String()
 	case float64:
-		return reprFloat(x)
+		return pyrepr.Float(x)
 	case string:
-		return ReprString(x)
+		return pyrepr.String(x)
 	case timestamp:
 		return reprTimestamp(string(x))
 	case []any:

@@ -8,8 +8,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/egpu/egpu/kube-scheduler/config"
 	"github.com/egpu/egpu/kube-scheduler/placement"
+	"github.com/egpu/egpu/kube-scheduler/pyrepr"
 	"github.com/egpu/egpu/kube-scheduler/records"
 )
 
@@ -52,14 +52,14 @@ type problem struct{ container, field, value, reason, allowed string }
 func (p problem) String() string {
 	where := "pod annotation "
 	if p.container != "" {
-		where = fmt.Sprintf("container %s: ", config.ReprString(clip(p.container)))
+		where = fmt.Sprintf("container %s: ", pyrepr.String(clip(p.container)))
 	}
 	reason := ""
 	if p.reason != "" {
 		reason = " (" + p.reason + ")"
 	}
 	return fmt.Sprintf("%s%s=%s is not allowed%s; allowed: %s", where, p.field,
-		config.ReprString(clip(p.value)), reason, p.allowed)
+		pyrepr.String(clip(p.value)), reason, p.allowed)
 }
 
 // shownChars: a name or value in a message is cut to this many characters, then "..."

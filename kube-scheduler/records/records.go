@@ -15,6 +15,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/egpu/egpu/kube-scheduler/pyrepr"
 )
 
 // Version is the "version" of every record (egpu.contract.RECORD_VERSION).
@@ -113,7 +115,7 @@ func repr(v any) string {
 		}
 		return "False"
 	case string:
-		return "'" + strings.ReplaceAll(x, "'", `\'`) + "'"
+		return pyrepr.String(x)
 	case json.Number:
 		return x.String()
 	case []any:
