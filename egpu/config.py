@@ -155,7 +155,7 @@ def _ratio(value: Any, key: str) -> float:
     value = _numeric_text(value, float)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{key}: {value!r} is not a number")
-    if not 1.0 <= float(value) <= 100.0:
+    if not 1.0 <= value <= 100.0:  # compared as it is: float() of a huge int overflows
         raise ConfigError(f"{key}: {value} is out of range; allowed: 1.0..100.0")
     return float(value)
 
@@ -275,7 +275,10 @@ def load_config(text: str | None) -> Config:
         return Config()
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
+    # PyYAML's constructors raise these too, for a tagged or implicit scalar they cannot read
+    # (`!!int abc`, `2026-13-01`, `0x_`): a bad file, not an internal error
+    except (yaml.YAMLError, ValueError, TypeError, KeyError, OverflowError,
+            RecursionError) as exc:
         raise ConfigError(f"config: not valid YAML ({exc})") from None
     return parse_config(data)
 

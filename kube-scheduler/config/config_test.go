@@ -2,6 +2,7 @@ package config
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -153,5 +154,40 @@ func TestABadFileRunsOnTheLastGoodOne(t *testing.T) {
 	if loaded, err := LoadKeeping("", ""); err != nil || loaded.Generation != "defaults" ||
 		loaded.Config.SharesPerCard != 10 {
 		t.Fatalf("no file: %+v, %v", loaded, err)
+	}
+}
+
+// Bugs caught: a file whose alias refers to the node holding it overflowing the stack (a
+// fatal error, no fallback to the last good config), one of nested aliases built out in full
+// (memory), and a file of many keys checked for repeats pair by pair (minutes). Each is
+// refused or read, never a crash.
+func TestHostileYAMLIsRefusedOrReadNotFatal(t *testing.T) {
+	for _, text := range []string{"defaults: &a {priority: *a}", "x: &a [*a]",
+		"a: &a {b: &b [*a]}"} {
+		if _, err := Parse(text); err == nil || !strings.HasPrefix(err.Error(),
+			"config: not valid YAML (") {
+			t.Errorf("%q: %v; want a YAML refusal", text, err)
+		}
+	}
+	var bomb strings.Builder // 10^9 leaves written out; 10 nodes a level shared
+	bomb.WriteString("l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n")
+	for i := 1; i < 10; i++ {
+		fmt.Fprintf(&bomb, "l%d: &l%d [*l%d, *l%d, *l%d, *l%d, *l%d, *l%d, *l%d, *l%d, *l%d, *l%d]\n",
+			i, i, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1)
+	}
+	bomb.WriteString("schedulerName: *l9\n")
+	_, err := Parse(bomb.String())
+	if err == nil || !strings.HasPrefix(err.Error(), "l0: unknown key") ||
+		len(err.Error()) > 2*reprMax {
+		t.Errorf("the alias bomb: %.200v", err)
+	}
+	var many strings.Builder
+	many.WriteString("priorityClasses:\n")
+	for i := 0; i < 60000; i++ {
+		fmt.Fprintf(&many, "  class-%d: low\n", i)
+	}
+	c, err := Parse(many.String())
+	if err != nil || len(c.PriorityClasses) != 60000 {
+		t.Errorf("60000 priority classes: %d read, %v", len(c.PriorityClasses), err)
 	}
 }

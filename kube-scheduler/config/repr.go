@@ -13,38 +13,64 @@ import (
 // a config is refused by egpu-kube-scheduler in the words egpu/config.py refuses it with
 // (tests/unit/config_cases.yaml holds both to it).
 
-// repr is Python's repr of a value of decodeYAML.
+// reprMax bounds repr's text: a value built of aliases can be far larger written out than in
+// the file (Python would write it all; a message needs its start).
+const reprMax = 10000
+
+// repr is Python's repr of a value of decodeYAML, cut after reprMax characters with "...".
 func repr(v any) string {
+	var b strings.Builder
+	reprTo(&b, v)
+	if b.Len() > reprMax {
+		return b.String()[:reprMax] + "..."
+	}
+	return b.String()
+}
+
+func reprTo(b *strings.Builder, v any) {
+	if b.Len() > reprMax {
+		return
+	}
 	switch x := v.(type) {
 	case nil:
-		return "None"
+		b.WriteString("None")
 	case bool:
 		if x {
-			return "True"
+			b.WriteString("True")
+		} else {
+			b.WriteString("False")
 		}
-		return "False"
 	case *big.Int:
-		return x.String()
+		b.WriteString(x.String())
 	case float64:
-		return pyrepr.Float(x)
+		b.WriteString(pyrepr.Float(x))
 	case string:
-		return pyrepr.String(x)
+		b.WriteString(pyrepr.String(x))
 	case timestamp:
-		return reprTimestamp(string(x))
+		b.WriteString(reprTimestamp(string(x)))
 	case []any:
-		parts := make([]string, len(x))
+		b.WriteString("[")
 		for i, item := range x {
-			parts[i] = repr(item)
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			reprTo(b, item)
 		}
-		return "[" + strings.Join(parts, ", ") + "]"
+		b.WriteString("]")
 	case mapping:
-		parts := make([]string, len(x))
+		b.WriteString("{")
 		for i, p := range x {
-			parts[i] = repr(p.key) + ": " + repr(p.value)
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			reprTo(b, p.key)
+			b.WriteString(": ")
+			reprTo(b, p.value)
 		}
-		return "{" + strings.Join(parts, ", ") + "}"
+		b.WriteString("}")
+	default:
+		fmt.Fprint(b, v)
 	}
-	return fmt.Sprint(v)
 }
 
 // str is Python's str of a value: repr but for text, which stands as it is, and a date, which

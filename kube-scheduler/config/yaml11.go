@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -41,22 +42,29 @@ func (m mapping) get(key string) (any, bool) {
 	return nil, false
 }
 
-func (m *mapping) set(key, value any) {
-	for i, p := range *m {
-		if sameKey(p.key, key) {
-			(*m)[i].value = value
-			return
-		}
-	}
-	*m = append(*m, pair{key, value})
+// keyID is a key's identity for a mapping: its type and its value as repr writes it (two keys
+// are the same key when both match).
+func keyID(key any) string {
+	return fmt.Sprintf("%T %s", key, repr(key))
 }
 
-func sameKey(a, b any) bool {
-	if ai, ok := a.(*big.Int); ok {
-		bi, ok := b.(*big.Int)
-		return ok && ai.Cmp(bi) == 0
+// builder makes a mapping in document order, a key set again keeping its first place.
+type builder struct {
+	m  mapping
+	at map[string]int
+}
+
+func (b *builder) set(key, value any) {
+	if b.at == nil {
+		b.at = map[string]int{}
 	}
-	return a == b
+	id := keyID(key)
+	if i, ok := b.at[id]; ok {
+		b.m[i].value = value
+		return
+	}
+	b.at[id] = len(b.m)
+	b.m = append(b.m, pair{key, value})
 }
 
 // PyYAML's implicit resolvers (yaml/resolver.py), for plain scalars.
@@ -98,29 +106,80 @@ func decodeYAML(text string) (any, error) {
 	if len(doc.Content) == 0 {
 		return nil, nil
 	}
-	return construct(doc.Content[0])
+	d := decoder{built: map[*yaml.Node]any{}, building: map[*yaml.Node]bool{}}
+	return d.construct(doc.Content[0])
 }
 
-func construct(n *yaml.Node) (any, error) {
-	switch n.Kind {
-	case yaml.AliasNode:
-		return construct(n.Alias)
-	case yaml.ScalarNode:
-		return scalar(n)
-	case yaml.SequenceNode:
-		items := make([]any, 0, len(n.Content))
-		for _, c := range n.Content {
-			v, err := construct(c)
-			if err != nil {
-				return nil, err
-			}
-			items = append(items, v)
-		}
-		return items, nil
-	case yaml.MappingNode:
-		return constructMapping(n)
+// maxNodes bounds the nodes one document builds (an alias's target is built once and
+// shared, as PyYAML shares it): more than a ConfigMap's 1 MiB can write out.
+const maxNodes = 1 << 20
+
+// decoder builds a document's values: each node once (an alias shares its anchor's value), a
+// node that refers to itself refused (PyYAML would build a value that contains itself, which
+// no config key takes).
+type decoder struct {
+	built    map[*yaml.Node]any
+	building map[*yaml.Node]bool
+	count    int
+}
+
+func (d *decoder) construct(n *yaml.Node) (any, error) {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
 	}
-	return nil, fmt.Errorf("line %d: unexpected YAML node", n.Line)
+	if v, ok := d.built[n]; ok {
+		return v, nil
+	}
+	if d.building[n] {
+		return nil, fmt.Errorf("line %d: an alias refers to the node that holds it", n.Line)
+	}
+	if d.count++; d.count > maxNodes {
+		return nil, fmt.Errorf("more than %d nodes", maxNodes)
+	}
+	d.building[n] = true
+	defer delete(d.building, n)
+	var v any
+	var err error
+	switch n.Kind {
+	case yaml.ScalarNode:
+		v, err = scalar(n)
+	case yaml.SequenceNode:
+		v, err = d.sequence(n)
+	case yaml.MappingNode:
+		v, err = d.constructMapping(n)
+	default:
+		err = fmt.Errorf("line %d: unexpected YAML node", n.Line)
+	}
+	if err != nil {
+		return nil, err
+	}
+	d.built[n] = v
+	return v, nil
+}
+
+// collectionTag refuses an explicit tag on a collection other than its own (PyYAML's safe
+// constructors: !!str on a mapping, or a local tag, has none).
+func collectionTag(n *yaml.Node, own string) error {
+	if n.Style&yaml.TaggedStyle != 0 && n.Tag != own {
+		return fmt.Errorf("line %d: could not determine a constructor for the tag %s", n.Line,
+			n.Tag)
+	}
+	return nil
+}
+
+func (d *decoder) sequence(n *yaml.Node) ([]any, error) {
+	if err := collectionTag(n, "!!seq"); err != nil {
+		return nil, err
+	}
+	items := make([]any, 0, len(n.Content))
+	for _, c := range n.Content {
+		v, err := d.construct(c)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, v)
+	}
+	return items, nil
 }
 
 func isMergeKey(n *yaml.Node) bool {
@@ -130,9 +189,12 @@ func isMergeKey(n *yaml.Node) bool {
 // constructMapping: the merged pairs first (later sources of a merge list first, so that
 // earlier ones win), then the mapping's own pairs (PyYAML's flatten_mapping); a key of the
 // mapping's own given twice is an error (the merged ones may be overridden).
-func constructMapping(n *yaml.Node) (mapping, error) {
-	var merged, own mapping
-	seen := mapping{}
+func (d *decoder) constructMapping(n *yaml.Node) (mapping, error) {
+	if err := collectionTag(n, "!!map"); err != nil {
+		return nil, err
+	}
+	var merged, own builder
+	seen := map[string]bool{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		keyNode, valueNode := n.Content[i], n.Content[i+1]
 		if isMergeKey(keyNode) {
@@ -141,14 +203,14 @@ func constructMapping(n *yaml.Node) (mapping, error) {
 				sources = target.Content
 			}
 			var parts []mapping
-			for _, s := range sources {
-				v, err := construct(s)
+			for _, src := range sources {
+				v, err := d.construct(src)
 				if err != nil {
 					return nil, err
 				}
 				m, ok := v.(mapping)
 				if !ok {
-					return nil, fmt.Errorf("line %d: expected a mapping for merging", s.Line)
+					return nil, fmt.Errorf("line %d: expected a mapping for merging", src.Line)
 				}
 				parts = append(parts, m)
 			}
@@ -159,7 +221,7 @@ func constructMapping(n *yaml.Node) (mapping, error) {
 			}
 			continue
 		}
-		key, err := construct(keyNode)
+		key, err := d.construct(keyNode)
 		if err != nil {
 			return nil, err
 		}
@@ -167,24 +229,24 @@ func constructMapping(n *yaml.Node) (mapping, error) {
 		case mapping, []any:
 			return nil, fmt.Errorf("line %d: found unhashable key", keyNode.Line)
 		}
-		if _, dup := seenKey(seen, key); dup {
+		id := keyID(key)
+		if seen[id] {
 			return nil, fmt.Errorf("line %d: key %s is given twice", keyNode.Line, repr(key))
 		}
-		seen = append(seen, pair{key, nil})
-		value, err := construct(valueNode)
+		seen[id] = true
+		value, err := d.construct(valueNode)
 		if err != nil {
 			return nil, err
 		}
-		own = append(own, pair{key, value})
+		own.set(key, value)
 	}
-	out := merged
-	for _, p := range own {
-		out.set(p.key, p.value)
+	for _, p := range own.m {
+		merged.set(p.key, p.value)
 	}
-	if out == nil {
-		out = mapping{}
+	if merged.m == nil {
+		return mapping{}, nil
 	}
-	return out, nil
+	return merged.m, nil
 }
 
 func resolveAlias(n *yaml.Node) *yaml.Node {
@@ -192,15 +254,6 @@ func resolveAlias(n *yaml.Node) *yaml.Node {
 		n = n.Alias
 	}
 	return n
-}
-
-func seenKey(seen mapping, key any) (int, bool) {
-	for i, p := range seen {
-		if sameKey(p.key, key) {
-			return i, true
-		}
-	}
-	return 0, false
 }
 
 func scalar(n *yaml.Node) (any, error) {
@@ -230,6 +283,8 @@ func scalar(n *yaml.Node) (any, error) {
 	}
 	v := n.Value
 	switch {
+	case v == "=" || v == "<<": // PyYAML's value and merge tags, which build no value
+		return nil, fmt.Errorf("line %d: could not determine a constructor for %q", n.Line, v)
 	case reBool.MatchString(v):
 		return trueWords[strings.ToLower(v)], nil
 	case reInt.MatchString(v):
@@ -239,6 +294,10 @@ func scalar(n *yaml.Node) (any, error) {
 	case reNull.MatchString(v):
 		return nil, nil
 	case reTimestamp.MatchString(v):
+		// PyYAML builds a date: one that does not exist (2026-13-01) is an error
+		if _, err := time.Parse("2006-1-2", v[:strings.IndexAny(v+"Tt \t", "Tt \t")]); err != nil {
+			return nil, fmt.Errorf("line %d: %q is not a date: %v", n.Line, v, err)
+		}
 		return timestamp(v), nil
 	}
 	return v, nil

@@ -44,6 +44,10 @@ const (
 	stateKey   = fwk.StateKey(Name)
 	gateWait   = 8 * time.Second        // the extender's BIND_GATE_WAIT_S
 	sweepEvery = 100 * time.Millisecond // how often held pods get their turn again
+	// bindTimeout bounds the Binding's POST, and apart from it its read-back: under the 15 s
+	// leader lease, so that no Binding of a leader that lost its lease lands after the next
+	// leader placed other pods on the cards (the extender's BIND_POST_MAX_S)
+	bindTimeout = 4 * time.Second
 	// how long a node's last fit answers a pod of the same shape on the same generation: a
 	// node whose heartbeat goes stale meanwhile is refused at most this late
 	shapeFitFor = 500 * time.Millisecond
@@ -358,14 +362,18 @@ func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 		Target: v1.ObjectReference{Kind: "Node", Name: nodeName},
 	}
 	pods := p.handle.ClientSet().CoreV1().Pods(pod.Namespace)
-	err = pods.Bind(ctx, binding, metav1.CreateOptions{})
+	postCtx, cancelPost := context.WithTimeout(ctx, bindTimeout)
+	err = pods.Bind(postCtx, binding, metav1.CreateOptions{})
+	cancelPost()
 	if err == nil {
 		return nil
 	}
 	// An error may come after the API server wrote the Binding (a timeout, a reset): read the
 	// pod back, so that a pod bound there keeps its cards booked (Unreserve would free them
 	// until the informer brings the bound pod).
-	if now, getErr := pods.Get(ctx, pod.Name, metav1.GetOptions{}); getErr == nil &&
+	getCtx, cancelGet := context.WithTimeout(ctx, bindTimeout)
+	defer cancelGet()
+	if now, getErr := pods.Get(getCtx, pod.Name, metav1.GetOptions{}); getErr == nil &&
 		now.UID == pod.UID && now.Spec.NodeName == nodeName {
 		klog.InfoS("egpu: the Binding's answer was an error, but the pod is bound",
 			"pod", klog.KObj(pod), "node", nodeName, "err", err)
