@@ -88,6 +88,9 @@ var (
 // would (egpu/config.py _UniqueKeyLoader): an error for text that is not YAML, for more than
 // one document, and for a key given twice in one mapping.
 func decodeYAML(text string) (any, error) {
+	if err := tabsPyYAMLRefuses(text); err != nil {
+		return nil, err
+	}
 	dec := yaml.NewDecoder(strings.NewReader(text))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -370,4 +373,61 @@ func yamlFloat(text string, line int) (float64, error) {
 		return 0, fmt.Errorf("line %d: %q is not a number", line, text)
 	}
 	return sign * f, nil
+}
+
+// tabsPyYAMLRefuses: PyYAML's scanner skips only spaces between tokens and ends a plain scalar
+// at a tab, so a tab anywhere but in a quoted scalar, a comment or a block scalar's text is an
+// error there ("found character '\t' that cannot start any token"), where yaml.v3 takes it as
+// a space. The file is read line by line: quotes (carried across lines), comments, and the
+// lines of a block scalar (| or >), which are indented deeper than the line that starts it.
+func tabsPyYAMLRefuses(text string) error {
+	var quote byte
+	blockIndent := -1 // the indentation of the line that started a block scalar, -1: none
+	for n, line := range strings.Split(text, "\n") {
+		line = strings.TrimSuffix(line, "\r")
+		indent := len(line) - len(strings.TrimLeft(line, " "))
+		if blockIndent >= 0 {
+			if strings.TrimLeft(line, " \t") == "" || indent > blockIndent {
+				continue // the block's text (or a blank line in it)
+			}
+			blockIndent = -1
+		}
+		tokenStart := true // the next character may start a token
+		for i := 0; i < len(line); i++ {
+			c := line[i]
+			switch {
+			case quote == '\'':
+				if c == '\'' {
+					if i+1 < len(line) && line[i+1] == '\'' {
+						i++
+					} else {
+						quote = 0
+					}
+				}
+				continue
+			case quote == '"':
+				if c == '\\' {
+					i++
+				} else if c == '"' {
+					quote = 0
+				}
+				continue
+			case c == '\t':
+				return fmt.Errorf("line %d: found character '\\t' that cannot start any token",
+					n+1)
+			case c == '#' && (i == 0 || line[i-1] == ' '):
+				i = len(line) // a comment, to the end of the line
+				continue
+			case tokenStart && (c == '\'' || c == '"'):
+				quote = c
+			case tokenStart && (c == '|' || c == '>') &&
+				strings.TrimLeft(strings.SplitN(line[i+1:], "#", 2)[0], "+-0123456789 ") == "":
+				blockIndent = indent
+				i = len(line)
+				continue
+			}
+			tokenStart = strings.IndexByte(" [{,:-?", c) >= 0
+		}
+	}
+	return nil
 }
