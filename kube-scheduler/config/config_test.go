@@ -12,24 +12,25 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// TestEachConfigReadsAsWritten runs tests/unit/config_cases.yaml (its header says the format)
-// against Parse; tests/unit/test_config_cases.py runs it against egpu/config.py. Bug caught: a
-// key, default, bound or refusal's words changed on one side only.
-func TestEachConfigReadsAsWritten(t *testing.T) {
+// configCase is one case of tests/unit/config_cases.yaml (its header says the format).
+type configCase struct {
+	Name   string `yaml:"name"`
+	Text   string `yaml:"text"`
+	Expect struct {
+		Config map[string]any `yaml:"config"`
+		Says   string         `yaml:"says"`
+		YAML   bool           `yaml:"yaml"`
+	} `yaml:"expect"`
+}
+
+func readCases(t *testing.T) []configCase {
+	t.Helper()
 	text, err := os.ReadFile("../../tests/unit/config_cases.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var doc struct {
-		Cases []struct {
-			Name   string `yaml:"name"`
-			Text   string `yaml:"text"`
-			Expect struct {
-				Config map[string]any `yaml:"config"`
-				Says   string         `yaml:"says"`
-				YAML   bool           `yaml:"yaml"`
-			} `yaml:"expect"`
-		} `yaml:"cases"`
+		Cases []configCase `yaml:"cases"`
 	}
 	if err := yaml.Unmarshal(text, &doc); err != nil {
 		t.Fatal(err)
@@ -37,7 +38,14 @@ func TestEachConfigReadsAsWritten(t *testing.T) {
 	if len(doc.Cases) < 50 {
 		t.Fatalf("read %d cases; the file has more", len(doc.Cases))
 	}
-	for _, c := range doc.Cases {
+	return doc.Cases
+}
+
+// TestEachConfigReadsAsWritten runs tests/unit/config_cases.yaml against Parse;
+// tests/unit/test_config_cases.py runs it against egpu/config.py. Bug caught: a key, default,
+// bound or refusal's words changed on one side only.
+func TestEachConfigReadsAsWritten(t *testing.T) {
+	for _, c := range readCases(t) {
 		t.Run(c.Name, func(t *testing.T) {
 			got, err := Parse(c.Text)
 			switch {
@@ -67,15 +75,7 @@ func TestEachConfigReadsAsWritten(t *testing.T) {
 // asWritten is the config under its file's names, as JSON reads it back.
 func asWritten(t *testing.T, c Config) map[string]any {
 	t.Helper()
-	raw, err := json.Marshal(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out map[string]any
-	if err := json.Unmarshal(raw, &out); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return plain(t, c).(map[string]any)
 }
 
 // plain is a case's value as JSON reads it back (numbers as float64).
@@ -95,28 +95,15 @@ func plain(t *testing.T, v any) any {
 // TestTheDefaultsCaseNamesEveryKey: the first case holds every key, so that a key added to
 // Config is checked against egpu/config.py. Bug caught: a key only one reader knows.
 func TestTheDefaultsCaseNamesEveryKey(t *testing.T) {
-	text, err := os.ReadFile("../../tests/unit/config_cases.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc struct {
-		Cases []struct {
-			Expect struct {
-				Config map[string]any `yaml:"config"`
-			} `yaml:"expect"`
-		} `yaml:"cases"`
-	}
-	if err := yaml.Unmarshal(text, &doc); err != nil {
-		t.Fatal(err)
-	}
+	first := readCases(t)[0].Expect.Config
 	read := asWritten(t, Default())
 	for key := range read {
-		if _, ok := doc.Cases[0].Expect.Config[key]; !ok {
+		if _, ok := first[key]; !ok {
 			t.Errorf("the first case does not check %s", key)
 		}
 	}
-	if len(read) != len(doc.Cases[0].Expect.Config) {
-		t.Errorf("Config has %d keys, the first case %d", len(read), len(doc.Cases[0].Expect.Config))
+	if len(read) != len(first) {
+		t.Errorf("Config has %d keys, the first case %d", len(read), len(first))
 	}
 }
 
