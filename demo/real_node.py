@@ -7,11 +7,11 @@ container.
     apply_workload(info, inputs, say) -> str  the pod's name
     probe(info, name, timeout_s) -> dict      what the container's CUDA and NVML say
 
-On a cluster, the node DaemonSet installs the hook and the interposer and runs the node
-agent; the demo runs no in-cluster egpu (its webhook and extender are local processes), so it
-does the DaemonSet's two steps itself: it installs the hook and the interposer into the node's
-/usr/local/egpu, and runs the node agent inside the node's namespaces, where it registers the
-device plugin with the real kubelet and writes its CDI spec (with ``dra``, as the
+On a cluster, the node DaemonSet installs the hook and the interposer and runs the node agent;
+the demo runs no in-cluster egpu (its webhook and egpu-kube-scheduler are local processes), so
+it does the DaemonSet's two steps itself: it installs the hook and the interposer into the
+node's /usr/local/egpu, and runs the node agent inside the node's namespaces, where it
+registers the device plugin with the real kubelet and writes its CDI spec (with ``dra``, as the
 ``manifests/dra`` component runs it: ``--dra --no-device-plugin``, the node's ResourceSlices
 and the DRA kubelet plugin instead of the device plugin).
 """

@@ -2,11 +2,12 @@
 
 ``up(options)`` builds nothing itself (``make demo`` builds first) and then:
 
-1. starts the local control plane (devcluster) with the nodes of ``inputs/cluster.yaml``,
-   its egpu-scheduler profile pointed at the extender;
-2. starts the scheduler extender, the webhook (TLS, registered with the API server by URL and
-   caBundle) and one node agent per simulated node on the fake GPU (each with its node's
-   cards, so the inventory the extender places on is what NVML reports);
+1. starts the local control plane (devcluster) with the nodes of ``inputs/cluster.yaml``;
+2. starts egpu-kube-scheduler (the scheduler egpu installs: kube-scheduler with egpu's plugin,
+   serving the egpu-scheduler profile of manifests/scheduler), the webhook (TLS, registered
+   with the API server by URL and caBundle) and one node agent per simulated node on the fake
+   GPU (each with its node's cards, so the inventory the plugin places on is what NVML
+   reports);
 3. applies every workload of ``inputs/pods``, waits until each pod is placed or clearly not,
    and prints the placement table and the denials with their messages;
 4. runs one real runc container with a 4096 MiB share under the fake driver and prints what
@@ -21,8 +22,8 @@ simulated nodes offer no ``egpu.io/gpu`` and their agents run ``--dra --no-devic
 fleet's ResourceSlices: ``devcluster.dra``, published when the nodes are created, and kept by
 the agents with the same ``egpu.dra.slices.sync``), the webhook (``--kubeconfig``) turns each
 input's ``egpu.io/*`` requests into a ResourceClaim, and the default kube-scheduler
-allocates the claims (no extender, no egpu-scheduler profile: every node serves DRA only, so
-the extender would refuse every share). The real node's agent serves the DRA kubelet plugin
+allocates the claims (no egpu-kube-scheduler: every node serves DRA only, so its plugin would
+refuse every share). The real node's agent serves the DRA kubelet plugin
 instead of the device plugin; the placement table reads each pod's cards and shares from its
 ResourceClaim's allocation (``egpu.cluster_view`` with the claims: the decoder of
 ``kubectl egpu`` and of the kubelet plugin, ``egpu/dra/allocation.py``).
@@ -138,6 +139,27 @@ def _wait(what: str, probe: Callable[[], bool], timeout_s: float, proc: ProcessI
             supervisor.wait_ready(proc, probe, what, timeout_s, interval_s=0.3, lines=15)
     except DevClusterError as exc:
         raise DemoError(str(exc)) from None
+
+
+def _start_egpu_scheduler(state: Path, info: devcluster.ClusterInfo, config: Config,
+                          say: Callable[[str], None]) -> None:
+    """egpu-kube-scheduler (kube-scheduler with egpu's plugin, the scheduler egpu installs:
+    manifests/scheduler) serving ``config.scheduler_name`` with the installed profile, reading
+    the demo's config file, beside the dev cluster's kube-scheduler."""
+    from devcluster import build
+    from devcluster.plugin_scheduler import healthy, healthz_url, plugin_scheduler_command
+
+    binary = build.plugin_scheduler()  # `make demo` built it (`make k8s`); this finds it
+    port = free_port()
+    scheduler_config = state / "egpu-kube-scheduler-config.json"
+    scheduler_config.write_text(devcluster.plugin_scheduler_config(
+        info.kubeconfig, config.scheduler_name, state / "config.yaml"))
+    say(f"==> starting egpu-kube-scheduler (profile {config.scheduler_name}, "
+        f"https://127.0.0.1:{port})")
+    proc = _start(state, "egpu-kube-scheduler",
+                  plugin_scheduler_command(binary, scheduler_config, info.kubeconfig, port),
+                  env=devcluster.scheduler_env())
+    _wait(f"GET {healthz_url(port)}", lambda: healthy(port), 60, proc)
 
 
 def _stop_command(state: Path) -> str:
@@ -313,7 +335,7 @@ def placement_rows(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], conf
 
     With ``claims`` (DRA mode) the shares are read from the ResourceClaims' allocations
     (``cluster_view``, as ``kubectl egpu`` shows them) and each row ends with the claim's name
-    ("-" for a share of the extender path); a claim no pod uses shows with pod ``ns/-``."""
+    ("-" for a share of the device-plugin path); a claim no pod uses shows with pod ``ns/-``."""
     real = {n["metadata"]["name"] for n in nodes
             if (n["metadata"].get("labels") or {}).get(REAL_NODE_LABEL) == "true"}
     rows = []
@@ -354,7 +376,7 @@ def _report(options: Options, info: devcluster.ClusterInfo, config: Config,
         rows = placement_rows(nodes, pods, config)
         options.say(f"\n{PLACEMENT_TITLE}")
         options.say(format_table(PLACEMENT_HEADER, rows))
-    # no egpu.io/allocation (extender) and no share read from a claim (DRA)
+    # no egpu.io/allocation (the device-plugin path) and no share read from a claim (DRA)
     placed = {row[0] for row in rows}
     others = [p for p in pods if not p["metadata"].get("annotations", {}).get("egpu.io/allocation")
               and f"{p['metadata']['namespace']}/{p['metadata']['name']}" not in placed]
@@ -517,36 +539,30 @@ def up(options: Options | None = None) -> int:
     config = load_config_file(str(config_file))
     cluster_file = options.inputs / "cluster.yaml"
     specs = devnodes.load_cluster(cluster_file)
-    extender_port = free_port()
-    extender_url = None if options.dra else f"http://127.0.0.1:{extender_port}"
 
     say("==> starting the control plane (etcd, kube-apiserver, kube-controller-manager, "
         "kube-scheduler, kwok)")
-    # DRA mode: the nodes offer no egpu.io/gpu (no device plugin; their ResourceSlices are
-    # published with them, devcluster.dra) and the kube-scheduler serves default-scheduler only
+    # The dev cluster's kube-scheduler serves default-scheduler only: egpu-scheduler is
+    # egpu-kube-scheduler's (below). DRA mode: the nodes offer no egpu.io/gpu (no device
+    # plugin; their ResourceSlices are published with them, devcluster.dra).
     info = devcluster.up(devcluster.Config(
         state_dir=state / "cluster", nodes_file=cluster_file,
         shares_per_card=config.shares_per_card, device_plugin=not options.dra,
-        extender_url=extender_url, egpu_profile=not options.dra))
+        egpu_profile=False))
     try:
         prometheus_url = None
         if options.prometheus:
             say("==> starting Prometheus (scrape jobs and alert rules of "
                 "manifests/monitoring/prometheus-operator)")
             prometheus_url = prometheus.attach(info)
-        if extender_url is None:
-            say("==> applying the DeviceClasses of manifests/dra (no scheduler extender: the "
-                "kube-scheduler allocates the claims)")
+        if options.dra:
+            say("==> applying the DeviceClasses of manifests/dra (the kube-scheduler "
+                "allocates the claims)")
             result = _kubectl(info, "apply", "-f", str(DEVICE_CLASSES))
             if result.returncode != 0:
                 raise DemoError(f"applying {DEVICE_CLASSES.name}: {result.stderr.strip()}")
         else:
-            say(f"==> starting the scheduler extender on {extender_url}")
-            extender = _start(state, "extender", [
-                str(BIN / "egpu-extender"), "--kubeconfig", info.kubeconfig, "--host",
-                "127.0.0.1", "--port", str(extender_port), "--config", str(config_file)])
-            url = extender_url
-            _wait(f"GET {url}/healthz", lambda: http_ok(f"{url}/healthz"), 60, extender)
+            _start_egpu_scheduler(state, info, config, say)
         say("==> starting the admission webhook (TLS) and registering it")
         _start_webhook(options, info, config_file)
         mode = " (--dra --no-device-plugin)" if options.dra else ""

@@ -6,8 +6,9 @@ See docs/devcluster.md. Entry points for the CLI (``egpu dev-cluster``):
     devcluster.down(state_dir: Path | str | None = None) -> list[str]
     devcluster.status(state_dir: Path | str | None = None) -> ClusterStatus
     devcluster.set_extender(info: ClusterInfo, extender_url: str | None,
-                            extender_ca_file=None) -> ClusterInfo
-        (restart only kube-scheduler, with or without the egpu scheduler extender)
+                            extender_ca_file=None, egpu_profile=True) -> ClusterInfo
+        (restart only kube-scheduler, with or without the egpu scheduler extender, or
+        without the egpu-scheduler profile)
     devcluster.main(argv: list[str] | None = None) -> int      # ``python -m devcluster``
 """
 

@@ -6,7 +6,7 @@ Public API (the CLI's ``egpu dev-cluster up|down|status`` calls these):
     up(config: Config | None = None) -> ClusterInfo     raises DevClusterError
     down(state_dir: Path | str | None = None) -> list[str]      names of processes stopped
     status(state_dir: Path | str | None = None) -> ClusterStatus
-    set_extender(info, extender_url, extender_ca_file=None) -> ClusterInfo
+    set_extender(info, extender_url, extender_ca_file=None, egpu_profile=True) -> ClusterInfo
         restart only kube-scheduler with (or without: None) the egpu scheduler extender
     ClusterInfo.load(state_dir) -> ClusterInfo                 raises DevClusterError
 
@@ -638,8 +638,11 @@ def set_extender(
     extender_url: str | None,
     extender_ca_file: str | Path | None = None,
     timeout_s: float = 90.0,
+    egpu_profile: bool = True,
 ) -> ClusterInfo:
-    """Point the ``egpu-scheduler`` profile at a scheduler extender (None: no extender).
+    """Point the ``egpu-scheduler`` profile at a scheduler extender (None: no extender), or
+    (``egpu_profile=False``) drop that profile, so that another scheduler (egpu-kube-scheduler,
+    ``devcluster.plugin_scheduler``) serves the name alone.
 
     Rewrites ``<state>/scheduler-config.yaml`` (``scheduler_config``), restarts only the
     kube-scheduler process (same command line, port and log; the old one is stopped first,
@@ -662,7 +665,8 @@ def set_extender(
     port = info.ports["kube-scheduler"]
     ca_file = str(extender_ca_file) if extender_ca_file else None
     with _locked(state_dir):
-        sched_cfg.write_text(scheduler_config(info.kubeconfig, extender_url, ca_file))
+        sched_cfg.write_text(scheduler_config(info.kubeconfig, extender_url, ca_file,
+                                              egpu_profile))
         _stop(old)
         starter = _Starter(state_dir, timeout_s)
         new = starter.start("kube-scheduler", argv, env=scheduler_env())

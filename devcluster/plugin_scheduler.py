@@ -18,10 +18,32 @@ from pathlib import Path
 
 from devcluster import build
 from devcluster.cluster import plugin_scheduler_config, scheduler_env, scheduler_feature_gates
-from devcluster.net import HOST, free_port, http_get, insecure_context
+from devcluster.net import HOST, free_port, http_ok, insecure_context
 from devcluster.supervisor import Child
 
 GATE_HOLD_LOG = '"egpu bind gate held the pod"'  # kube-scheduler/plugin's log line per hold
+LOG_VERBOSITY = 1  # kube-scheduler --v: the plugin's gate holds and refusals, no per-pod trace
+
+
+def plugin_scheduler_command(binary: Path, config: Path, kubeconfig: str, port: int
+                             ) -> list[str]:
+    """egpu-kube-scheduler's command line beside the dev cluster: ``config`` (written by
+    ``devcluster.cluster.plugin_scheduler_config``), the dev cluster's ``kubeconfig`` for its
+    delegated authentication and authorization, /healthz and /metrics on HTTPS
+    127.0.0.1:``port``, and the dev cluster's feature gates."""
+    return [str(binary), f"--config={config}", f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}", f"--bind-address={HOST}",
+            f"--secure-port={port}", f"--v={LOG_VERBOSITY}", *scheduler_feature_gates()]
+
+
+def healthz_url(port: int) -> str:
+    """Its /healthz (HTTPS, a self-signed serving certificate: probe without verification)."""
+    return f"https://{HOST}:{port}/healthz"
+
+
+def healthy(port: int) -> bool:
+    """Whether /healthz on ``port`` answers 200 (False while it is not listening yet)."""
+    return http_ok(healthz_url(port), insecure_context())
 
 
 class PluginSchedulerProcess:
@@ -35,18 +57,15 @@ class PluginSchedulerProcess:
         config.write_text(plugin_scheduler_config(kubeconfig, scheduler_name, egpu_config))
         self.port = free_port()
         self.log = workdir / "egpu-kube-scheduler.log"
-        self.process = Child("egpu-kube-scheduler", [
-            str(binary), f"--config={config}", f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}", f"--bind-address={HOST}",
-            f"--secure-port={self.port}", "--v=1", *scheduler_feature_gates()], self.log,
-            env=scheduler_env())  # as the dev cluster's kube-scheduler runs (GOGC, gates)
+        self.process = Child(
+            "egpu-kube-scheduler", plugin_scheduler_command(binary, config, kubeconfig, self.port),
+            self.log, env=scheduler_env())  # as the dev cluster's kube-scheduler runs (GOGC, gates)
 
     def start(self, timeout_s: float = 60) -> None:
         """Start it and wait for /healthz. Raises DevClusterError (quoting its log) when it
         exits or times out."""
-        healthz = f"https://{HOST}:{self.port}/healthz"
-        self.process.start(lambda: http_get(healthz, insecure_context())[0] == 200,
-                           f"GET {healthz}", timeout_s, 0.25)
+        self.process.start(lambda: healthy(self.port), f"GET {healthz_url(self.port)}",
+                           timeout_s, 0.25)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""

@@ -13,9 +13,12 @@ import (
 // panics (nil embedded interface).
 type fakeHandle struct {
 	fwk.Handle
-	snapshot fwk.SharedLister
-	client   kubernetes.Interface
+	snapshot  fwk.SharedLister
+	client    kubernetes.Interface
+	nominated map[string][]fwk.PodInfo // by node name, as the scheduler's nominator keeps them
 }
+
+func (h *fakeHandle) NominatedPodsForNode(node string) []fwk.PodInfo { return h.nominated[node] }
 
 func (h *fakeHandle) ClientSet() kubernetes.Interface { return h.client }
 

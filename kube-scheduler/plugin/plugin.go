@@ -276,7 +276,7 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	if c == nil {
 		return 0, nil
 	}
-	placed := p.fit(c, pod, info).placed
+	placed := p.fit(c, pod, p.withNominated(info, pod)).placed
 	if placed == nil {
 		return 0, nil
 	}
@@ -302,7 +302,7 @@ func (p *Plugin) Reserve(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
-	got := p.fit(c, pod, info)
+	got := p.fit(c, pod, p.withNominated(info, pod))
 	if got.unfit != nil {
 		return fwk.NewStatus(fwk.Unschedulable, "the node no longer fits: "+got.unfit.Reason)
 	}
@@ -448,6 +448,37 @@ func (p *Plugin) nodeState(info fwk.NodeInfo, self types.UID) (state placement.N
 		p.states[node.Name] = bookedNode{info.GetGeneration(), parsed, state, records}
 	}
 	return state, keep
+}
+
+// withNominated is info with the pods nominated to its node that Filter's first pass adds for
+// pod (those of its priority or above, itself left out: addGENominatedPods in kube-scheduler's
+// framework runtime), so that Score and Reserve, which get the node without them, choose
+// cards the way Filter fitted them: beside the preemptor's, not on the cards its victims
+// freed. The node itself when none is nominated there.
+func (p *Plugin) withNominated(info fwk.NodeInfo, pod *v1.Pod) fwk.NodeInfo {
+	var add []fwk.PodInfo
+	for _, pi := range p.handle.NominatedPodsForNode(info.Node().Name) {
+		if other := pi.GetPod(); other.UID != pod.UID && priorityOf(other) >= priorityOf(pod) {
+			add = append(add, pi)
+		}
+	}
+	if len(add) == 0 {
+		return info
+	}
+	out := info.Snapshot()
+	for _, pi := range add {
+		out.AddPodInfo(pi)
+	}
+	return out
+}
+
+// priorityOf is the pod's resolved priority (spec.priority, 0 when unset), as the scheduler
+// compares them.
+func priorityOf(pod *v1.Pod) int32 {
+	if pod.Spec.Priority != nil {
+		return *pod.Spec.Priority
+	}
+	return 0
 }
 
 // bookNominated books the shares of pods nominated to the node, which the scheduler adds to a

@@ -155,7 +155,7 @@ func TestAReservedPodBooksItsCardUntilItsRecordIsSeen(t *testing.T) {
 // Bug caught: a node where the gate would hold the pod outscoring (or tying with) a node
 // that takes it at once: binpack scores a nearly empty node 0 too.
 func TestANodeWhereTheGateWouldHoldThePodScores0AndEveryOtherAtLeast1(t *testing.T) {
-	p := newPlugin(nil, defaultSettings())
+	p := newPlugin(&fakeHandle{}, defaultSettings())
 	busy := node("busy", 2)
 	waiting := recorded(sharePod("waiting", 1), "busy", 0, 23000) // not admitted yet
 	p.observe(waiting, false)
@@ -447,4 +447,41 @@ func TestAPodNominatedToTheNodeHoldsTheCardsItFits(t *testing.T) {
 		withNominated); !s.IsSuccess() {
 		t.Fatalf("Filter of 8000 MiB beside the nominated preemptor = %v", s)
 	}
+}
+
+// Bug caught: Score and Reserve fitting the pod on the node without the pods nominated there
+// (the scheduler adds them for Filter only), so a pod that fits beside a preemptor, with a
+// spread policy, reserves the empty card its victims freed and the preemptor preempts again.
+func TestReserveChoosesCardsBesideAPodNominatedToTheNode(t *testing.T) {
+	n := node("n1", 2)
+	busy := recorded(sharePod("busy", 1), "n1", 0, 10000) // GPU-0: 14000 MiB free
+	preemptor := sharePod("preemptor", 22000)             // fits GPU-1 only, once emptied
+	high := int32(1000)
+	preemptor.Spec.Priority = &high
+	h := &fakeHandle{snapshot: schedcache.NewSnapshot([]*v1.Pod{busy}, []*v1.Node{n}),
+		nominated: map[string][]fwk.PodInfo{"n1": {mustPodInfo(t, preemptor)}}}
+	p := newPlugin(h, defaultSettings())
+	pod := sharePod("spread", 12000) // fits either card; spread picks the emptier, GPU-1
+	pod.Annotations = map[string]string{annGPUPolicy: "spread"}
+	state := preFiltered(t, p, pod)
+	info, _ := h.snapshot.NodeInfos().Get("n1")
+	if score, s := p.Score(context.Background(), state, pod, info); !s.IsSuccess() || score < 1 {
+		t.Fatalf("Score beside the nominated preemptor = %d, %v; want at least 1", score, s)
+	}
+	if s := p.Reserve(context.Background(), state, pod, "n1"); !s.IsSuccess() {
+		t.Fatalf("Reserve: %v", s)
+	}
+	r, _ := p.reservation(pod.UID)
+	if got := r.placement.Containers[0].Cards[0].UUID; got != "GPU-0" {
+		t.Fatalf("reserved card %s, want GPU-0 (GPU-1 is the nominated preemptor's)", got)
+	}
+}
+
+func mustPodInfo(t *testing.T, pod *v1.Pod) fwk.PodInfo {
+	t.Helper()
+	pi, err := framework.NewPodInfo(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pi
 }

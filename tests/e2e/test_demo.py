@@ -1,16 +1,19 @@
 """`egpu demo` end to end: every workload lands where its comment says (issue 9).
 
-Runs the real demo (its own control plane, extender, webhook, node agents on the fake GPU, a
-runc container) in a private state folder, checks the placement through the API, and stops it.
+Runs the real demo (its own control plane, egpu-kube-scheduler, webhook, node agents on the
+fake GPU, a runc container) in a private state folder, checks the placement through the API,
+and stops it.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from demo import run as demo
 from egpu.cluster_view import cluster_view
@@ -21,7 +24,7 @@ pytestmark = pytest.mark.e2e
 
 
 class Outcome(DemoCluster):
-    """The extender-mode demo's cluster (tests/e2e/demo_cluster.py)."""
+    """The device-plugin-mode demo's cluster (tests/e2e/demo_cluster.py)."""
 
     def cards(self, pod: dict[str, Any]) -> list[tuple[str, Any, Any]]:
         """(container, card model, share) for each card of the pod's allocation."""
@@ -48,6 +51,23 @@ def env_of(pod: dict[str, Any], container: str) -> dict[str, str]:
     spec = next(c for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", [])
                 if c["name"] == container)
     return {e["name"]: e.get("value", "") for e in spec.get("env", [])}
+
+
+def test_the_shares_are_placed_by_egpu_kube_scheduler_not_the_extender(
+        outcome: Outcome) -> None:
+    """The demo runs the scheduler egpu installs: egpu-kube-scheduler serving egpu-scheduler,
+    and the dev cluster's own kube-scheduler serves default-scheduler only, so every placed
+    share below was placed by the plugin. Bug caught: the demo still starting the retired
+    Python extender (or the dev cluster's egpu-scheduler profile), so that what a new user
+    watches place their pods is not what egpu installs."""
+    started = {p["name"] for p in json.loads((outcome.state_dir / "processes.json").read_text())}
+    assert "egpu-kube-scheduler" in started and "extender" not in started
+    profiles = [p["schedulerName"] for p in yaml.safe_load(
+        (outcome.state_dir / "cluster" / "scheduler-config.yaml").read_text())["profiles"]]
+    assert profiles == ["default-scheduler"]
+    placed = [p for p in outcome.pods.values()
+              if p["spec"].get("schedulerName") == "egpu-scheduler" and p["spec"].get("nodeName")]
+    assert len(placed) >= 8
 
 
 def test_online_serving_on_h100_or_a100_with_its_share(outcome: Outcome) -> None:

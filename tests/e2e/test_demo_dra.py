@@ -1,13 +1,14 @@
 """`egpu demo --dra` end to end: the same inputs, placed through ResourceClaims (issue 14).
 
 Runs the real demo in DRA mode (``demo.Options(dra=True)``: ``allocationMode: dra``, the
-DeviceClasses of manifests/dra, node agents with ``--dra --no-device-plugin``, no extender) in
-a private state folder, without the runc container of the extender demo (tests/e2e/test_demo.py
-runs it; it does not depend on the mode). Checks through the API that every share input is a
-ResourceClaim the default kube-scheduler allocated as the input's comment says (read with
-``egpu.cluster_view``, the decoder of ``kubectl egpu``), that the placement table shows each
-share with its claim, that the four mistakes are denied with the extender mode's messages,
-and (as root) that the real node's container runs its share prepared by the DRA kubelet plugin.
+DeviceClasses of manifests/dra, node agents with ``--dra --no-device-plugin``, no
+egpu-kube-scheduler) in a private state folder, without the runc container of the device-plugin demo
+(tests/e2e/test_demo.py runs it; it does not depend on the mode). Checks through the API that
+every share input is a ResourceClaim the default kube-scheduler allocated as the input's
+comment says (read with ``egpu.cluster_view``, the decoder of ``kubectl egpu``), that the
+placement table shows each share with its claim, that the four mistakes are denied with the
+device-plugin mode's messages, and (as root) that the real node's container runs its share
+prepared by the DRA kubelet plugin.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
     try:
         assert demo.up(demo.Options(state_dir=state_dir, say=lines.append, wait_s=120,
                                     container=False, dra=True,
-                                    # right-sizing, its one reader, runs in extender mode
+                                    # right-sizing, its one reader, runs in device-plugin mode
                                     prometheus=False)) == 0
         yield Outcome(state_dir, lines)
     finally:
@@ -120,16 +121,18 @@ def test_demo_in_dra_mode_places_every_input_through_claims(outcome: Outcome) ->
     assert (share.memory_mib, share.cores) == (3000, 30)
 
 
-def test_demo_in_dra_mode_runs_a_dra_only_fleet_without_the_extender(outcome: Outcome) -> None:
+def test_demo_in_dra_mode_runs_a_dra_only_fleet_without_egpu_kube_scheduler(
+        outcome: Outcome) -> None:
     """The simulated nodes' agents run --dra --no-device-plugin: each node says
-    egpu.io/allocation-mode: dra and offers no egpu.io/gpu; no extender was started."""
+    egpu.io/allocation-mode: dra and offers no egpu.io/gpu; no egpu-kube-scheduler was started
+    (the default kube-scheduler allocates the claims)."""
     simulated = [n for n in outcome.nodes.values()
                  if (n["metadata"].get("labels") or {}).get(demo.REAL_NODE_LABEL) != "true"]
     assert len(simulated) == 6
     for node in simulated:
         assert node["metadata"]["annotations"].get(ANN_ALLOCATION_MODE) == ALLOCATION_MODE_DRA
         assert node["status"]["allocatable"].get(RES_GPU, "0") == "0"
-    assert "starting the scheduler extender" not in outcome.text
+    assert "starting egpu-kube-scheduler" not in outcome.text
     classes = subprocess.run(outcome.kubectl("get", "deviceclasses", "-o", "name"),
                              capture_output=True, text=True, check=True).stdout.split()
     assert {"deviceclass.resource.k8s.io/share.gpu.egpu.io",

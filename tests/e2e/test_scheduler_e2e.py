@@ -1,12 +1,15 @@
-"""The egpu scheduler end to end: a real kube-scheduler calls the extender on a dev cluster.
+"""The scheduler egpu installs end to end: egpu-kube-scheduler (kube-scheduler with egpu's
+plugin, EgpuShares, and the profile of manifests/scheduler) serves ``egpu-scheduler`` on a dev
+cluster.
 
-The module fixture starts the extender (``python -m scheduler.main``) on 127.0.0.1:<free port>
-and points the dev cluster's ``egpu-scheduler`` profile at it with
-``devcluster.set_extender(info, url)`` (restarts only kube-scheduler), and restores the
-previous extender setting at the end. Pods are created WITHOUT the webhook: the tests set
-``schedulerName`` and rewrite Volcano names themselves. Each test works in its own namespaces
-and, where it needs exact capacities, on its own kwok nodes (``devcluster.nodes.node_manifest``,
-waited for until Ready and untainted).
+The module fixture runs egpu-kube-scheduler, built from this checkout
+(``devcluster.plugin_scheduler.PluginSchedulerProcess``), on 127.0.0.1:<free port>, and
+restarts the dev cluster's own kube-scheduler without its ``egpu-scheduler`` profile
+(``devcluster.set_extender(info, None, egpu_profile=False)``), so that the plugin alone places
+the shares; it restores the previous setting at the end. Pods are created WITHOUT the webhook:
+the tests set ``schedulerName`` and rewrite Volcano names themselves. Each test works in its
+own namespaces and, where it needs exact capacities, on its own kwok nodes
+(``devcluster.nodes.node_manifest``, waited for until Ready and untainted).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from kubernetes.utils import parse_quantity
 
 from devcluster import cluster as devcluster
 from devcluster import nodes as devnodes
-from devcluster.extender import ExtenderProcess
+from devcluster.plugin_scheduler import PluginSchedulerProcess
 from egpu.booking import CardBooking, allocation_bookings
 from egpu.contract import ANN_ALLOCATION, DEFAULT_SCHEDULER_NAME, VOLCANO_ALIASES
 from egpu.records import Allocation, Inventory
@@ -48,13 +51,13 @@ _wait = devcluster.wait_until
 
 
 class Env:
-    """What the tests use: the API (plain JSON), the extender, and helpers."""
+    """What the tests use: the API (plain JSON), egpu-kube-scheduler, and helpers."""
 
-    def __init__(self, cluster: Any, extender: ExtenderProcess) -> None:
+    def __init__(self, cluster: Any, scheduler: PluginSchedulerProcess) -> None:
         self.cluster = cluster
         self.client = cluster.api_client()
         self.api = RawApi(self.client)
-        self.extender = extender
+        self.scheduler = scheduler
         self.namespaces: list[str] = []
         self.nodes: list[str] = []
 
@@ -111,19 +114,21 @@ def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]
     config = workdir / "egpu-config.yaml"
     config.write_text(yaml.safe_dump({"sharesPerCard": SHARES_PER_CARD,
                                       "heartbeatTimeoutSeconds": 3600}))
-    extender = ExtenderProcess(cluster.kubeconfig, config, workdir / "extender.log")
-    extender.start()
-    handle = Env(cluster, extender)
     previous = (cluster.info.extender_url, cluster.info.extender_ca_file)
+    # the dev cluster's kube-scheduler first lets go of egpu-scheduler: one scheduler a name
+    devcluster.set_extender(cluster.info, None, egpu_profile=False)
+    scheduler = PluginSchedulerProcess(cluster.kubeconfig, workdir, DEFAULT_SCHEDULER_NAME,
+                                       config)
     try:
-        devcluster.set_extender(cluster.info, extender.url)
+        scheduler.start()
+        handle = Env(cluster, scheduler)
         with cluster.heartbeats():
             yield handle
             handle.cleanup()
     finally:
-        extender.stop()
+        scheduler.stop()
         devcluster.set_extender(cluster.info, *previous)
-        print(f"extender log: {extender.log}")
+        print(f"egpu-kube-scheduler log: {scheduler.log}")
 
 
 # --- checks ----------------------------------------------------------------------------------
@@ -292,7 +297,7 @@ def test_every_input_pod_lands_where_its_comment_says(env: Env) -> None:
     # 09: nvidia.com/gpu is not ours: never an egpu allocation (no node has nvidia.com/gpu)
     [whole] = pods_of("research", "benchmark-whole-card")
     assert whole["spec"]["schedulerName"] == "default-scheduler" and allocation(whole) is None
-    # 10: invalid requests (no webhook here): the extender keeps them Pending, saying why
+    # 10: invalid requests (no webhook here): the plugin keeps them Pending, saying why
     for name, needle in (("bad-cores", "gpu-cores"), ("bad-both-memory", "gpu-memory"),
                          ("bad-zero-percentage", "gpu-memory-percentage"),
                          ("bad-priority", "egpu.io/priority")):
@@ -379,10 +384,12 @@ def test_fc11_several_containers_in_one_pod(env: Env) -> None:
     env.delete_pods(ns)
 
 
-# --- the extender killed in a burst ----------------------------------------------------------
+# --- the scheduler killed in a burst ---------------------------------------------------------
 
-def test_extender_killed_in_a_burst_of_100_loses_nothing(env: Env) -> None:
-    """4 nodes x 4 cards x 4 slots = 64 shares of 4000 MiB for 100 pods; kill -9 mid-burst."""
+def test_egpu_kube_scheduler_killed_in_a_burst_of_100_loses_nothing(env: Env) -> None:
+    """4 nodes x 4 cards x 4 slots = 64 shares of 4000 MiB for 100 pods; kill -9 mid-burst.
+    Bugs caught: a restarted scheduler that forgets the cards its bound pods' records book
+    (a card booked twice), or a pod bound with no record (or one naming another node)."""
     nodes = [f"e2e-burst-{i}" for i in range(4)]
     for name in nodes:
         env.add_node(name, 4, "NVIDIA L4", 24576)
@@ -412,10 +419,10 @@ def test_extender_killed_in_a_burst_of_100_loses_nothing(env: Env) -> None:
     try:
         create_at_once(env, pods[:50])
         _wait("some pods bound", lambda: len(bound(env.pods(ns))) >= 10, timeout=60)
-        env.extender.kill()
+        env.scheduler.kill()
         create_at_once(env, pods[50:])
         time.sleep(2)
-        env.extender.start()
+        env.scheduler.start()
         _settled(env, ns, 64, 100, quiet_s=5)
     finally:
         stop.set()
@@ -503,7 +510,7 @@ def _kubectl(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_allocation_and_priority_cannot_be_edited_and_binds_still_work(env: Env) -> None:
     """The ValidatingAdmissionPolicy denies pod CREATEs carrying egpu.io/allocation and pod
-    UPDATEs changing it or the egpu.io/priority label; the extender's Binding (the pods/binding
+    UPDATEs changing it or the egpu.io/priority label; the plugin's Binding (the pods/binding
     subresource, not a pod UPDATE) still sets the annotation."""
     applied = _kubectl(env, "apply", "-f", str(POLICY))
     assert applied.returncode == 0, applied.stderr
@@ -580,38 +587,14 @@ def test_allocation_and_priority_cannot_be_edited_and_binds_still_work(env: Env)
         _kubectl(env, "delete", "--ignore-not-found", "-f", str(POLICY))
 
 
-def test_the_metrics_listener_never_binds_a_real_pod(env: Env) -> None:
-    """The extender as deployed (--metrics-port): a POST /bind reaching the metrics listener
-    from the pod network is refused, and the pending pod stays unbound in the API."""
-    import urllib.error
-    import urllib.request
-
-    node = "e2e-listener-a10"
-    env.add_node(node, 1, "NVIDIA A10", 23028)
-    ns = env.namespace("e2e-listener")
-    pod = env.create(egpu_pod("too-big", ns, 999999, node=node))
-    body = json.dumps({"PodName": "too-big", "PodNamespace": ns,
-                       "PodUID": pod["metadata"]["uid"], "Node": node}).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{env.extender.metrics_port}/bind", data=body, method="POST",
-        headers={"Content-Type": "application/json"})
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=10)
-    assert refused.value.code == 404
-    time.sleep(1)
-    [still] = env.pods(ns)
-    assert not still["spec"].get("nodeName") and ANN_ALLOCATION not in (
-        still["metadata"].get("annotations") or {})
-    env.delete_pods(ns)
-
-
 # --- both modes in one cluster (a migration to DRA) -------------------------------------------
 
-def test_the_extender_leaves_a_node_of_the_dra_pool_alone(env: Env) -> None:
+def test_egpu_kube_scheduler_leaves_a_node_of_the_dra_pool_alone(env: Env) -> None:
     """A node whose agent serves DRA only says egpu.io/allocation-mode: dra (what
     node_agent.inventory writes for --no-device-plugin): a share pinned to it stays Pending
-    with the extender's reason, and binds once the node says extender again (its agent
-    serves the device plugin: the node moved back to the extender's pool)."""
+    with the plugin's reason, and binds once the node says extender again (its agent serves
+    the device plugin: the node moved back to the device-plugin pool; "extender" is the
+    contract's name for that mode)."""
     node = "e2e-dra-pool"
     env.add_node(node, 1, "NVIDIA L4", 24576)
 
@@ -634,14 +617,14 @@ def test_the_extender_leaves_a_node_of_the_dra_pool_alone(env: Env) -> None:
     assert "egpu.io/allocation-mode: dra" in message, message
     assert not bound(env.pods(ns))
     say("extender")
-    _wait("the share bound once the node is back in the extender's pool",
+    _wait("the share bound once the node is back in the device-plugin pool",
           lambda: bound(env.pods(ns)), timeout=90)
     env.delete_pods(ns)
 
 
-def test_extender_shares_still_schedule_beside_the_dra_device_classes(env: Env) -> None:
-    """manifests/dra's DeviceClasses installed: a share pod of the extender path (egpu.io/gpu
-    + egpu.io/gpu-memory) still binds. A DeviceClass that maps egpu.io/gpu (the opt-in
+def test_device_plugin_shares_still_schedule_beside_the_dra_device_classes(env: Env) -> None:
+    """manifests/dra's DeviceClasses installed: a share pod of the device-plugin path
+    (egpu.io/gpu + egpu.io/gpu-memory) still binds. A DeviceClass that maps egpu.io/gpu (the opt-in
     component manifests/dra/extended-resource) would make the kube-scheduler refuse it:
     egpu.io/gpu-memory is in no node's allocatable and backed by no DeviceClass."""
     classes = REPO / "manifests" / "dra" / "deviceclasses.yaml"
@@ -651,7 +634,7 @@ def test_extender_shares_still_schedule_beside_the_dra_device_classes(env: Env) 
         env.add_node(node, 1, "NVIDIA L4", 24576)
         ns = env.namespace("e2e-migration")
         env.create(egpu_pod("share", ns, 4000, node=node))
-        _wait("the extender share bound beside the DRA classes",
+        _wait("the device-plugin share bound beside the DRA classes",
               lambda: bound(env.pods(ns)), timeout=60)
         env.delete_pods(ns)
     finally:
