@@ -50,7 +50,7 @@ TARGETS: dict[str, tuple[tuple[str, str, float], ...]] = {
     "accounting_storm": (("leaked_mib", "==", 0), ("failed_steps", "==", 0),
                          ("bad_exits", "==", 0)),
     "placement_chaos": (("overbooked", "==", 0), ("lost", "==", 0), ("unplaced", "==", 0),
-                        ("mid_burst", ">=", 25)),
+                        ("mid_burst_pct", ">=", 50)),
     "cert_rotation": (("failures", "==", 0),),
     "node_restarts": (("wrong_share", "==", 0), ("missing_share", "==", 0),
                       ("not_started", "==", 0), ("overbooked", "==", 0),

@@ -1,5 +1,5 @@
 """Run egpu end to end on this machine: a local cluster with simulated GPU nodes, the webhook,
-the scheduler extender, one node agent per node on the fake GPU, every workload of the demo's
+egpu-kube-scheduler, one node agent per node on the fake GPU, every workload of the demo's
 inputs, a placement table, and one real runc container with a share.
 
   egpu demo             # (re)start the demo; it stays up

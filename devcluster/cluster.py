@@ -8,6 +8,8 @@ Public API (the CLI's ``egpu dev-cluster up|down|status`` calls these):
     status(state_dir: Path | str | None = None) -> ClusterStatus
     set_extender(info, extender_url, extender_ca_file=None, egpu_profile=True) -> ClusterInfo
         restart only kube-scheduler with (or without: None) the egpu scheduler extender
+    without_egpu_profile(info)                                 context manager: kube-scheduler
+        without its egpu-scheduler profile for the block, then as it was
     ClusterInfo.load(state_dir) -> ClusterInfo                 raises DevClusterError
 
 State folder (default ``${EGPU_STATE_DIR:-~/.cache/egpu/dev-cluster}``):
@@ -83,9 +85,14 @@ EXTENDER_MANAGED_RESOURCES = (
 
 SCHEDULER_CLIENT_QPS = 200  # requests/s the kube-scheduler may send the API server
 CONTROLLER_MANAGER_QPS = 100  # requests/s of kube-controller-manager (claims from templates)
-# kube-scheduler's --feature-gates (e.g. SchedulerAsyncAPICalls=true); $EGPU_SCHEDULER_FEATURE_GATES
-# sets them for one cluster (bench/scheduling.py's comparisons)
-SCHEDULER_FEATURE_GATES = ""
+# kube-scheduler's --feature-gates; $EGPU_SCHEDULER_FEATURE_GATES sets them for one cluster
+# (bench/scheduling.py's comparisons). NominatedNodeNameForExpectation (KEP-5278, beta and on
+# since 1.35) writes the pod's status.nominatedNodeName before PreBind whenever a PreBind plugin
+# has work, i.e. for every DRA pod (its claim's allocation): one more pod write and its watch
+# events a DRA pod, about 10% of the DRA path's CPU here (docs/dra.md, "Scheduling
+# throughput"). It tells cluster autoscalers where a pod in a long PreBind is going; a DRA
+# claim's PreBind is one status write.
+SCHEDULER_FEATURE_GATES = "NominatedNodeNameForExpectation=false"
 # Nodes each pod's filters run on before the scheduler stops looking, % of the cluster (never
 # fewer than kube-scheduler's 100): its adaptive default looks at 42% of 1000 nodes, and the DRA
 # plugin's Filter converts and searches a node's ResourceSlices on every one of them (docs/dra.md,
@@ -166,6 +173,7 @@ class ClusterInfo:
     startup_s: float = 0.0
     extender_ca_file: str | None = None
     prometheus_url: str | None = None  # devcluster.prometheus.attach (issue 26)
+    egpu_profile: bool = True  # kube-scheduler serves egpu-scheduler too (Config.egpu_profile)
 
     @property
     def kubectl(self) -> str:
@@ -618,6 +626,7 @@ def up(config: Config | None = None) -> ClusterInfo:
             extender_url=config.extender_url,
             started_at=time.time(),
             extender_ca_file=str(config.extender_ca_file) if config.extender_ca_file else None,
+            egpu_profile=config.egpu_profile,
         )
         info.startup_s = round(time.monotonic() - t0, 1)
         info.save()
@@ -676,8 +685,24 @@ def set_extender(
         info.processes["kube-scheduler"] = new
         info.extender_url = extender_url
         info.extender_ca_file = ca_file
+        info.egpu_profile = egpu_profile
         info.save()
     return info
+
+
+@contextlib.contextmanager
+def without_egpu_profile(info: ClusterInfo) -> Iterator[ClusterInfo]:
+    """The dev cluster's kube-scheduler without its ``egpu-scheduler`` profile for the block,
+    so that another scheduler (egpu-kube-scheduler, ``devcluster.plugin_scheduler``) serves
+    that name alone; then as it was (extender, its CA, the profile or not: a cluster started
+    ``--no-egpu-profile``, where egpu is installed, stays without it). Restarts kube-scheduler
+    on each side (``set_extender``)."""
+    extender_url, ca_file, profile = info.extender_url, info.extender_ca_file, info.egpu_profile
+    set_extender(info, None, egpu_profile=False)
+    try:
+        yield info
+    finally:
+        set_extender(info, extender_url, ca_file, egpu_profile=profile)
 
 
 def status(state_dir: Path | str | None = None) -> ClusterStatus:

@@ -477,6 +477,34 @@ func TestReserveChoosesCardsBesideAPodNominatedToTheNode(t *testing.T) {
 	}
 }
 
+// Bugs caught: Score and Reserve counting nominated pods that Filter's first pass leaves out,
+// a nominated pod of lower priority (withNominated's priority rule: the subtest fails without
+// it) or the pod itself (nominated to the node by an earlier preemption; nodeState leaves it
+// out as well), so that the pod is pushed off the card it fits best.
+func TestReserveLeavesOutNominatedPodsOfLowerPriorityAndThePodItself(t *testing.T) {
+	pod := sharePod("p", 12000) // binpack: the fuller card that fits, GPU-0 (14000 MiB free)
+	low := sharePod("low", 14000)
+	lower := int32(-1)
+	low.Spec.Priority = &lower
+	for name, nominated := range map[string]*v1.Pod{"lower priority": low, "itself": pod} {
+		t.Run(name, func(t *testing.T) {
+			n := node("n1", 2)
+			busy := recorded(sharePod("busy", 1), "n1", 0, 10000)
+			h := &fakeHandle{snapshot: schedcache.NewSnapshot([]*v1.Pod{busy}, []*v1.Node{n}),
+				nominated: map[string][]fwk.PodInfo{"n1": {mustPodInfo(t, nominated)}}}
+			p := newPlugin(h, defaultSettings())
+			if s := p.Reserve(context.Background(), preFiltered(t, p, pod), pod,
+				"n1"); !s.IsSuccess() {
+				t.Fatalf("Reserve: %v", s)
+			}
+			r, _ := p.reservation(pod.UID)
+			if got := r.placement.Containers[0].Cards[0].UUID; got != "GPU-0" {
+				t.Fatalf("reserved card %s, want GPU-0 (the nominated pod does not count)", got)
+			}
+		})
+	}
+}
+
 func mustPodInfo(t *testing.T, pod *v1.Pod) fwk.PodInfo {
 	t.Helper()
 	pi, err := framework.NewPodInfo(pod)

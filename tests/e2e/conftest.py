@@ -265,7 +265,7 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0".. under xdist, "" wi
 # --- a cluster with a real node (kubelet + containerd) ------------------------------------
 # Its own control plane (state folder dev-cluster-real beside the shared one): egpu is
 # installed in it for real (kubectl apply -k / helm), which must not meet the webhook and
-# extender processes that the other e2e tests start, and its kube-scheduler serves only
+# egpu-kube-scheduler processes that the other e2e tests start, and its kube-scheduler serves only
 # default-scheduler (the installed egpu-scheduler Deployment serves egpu-scheduler).
 
 REAL_NODE = "egpu-real-0"

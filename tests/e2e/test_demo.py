@@ -264,14 +264,14 @@ def test_the_alert_rules_run_in_the_demos_prometheus_and_the_agents_are_up(
 
 
 def test_kubectl_egpu_advise_reads_the_real_prometheus(outcome: Outcome) -> None:
-    """`kubectl egpu advise -o json` (the shipped command, its Prometheus reader and the
-    extender's placement) on the demo's history. The right-sizing Deployment's replicas hold
-    3000 MiB and touch 3000 MiB more for 2 s every 20 s, so their peak is 3000 + 3000 + the
-    256 MiB context (the fake driver's overhead), mostly between scrapes; the notebook
-    allocated all of its share and was refused 1 MiB more. Bugs caught: a peak read from the
-    scraped samples only (3256), the refused counter's first value lost (a new container's
-    refusal before its first scrape: the notebook advised to shrink), rows per pod instead
-    of per workload, the command unable to reach Prometheus or the cluster."""
+    """`kubectl egpu advise -o json` (the shipped command, its Prometheus reader and
+    egpu-kube-scheduler's placement) on the demo's history. The right-sizing Deployment's
+    replicas hold 3000 MiB and touch 3000 MiB more for 2 s every 20 s, so their peak is 3000 +
+    3000 + the 256 MiB context (the fake driver's overhead), mostly between scrapes; the
+    notebook allocated all of its share and was refused 1 MiB more. Bugs caught: a peak read
+    from the scraped samples only (3256), the refused counter's first value lost (a new
+    container's refusal before its first scrape: the notebook advised to shrink), rows per pod
+    instead of per workload, the command unable to reach Prometheus or the cluster."""
     import json
     import math
     import os

@@ -5,8 +5,8 @@ cluster.
 The module fixture runs egpu-kube-scheduler, built from this checkout
 (``devcluster.plugin_scheduler.PluginSchedulerProcess``), on 127.0.0.1:<free port>, and
 restarts the dev cluster's own kube-scheduler without its ``egpu-scheduler`` profile
-(``devcluster.set_extender(info, None, egpu_profile=False)``), so that the plugin alone places
-the shares; it restores the previous setting at the end. Pods are created WITHOUT the webhook:
+(``devcluster.without_egpu_profile``), so that the plugin alone places the shares; the previous
+setting comes back at the end. Pods are created WITHOUT the webhook:
 the tests set ``schedulerName`` and rewrite Volcano names themselves. Each test works in its
 own namespaces and, where it needs exact capacities, on its own kwok nodes
 (``devcluster.nodes.node_manifest``, waited for until Ready and untainted).
@@ -114,21 +114,19 @@ def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]
     config = workdir / "egpu-config.yaml"
     config.write_text(yaml.safe_dump({"sharesPerCard": SHARES_PER_CARD,
                                       "heartbeatTimeoutSeconds": 3600}))
-    previous = (cluster.info.extender_url, cluster.info.extender_ca_file)
-    # the dev cluster's kube-scheduler first lets go of egpu-scheduler: one scheduler a name
-    devcluster.set_extender(cluster.info, None, egpu_profile=False)
     scheduler = PluginSchedulerProcess(cluster.kubeconfig, workdir, DEFAULT_SCHEDULER_NAME,
-                                       config)
-    try:
-        scheduler.start()
-        handle = Env(cluster, scheduler)
-        with cluster.heartbeats():
-            yield handle
-            handle.cleanup()
-    finally:
-        scheduler.stop()
-        devcluster.set_extender(cluster.info, *previous)
-        print(f"egpu-kube-scheduler log: {scheduler.log}")
+                                       config)  # built (if need be) before anything changes
+    # the dev cluster's kube-scheduler lets go of egpu-scheduler: one scheduler a name
+    with devcluster.without_egpu_profile(cluster.info):
+        try:
+            scheduler.start()
+            handle = Env(cluster, scheduler)
+            with cluster.heartbeats():
+                yield handle
+                handle.cleanup()
+        finally:
+            scheduler.stop()
+            print(f"egpu-kube-scheduler log: {scheduler.log}")
 
 
 # --- checks ----------------------------------------------------------------------------------
