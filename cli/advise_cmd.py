@@ -6,7 +6,8 @@ Per workload (Deployment, StatefulSet, DaemonSet, Job, or bare pod: pods grouped
 owner, the history of pods an earlier roll deleted included) and container: the booked memory
 and cores beside the observed peak and p95/p99 over the window, and the recommended request
 (egpu.advise, docs/operating.md "Right-sizing"), or why there is none. Then the cards the
-shares take when placed again by the extender's own placement code over the current nodes,
+shares take when placed again by egpu's placement code (scheduler/placement, the rules the
+scheduler's plugin is held to) over the current nodes,
 as booked and as recommended: the cards the advice would free.
 
 Reads the cluster (nodes and pods, one LIST each, through the kubeconfig) and the history
@@ -296,7 +297,7 @@ def format_table(report: Report) -> str:
     freed = report.cards_freed
     verb = f"frees {freed}" if freed >= 0 else f"needs {-freed} more"
     lines.append("")
-    lines.append(f"Cards the shares take, placed again by the extender's placement on the "
+    lines.append(f"Cards the shares take, placed again by egpu's placement on the "
                  f"{report.nodes} current nodes: {report.cards_now} as booked, "
                  f"{report.cards_advised} as advised: the advice {verb} "
                  f"card{'s' if abs(freed) != 1 else ''}.")

@@ -599,14 +599,15 @@ def up(options: Options | None = None) -> int:
         _container_demo(options)
     claims = (f"\n  {info.kubectl} get resourceclaims -A"
               if options.dra else "")
-    monitoring = (f"\n  Prometheus: {prometheus_url}   (PATH=...:$PATH kubectl egpu advise "
-                  f"--prometheus {prometheus_url} --since 1h --min-history 1m)"
+    path = f"{BIN}:{Path(info.kubectl).parent}:$PATH"
+    monitoring = (f"\n  Prometheus: {prometheus_url}\n  PATH={path} kubectl egpu advise "
+                  f"--prometheus {prometheus_url} --since 1h --min-history 1m"
                   if prometheus_url else "")
     say(f"""
 The cluster is still up. To look around:{monitoring}
   export KUBECONFIG={info.kubeconfig}
   {info.kubectl} get pods -A -o wide
-  PATH={BIN}:{Path(info.kubectl).parent}:$PATH kubectl egpu   # or: {BIN}/egpu top{claims}
+  PATH={path} kubectl egpu   # or: {BIN}/egpu top{claims}
 Logs: {state / 'logs'} and {state / 'cluster' / 'logs'}
 To stop it:  {_stop_command(state)}""")
     return 0

@@ -147,6 +147,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f}m"
 
 
+def _allocations(count: int) -> str:
+    """``1 allocation``, ``3 allocations``: the reason's count of refused allocations."""
+    return f"{count} allocation{'' if count == 1 else 's'}"
+
+
 def _raised(value: int, ceiling: int | None, step: int, policy: Policy) -> int | None:
     """``value`` x ``policy.raise_factor`` rounded up to ``step``, at most ``ceiling`` (the
     card); None when that is no raise (``value`` is the ceiling already)."""
@@ -171,10 +176,10 @@ def advise(usage: Usage, booked: Booked, policy: Policy = Policy()) -> Advice:
         up = _raised(booked.memory_mib, booked.card_mib, policy.memory_step_mib, policy)
         if up is not None:
             memory, raised = up, True
-            reasons.append(f"{usage.refused} allocations refused at its {booked.memory_mib} "
+            reasons.append(f"{_allocations(usage.refused)} refused at its {booked.memory_mib} "
                            f"MiB cap: raise memory (its need is above the cap)")
         else:
-            reasons.append(f"{usage.refused} allocations refused with the whole card's "
+            reasons.append(f"{_allocations(usage.refused)} refused with the whole card's "
                            f"{booked.memory_mib} MiB: it needs a larger card")
     strict = booked.compute_policy == "strict"
     if booked.cores > 0 and strict and usage.at_cap_fraction > policy.cap_bound_fraction:

@@ -1,4 +1,4 @@
-"""scheduler.placement.repack: the cards a set of pods needs, placed again by the extender's
+"""scheduler.placement.repack: the cards a set of pods needs, placed again by egpu's
 own fit and score (what `kubectl egpu advise` compares). Bugs caught: a repack that ignores
 the slot limit or the memory ratio (it would promise cards a real placement cannot free), a
 pod that fits nowhere dropped silently, bookings of the live cluster counted in."""
