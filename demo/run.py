@@ -142,10 +142,10 @@ def _wait(what: str, probe: Callable[[], bool], timeout_s: float, proc: ProcessI
 
 
 def _start_egpu_scheduler(state: Path, info: devcluster.ClusterInfo, config: Config,
-                          say: Callable[[str], None]) -> None:
+                          config_file: Path, say: Callable[[str], None]) -> None:
     """egpu-kube-scheduler (kube-scheduler with egpu's plugin, the scheduler egpu installs:
     manifests/scheduler) serving ``config.scheduler_name`` with the installed profile, reading
-    the demo's config file, beside the dev cluster's kube-scheduler."""
+    the demo's ``config_file`` (``config`` as read), beside the dev cluster's kube-scheduler."""
     from devcluster import build
     from devcluster.plugin_scheduler import healthy, healthz_url, plugin_scheduler_command
 
@@ -153,7 +153,7 @@ def _start_egpu_scheduler(state: Path, info: devcluster.ClusterInfo, config: Con
     port = free_port()
     scheduler_config = state / "egpu-kube-scheduler-config.json"
     scheduler_config.write_text(devcluster.plugin_scheduler_config(
-        info.kubeconfig, config.scheduler_name, state / "config.yaml"))
+        info.kubeconfig, config.scheduler_name, config_file))
     say(f"==> starting egpu-kube-scheduler (profile {config.scheduler_name}, "
         f"https://127.0.0.1:{port})")
     proc = _start(state, "egpu-kube-scheduler",
@@ -562,7 +562,7 @@ def up(options: Options | None = None) -> int:
             if result.returncode != 0:
                 raise DemoError(f"applying {DEVICE_CLASSES.name}: {result.stderr.strip()}")
         else:
-            _start_egpu_scheduler(state, info, config, say)
+            _start_egpu_scheduler(state, info, config, config_file, say)
         say("==> starting the admission webhook (TLS) and registering it")
         _start_webhook(options, info, config_file)
         mode = " (--dra --no-device-plugin)" if options.dra else ""

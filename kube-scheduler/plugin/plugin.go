@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -458,7 +459,7 @@ func (p *Plugin) nodeState(info fwk.NodeInfo, self types.UID) (state placement.N
 func (p *Plugin) withNominated(info fwk.NodeInfo, pod *v1.Pod) fwk.NodeInfo {
 	var add []fwk.PodInfo
 	for _, pi := range p.handle.NominatedPodsForNode(info.Node().Name) {
-		if other := pi.GetPod(); other.UID != pod.UID && priorityOf(other) >= priorityOf(pod) {
+		if other := pi.GetPod(); other.UID != pod.UID && corev1helpers.PodPriority(other) >= corev1helpers.PodPriority(pod) {
 			add = append(add, pi)
 		}
 	}
@@ -470,15 +471,6 @@ func (p *Plugin) withNominated(info fwk.NodeInfo, pod *v1.Pod) fwk.NodeInfo {
 		out.AddPodInfo(pi)
 	}
 	return out
-}
-
-// priorityOf is the pod's resolved priority (spec.priority, 0 when unset), as the scheduler
-// compares them.
-func priorityOf(pod *v1.Pod) int32 {
-	if pod.Spec.Priority != nil {
-		return *pod.Spec.Priority
-	}
-	return 0
 }
 
 // bookNominated books the shares of pods nominated to the node, which the scheduler adds to a
