@@ -1,4 +1,4 @@
-# The one egpu image, ghcr.io/egpu/egpu:0.1.0: every Python part (egpu-webhook, egpu-extender,
+# The one egpu image, ghcr.io/egpu/egpu:0.1.0: every Python part (egpu-webhook,
 # egpu-node-agent, egpu-hook's build, the egpu CLI) and the interposer library, which the node
 # DaemonSet's init container copies from /opt/egpu/lib to the host (manifests/node).
 #

@@ -35,7 +35,6 @@ TARGETS: dict[str, tuple[tuple[str, str, float], ...]] = {
                 ("create_latency_ratio", "<=", 1.2)),
     "admission_fuzz": (("http_5xx", "==", 0), ("internal_errors", "==", 0),
                        ("crashes", "==", 0), ("hangs", "==", 0), ("unnamed_denials", "==", 0)),
-    "extender": (("p99_ms", "<=", 10),),
     # issue 24; plugin_ratio: the shares of egpu's scheduler, the issue's extender_ratio while
     # the extender placed them
     "scheduling": (("dra_ratio", ">=", 0.5), ("plugin_ratio", ">=", 0.8)),

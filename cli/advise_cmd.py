@@ -250,7 +250,7 @@ def build_report(nodes: list[Any], pods: list[Any], history: dict[Any, Container
 
 
 def _demand(pod: Any, config: Config) -> Any:
-    """The pod's PodDemand as the extender reads it (its kinds, filters, policies and
+    """The pod's PodDemand as the scheduler reads it (its kinds, filters, policies and
     oversubscription), or None for a pod it cannot read."""
     from egpu.requests import read_pod
     from scheduler.placement import PodDemand

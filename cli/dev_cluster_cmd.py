@@ -1,7 +1,7 @@
 """A local Kubernetes control plane (etcd, kube-apiserver, kube-scheduler,
 kube-controller-manager, kwok) with simulated GPU nodes, built from source and cached.
 
-  egpu dev-cluster up [--nodes ../shared/inputs/cluster.yaml] [--extender-url URL]
+  egpu dev-cluster up [--nodes ../shared/inputs/cluster.yaml] [--real-nodes N]
   egpu dev-cluster status
   egpu dev-cluster down
   egpu dev-cluster build

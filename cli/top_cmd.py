@@ -1,7 +1,7 @@
 """Show, per node and card, the booked and used memory and cores and the shares on it.
 
 Works against any cluster through the kubeconfig (as `kubectl egpu`, too). BOOKED (MiB) and
-CORES (%) count both allocation paths: what the scheduler extender placed (the pods'
+CORES (%) count both allocation paths: what the egpu scheduler placed (the pods'
 egpu.io/allocation) and what the kube-scheduler allocated to ResourceClaims of the DRA driver
 gpu.egpu.io (their consumed capacity; SHARES says the DRA part). Each share line names the
 pod and container, MiB, cores, priority and compute policy, and for a DRA share its claim.
@@ -13,7 +13,7 @@ bad and the agent kept its last good config (docs/operating.md, "Changing the co
 
 API reads, one LIST each per call: nodes, pods (all namespaces) and resourceclaims
 (resource.k8s.io/v1, all namespaces). Without the right to list resourceclaims, or on a
-cluster without resource.k8s.io/v1, it says so on stderr and shows the extender's shares.
+cluster without resource.k8s.io/v1, it says so on stderr and shows the scheduler's shares.
 """
 
 from __future__ import annotations

@@ -5,10 +5,8 @@ See docs/devcluster.md. Entry points for the CLI (``egpu dev-cluster``):
     devcluster.up(config: Config | None = None) -> ClusterInfo
     devcluster.down(state_dir: Path | str | None = None) -> list[str]
     devcluster.status(state_dir: Path | str | None = None) -> ClusterStatus
-    devcluster.set_extender(info: ClusterInfo, extender_url: str | None,
-                            extender_ca_file=None, egpu_profile=True) -> ClusterInfo
-        (restart only kube-scheduler, with or without the egpu scheduler extender, or
-        without the egpu-scheduler profile)
+    devcluster.set_egpu_profile(info: ClusterInfo, egpu_profile: bool) -> ClusterInfo
+        (restart only kube-scheduler, with or without the egpu-scheduler profile)
     devcluster.main(argv: list[str] | None = None) -> int      # ``python -m devcluster``
 """
 
@@ -24,7 +22,7 @@ _CLUSTER_NAMES = (
     "DevClusterError",
     "default_state_dir",
     "down",
-    "set_extender",
+    "set_egpu_profile",
     "status",
     "up",
 )
@@ -56,7 +54,7 @@ __all__ = [
     "default_state_dir",
     "down",
     "main",
-    "set_extender",
+    "set_egpu_profile",
     "status",
     "up",
 ]

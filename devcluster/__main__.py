@@ -44,10 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     pu.add_argument("--no-egpu-profile", action="store_true",
                     help="no egpu-scheduler profile in the local kube-scheduler (egpu "
                          "installed in the cluster brings its own)")
-    pu.add_argument(
-        "--extender-url", default=None, help="scheduler extender urlPrefix for the egpu-scheduler"
-    )
-    pu.add_argument("--extender-ca-file", type=Path, default=None)
     pu.add_argument("--timeout", type=float, default=90.0, help="seconds per process")
     pu.add_argument("--no-build", action="store_true", help="fail instead of building binaries")
     sub.add_parser("down", help="stop the processes this state folder recorded")
@@ -67,8 +63,6 @@ def main(argv: list[str] | None = None) -> int:
                     nodes_file=args.nodes,
                     shares_per_card=args.shares_per_card,
                     device_plugin=not args.no_device_plugin,
-                    extender_url=args.extender_url,
-                    extender_ca_file=args.extender_ca_file,
                     timeout_s=args.timeout,
                     build_missing=not args.no_build,
                     egpu_profile=not args.no_egpu_profile,

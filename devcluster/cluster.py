@@ -6,8 +6,8 @@ Public API (the CLI's ``egpu dev-cluster up|down|status`` calls these):
     up(config: Config | None = None) -> ClusterInfo     raises DevClusterError
     down(state_dir: Path | str | None = None) -> list[str]      names of processes stopped
     status(state_dir: Path | str | None = None) -> ClusterStatus
-    set_extender(info, extender_url, extender_ca_file=None, egpu_profile=True) -> ClusterInfo
-        restart only kube-scheduler with (or without: None) the egpu scheduler extender
+    set_egpu_profile(info, egpu_profile) -> ClusterInfo
+        restart only kube-scheduler with (or without) its egpu-scheduler profile
     without_egpu_profile(info)                                 context manager: kube-scheduler
         without its egpu-scheduler profile for the block, then as it was
     ClusterInfo.load(state_dir) -> ClusterInfo                 raises DevClusterError
@@ -74,15 +74,6 @@ ADMISSION_PLUGINS = (
     "ResourceQuota",
 )
 
-# The extender's managed resources (issue 5). Only egpu.io/gpu is also counted by the
-# scheduler against node allocatable; the others exist only in the extender's books.
-EXTENDER_MANAGED_RESOURCES = (
-    ("egpu.io/gpu", False),
-    ("egpu.io/gpu-memory", True),
-    ("egpu.io/gpu-memory-percentage", True),
-    ("egpu.io/gpu-cores", True),
-)
-
 SCHEDULER_CLIENT_QPS = 200  # requests/s the kube-scheduler may send the API server
 CONTROLLER_MANAGER_QPS = 100  # requests/s of kube-controller-manager (claims from templates)
 # kube-scheduler's --feature-gates; $EGPU_SCHEDULER_FEATURE_GATES sets them for one cluster
@@ -140,8 +131,6 @@ class Config:
     k8s_version: str = buildmod.K8S_VERSION
     bin_dir: Path | None = None  # default: the build cache's bin folder
     build_missing: bool = True  # build missing binaries first (slow when cold)
-    extender_url: str | None = None  # scheduler extender urlPrefix (egpu-scheduler's extender)
-    extender_ca_file: Path | None = None  # for an https extender; none: skip verification
     # The local kube-scheduler also serves the egpu-scheduler profile. Off where egpu is
     # installed in the cluster (its own egpu-scheduler Deployment then serves that name).
     egpu_profile: bool = True
@@ -168,10 +157,8 @@ class ClusterInfo:
     etcd_url: str
     ports: dict[str, int]
     processes: dict[str, ProcessInfo]
-    extender_url: str | None = None
     started_at: float = 0.0
     startup_s: float = 0.0
-    extender_ca_file: str | None = None
     prometheus_url: str | None = None  # devcluster.prometheus.attach (issue 26)
     egpu_profile: bool = True  # kube-scheduler serves egpu-scheduler too (Config.egpu_profile)
 
@@ -206,6 +193,8 @@ class ClusterInfo:
         except FileNotFoundError:
             raise DevClusterError(f"no dev cluster recorded in {path.parent}") from None
         data["processes"] = {k: ProcessInfo(**v) for k, v in data["processes"].items()}
+        for retired in ("extender_url", "extender_ca_file"):  # written before the extender left
+            data.pop(retired, None)
         return cls(**data)
 
 
@@ -258,18 +247,11 @@ def kubeconfig_text(server: str, ca: Path, crt: Path, key: Path,
     )
 
 
-def scheduler_config(
-    kubeconfig: str | Path,
-    extender_url: str | None = None,
-    extender_ca_file: str | Path | None = None,
-    egpu_profile: bool = True,
-) -> str:
+def scheduler_config(kubeconfig: str | Path, egpu_profile: bool = True) -> str:
     """KubeSchedulerConfiguration (YAML): profiles ``default-scheduler`` and (``egpu_profile``)
-    ``egpu-scheduler``, leader election off, and, when ``extender_url`` is given, the egpu
-    extender (filter/prioritize/bind, weight 1, nodeCacheCapable, egpu managed resources).
-
-    Extenders are global in KubeSchedulerConfiguration; the scheduler only calls one for pods
-    that request at least one of its managed resources."""
+    ``egpu-scheduler`` (kube-scheduler's default plugins only: it places pods that need a
+    scheduler of that name, not shares on cards; egpu-kube-scheduler does that), leader
+    election off."""
     lines = [
         "apiVersion: kubescheduler.config.k8s.io/v1",
         "kind: KubeSchedulerConfiguration",
@@ -288,28 +270,6 @@ def scheduler_config(
     ]
     if egpu_profile:
         lines.append(f"- schedulerName: {EGPU_SCHEDULER}")
-    if extender_url:
-        lines += [
-            "extenders:",
-            f"- urlPrefix: {json.dumps(extender_url)}",
-            "  filterVerb: filter",
-            "  prioritizeVerb: prioritize",
-            "  bindVerb: bind",
-            "  weight: 1",
-            # above the extender's whole bind (scheduler.extender.BIND_BUDGET_S)
-            "  httpTimeout: 10s",
-            "  nodeCacheCapable: true",
-            "  ignorable: false",
-        ]
-        if extender_url.startswith("https://"):
-            lines.append("  enableHTTPS: true")
-            if extender_ca_file:
-                lines += ["  tlsConfig:", f"    caFile: {extender_ca_file}"]
-            else:
-                lines += ["  tlsConfig:", "    insecure: true"]
-        lines.append("  managedResources:")
-        for name, ignored in EXTENDER_MANAGED_RESOURCES:
-            lines += [f"  - name: {name}", f"    ignoredByScheduler: {str(ignored).lower()}"]
     return "\n".join(lines) + "\n"
 
 
@@ -478,8 +438,7 @@ def up(config: Config | None = None) -> ClusterInfo:
         kubeconfig.chmod(0o600)
         sched_cfg = state_dir / "scheduler-config.yaml"
         sched_cfg.write_text(
-            scheduler_config(kubeconfig, config.extender_url, config.extender_ca_file,
-                             config.egpu_profile)
+            scheduler_config(kubeconfig, config.egpu_profile)
         )
         kwok_cfg = state_dir / "kwok.yaml"
         kwok_cfg.write_text(kwok_config_text())
@@ -623,9 +582,7 @@ def up(config: Config | None = None) -> ClusterInfo:
             etcd_url=etcd_url,
             ports=ports,
             processes=dict(starter.started),
-            extender_url=config.extender_url,
             started_at=time.time(),
-            extender_ca_file=str(config.extender_ca_file) if config.extender_ca_file else None,
             egpu_profile=config.egpu_profile,
         )
         info.startup_s = round(time.monotonic() - t0, 1)
@@ -642,21 +599,16 @@ def up(config: Config | None = None) -> ClusterInfo:
     return info
 
 
-def set_extender(
-    info: ClusterInfo,
-    extender_url: str | None,
-    extender_ca_file: str | Path | None = None,
-    timeout_s: float = 90.0,
-    egpu_profile: bool = True,
-) -> ClusterInfo:
-    """Point the ``egpu-scheduler`` profile at a scheduler extender (None: no extender), or
+def set_egpu_profile(info: ClusterInfo, egpu_profile: bool, timeout_s: float = 90.0
+                     ) -> ClusterInfo:
+    """Serve the ``egpu-scheduler`` profile from the dev cluster's kube-scheduler, or
     (``egpu_profile=False``) drop that profile, so that another scheduler (egpu-kube-scheduler,
     ``devcluster.plugin_scheduler``) serves the name alone.
 
     Rewrites ``<state>/scheduler-config.yaml`` (``scheduler_config``), restarts only the
     kube-scheduler process (same command line, port and log; the old one is stopped first,
     so two schedulers never run at once), waits until its ``/healthz`` answers 200, and saves
-    the ClusterInfo (new pid, ``extender_url``, ``extender_ca_file``). Updates ``info`` in
+    the ClusterInfo (new pid, ``egpu_profile``). Updates ``info`` in
     place and returns it. The other processes, the nodes and the pods are left alone.
 
     Raises DevClusterError when no kube-scheduler is recorded, when another ``up``/``down``
@@ -672,10 +624,8 @@ def set_extender(
         state_dir / "scheduler-config.yaml")
     argv = list(old.argv) if config_arg else [*old.argv, f"--config={sched_cfg}"]
     port = info.ports["kube-scheduler"]
-    ca_file = str(extender_ca_file) if extender_ca_file else None
     with _locked(state_dir):
-        sched_cfg.write_text(scheduler_config(info.kubeconfig, extender_url, ca_file,
-                                              egpu_profile))
+        sched_cfg.write_text(scheduler_config(info.kubeconfig, egpu_profile))
         _stop(old)
         starter = _Starter(state_dir, timeout_s)
         new = starter.start("kube-scheduler", argv, env=scheduler_env())
@@ -683,8 +633,6 @@ def set_extender(
         insecure = insecure_context()
         starter.wait(new, _answers_200(url, insecure), f"GET {url}")
         info.processes["kube-scheduler"] = new
-        info.extender_url = extender_url
-        info.extender_ca_file = ca_file
         info.egpu_profile = egpu_profile
         info.save()
     return info
@@ -694,15 +642,15 @@ def set_extender(
 def without_egpu_profile(info: ClusterInfo) -> Iterator[ClusterInfo]:
     """The dev cluster's kube-scheduler without its ``egpu-scheduler`` profile for the block,
     so that another scheduler (egpu-kube-scheduler, ``devcluster.plugin_scheduler``) serves
-    that name alone; then as it was (extender, its CA, the profile or not: a cluster started
-    ``--no-egpu-profile``, where egpu is installed, stays without it). Restarts kube-scheduler
-    on each side (``set_extender``)."""
-    extender_url, ca_file, profile = info.extender_url, info.extender_ca_file, info.egpu_profile
-    set_extender(info, None, egpu_profile=False)
+    that name alone; then as it was (a cluster started ``--no-egpu-profile``, where egpu is
+    installed, stays without it). Restarts kube-scheduler on each side
+    (``set_egpu_profile``)."""
+    profile = info.egpu_profile
+    set_egpu_profile(info, False)
     try:
         yield info
     finally:
-        set_extender(info, extender_url, ca_file, egpu_profile=profile)
+        set_egpu_profile(info, profile)
 
 
 def status(state_dir: Path | str | None = None) -> ClusterStatus:

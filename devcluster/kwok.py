@@ -17,7 +17,7 @@ POD_CIDR = "198.18.128.1/17"
 STAGES = Path(__file__).with_name("kwok_stages.yaml")
 # kwok's workers that play the stages (its default: 4 each). A real kubelet admits its own
 # pods, thousands of nodes in parallel; 4 workers for a fleet of 1000 simulated nodes made pods
-# wait seconds to turn Running under a burst, and the extender's bind gate waits for that.
+# wait seconds to turn Running under a burst, and egpu-kube-scheduler's bind gate waits for that.
 PARALLELISM = 16
 OPTIONS = f"""\
 apiVersion: config.kwok.x-k8s.io/v1alpha1

@@ -1,6 +1,6 @@
 """One process supervisor: every child process that the dev cluster, the demo, the benchmarks
 and the e2e tests start goes through here (the control plane, a real node's daemons and its
-relay, the scheduler extender, the webhook, the demo's agents).
+relay, egpu-kube-scheduler, the webhook, the demo's agents).
 
     start(name, argv, log, cwd=None, env=None, new_session=True) -> ProcessInfo
         stdout and stderr appended to ``log`` after a header line (time, command line);

@@ -14,8 +14,8 @@ A slot is one container on one card (a container's share of a card takes one of 
 
 ``book_card(entries)`` applies the rule to the containers of one pod on one card;
 ``allocation_bookings(allocation, request)`` applies it to every card of an ``Allocation``
-record (the ``egpu.io/allocation`` pod annotation). Both are pure. Used by the scheduler
-extender (placement, and rebuilding its bookings from the API) and by anything that reports
+record (the ``egpu.io/allocation`` pod annotation). Both are pure. Used by the
+scheduler (placement, and rebuilding its bookings from the API) and by anything that reports
 per-card bookings (node agent metrics, CLI).
 """
 
@@ -101,7 +101,7 @@ def allocation_bookings(
 def record_bookings(allocation: Allocation) -> dict[str, CardBooking]:
     """Card UUID -> what the pod books there, from a record that carries its containers' kinds
     (``Allocation.complete``): ``book_card`` over the containers in the record's
-    order, the pod's spec order (init containers and sidecars first), as the extender writes
+    order, the pod's spec order (init containers and sidecars first), as the scheduler writes
     them. Same result as ``allocation_bookings(allocation, read_pod(pod).request)``."""
     per_card: dict[str, list[tuple[ContainerKind, int, int]]] = {}
     for container in allocation.containers:

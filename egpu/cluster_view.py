@@ -8,9 +8,9 @@ placement table. Malformed annotations and claims are reported in ``NodeView.pro
 raised. ``NodeView.config``: the config the node's agent runs (annotation ``egpu.io/config``:
 ``<generation> <source>``; "" before an agent published it).
 
-- The scheduler extender's shares: a pod's ``egpu.io/allocation`` record alone (cards, each
+- egpu scheduler's shares: a pod's ``egpu.io/allocation`` record alone (cards, each
   container's kind, the resolved priority and compute policy), never its spec; only a record
-  of an older extender, which lacks the kinds and policies, is completed from the pod spec
+  of an older scheduler, which lacks the kinds and policies, is completed from the pod spec
   (``egpu.requests.read_pod``), as before the record carried them. Booked by Kubernetes'
   effective-request rule (``egpu.booking``).
 - DRA shares: each allocated ResourceClaim of driver ``gpu.egpu.io`` (``claims``, resource.k8s.io
@@ -58,7 +58,7 @@ class ShareView:
     ``priority`` (high | low) and ``compute_policy`` (strict | elastic; "" when unknown: the
     claim's ShareConfig is malformed) as resolved for the pod. ``path``: ``extender`` or
     ``dra``; ``claim``: the ResourceClaim's name (in ``namespace``) of a DRA share, "" for
-    the extender's. A claim that no active pod uses has ``pod`` and ``container`` "" (it still
+    the scheduler's. A claim that no active pod uses has ``pod`` and ``container`` "" (it still
     books its card)."""
 
     namespace: str
@@ -117,7 +117,7 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
     other drivers or not allocated are ignored.
 
     Pods that are finished (Succeeded, Failed) book nothing on the extender path, as in the
-    extender; a claim books until the kube-scheduler's allocation is gone. Never raises for
+    scheduler; a claim books until the kube-scheduler's allocation is gone. Never raises for
     what the objects say: a malformed record, claim or ShareConfig is a problem of its node.
     """
     config = config or Config()
@@ -180,7 +180,7 @@ def _add_pod(pod: Mapping[str, Any], views: dict[str, NodeView],
     if policies is not None and allocation.complete:
         priority, compute_policy = policies[0], str(policies[1])
         bookings = record_bookings(allocation)
-    else:  # a record of an older extender: the pod spec tells the kinds and the priority
+    else:  # a record of an older scheduler: the pod spec tells the kinds and the priority
         request = read_pod(pod, config).request
         priority = request.priority if request else config.defaults.priority
         compute_policy = str(request.compute_policy if request

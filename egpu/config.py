@@ -1,6 +1,6 @@
 """egpu's configuration: one YAML document (the ConfigMap ``egpu-config`` in a cluster).
 
-Read by the webhook, the scheduler extender and the node agent. Every key is optional; absent
+Read by the webhook, the egpu scheduler and the node agent. Every key is optional; absent
 keys take the defaults below. Unknown keys and bad values raise ``ConfigError`` naming the key
 (dotted path), the value and what is allowed.
 

@@ -1,6 +1,6 @@
 """The names every part of egpu shares (../shared/CONTRACT.md, as implemented).
 
-Every part (webhook, scheduler extender, node agent, device plugin, runtime hook, CLI) and the
+Every part (webhook, egpu scheduler, node agent, device plugin, runtime hook, CLI) and the
 C interposer read and write exactly these names. Change a name here and in docs/design.md
 together; the C side mirrors the file paths and config keys in libinterpose/include/egpu_config.h.
 
@@ -59,7 +59,7 @@ BOOLEANS: Final = ("true", "false")
 
 # --- What egpu writes ------------------------------------------------------------------
 LABEL_PRIORITY: Final = "egpu.io/priority"  # resolved priority, set by the webhook
-ANN_ALLOCATION: Final = "egpu.io/allocation"  # set by the extender before the Binding
+ANN_ALLOCATION: Final = "egpu.io/allocation"  # written by egpu's scheduler, in the Binding
 ANN_INVENTORY: Final = "egpu.io/inventory"  # node: JSON list of cards (node agent)
 ANN_INVENTORY_HEARTBEAT: Final = "egpu.io/inventory-heartbeat"  # node: RFC 3339
 ANN_USAGE: Final = "egpu.io/usage"  # node: measured use per card and share (records.NodeUsage)
@@ -174,7 +174,7 @@ DRA_CONFIG_API_VERSION: Final = "gpu.egpu.io/v1alpha1"  # opaque config
 DRA_CONFIG_KIND: Final = "ShareConfig"  # priority, computePolicy, memoryOversubscription
 # Claims from pod specs (the webhook in DRA mode; docs/dra.md "Claims from pod specs"):
 # pod: extender | dra (migrations); node (node agent): how the node takes shares, and the
-# extender places none on a node that says dra (the DRA node pool, docs/dra.md)
+# scheduler places none on a node that says dra (the DRA node pool, docs/dra.md)
 ANN_ALLOCATION_MODE: Final = "egpu.io/allocation-mode"
 # node (node agent): the config it runs, "<generation> <source>" (egpu.config.LoadedConfig:
 # the SHA-256 prefix of its text; file | last-good), shown by `kubectl egpu`

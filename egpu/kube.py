@@ -1,7 +1,7 @@
 """Read-only typed views over Kubernetes objects as JSON dicts: ``KubePod``, ``KubeNode``.
 
 egpu's parts receive pods and nodes as the JSON the API server sends (watch events, lists,
-the extender's arguments, the kubernetes client's ``sanitize_for_serialization``). A view
+the scheduler's arguments, the kubernetes client's ``sanitize_for_serialization``). A view
 wraps one such dict and reads the fields egpu uses with their types: absent, ``null`` or
 wrongly typed parts read as empty (``""``, an empty mapping, an empty tuple; a ``null``
 label or annotation value as ``""``, as the API server decodes it); a view never raises and

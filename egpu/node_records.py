@@ -1,7 +1,7 @@
 """The node annotations' records (dataclasses), importable from ``egpu.records`` too.
 
 - ``Inventory`` (with ``Card``): the node annotation ``egpu.io/inventory`` (node agent ->
-  extender, ``kubectl egpu``).
+  scheduler, ``kubectl egpu``).
 - ``NodeUsage`` (with ``CardUsage``, ``ShareUsage``): the node annotation ``egpu.io/usage``
   (node agent -> ``kubectl egpu``).
 
@@ -22,7 +22,7 @@ from egpu.records import RecordError, _field, _list, _load_object, _non_negative
 
 # The largest card size (MiB) an inventory may state: a card's whole memory is what a share of
 # 100% gets, so no card larger than a share may be (MAX_SHARE_MIB, 1 EiB, far above any GPU).
-# The bound also keeps placement's arithmetic finite (the extender multiplies a card's size by
+# The bound also keeps placement's arithmetic finite (the scheduler multiplies a card's size by
 # the float oversubscription ratio: 10**400 MiB overflowed there, failing every filter).
 MAX_CARD_MIB = MAX_SHARE_MIB
 

@@ -2,7 +2,7 @@
 
 Kubernetes types every field of a Pod, and the API server refuses a pod whose JSON does not
 fit before any webhook sees it. egpu's readers also run on other input (``egpu webhook FILE``,
-``egpu explain``, the scheduler extender, anything that POSTs to the webhook), so they read a
+``egpu explain``, the egpu scheduler, anything that POSTs to the webhook), so they read a
 pod only through ``check_pod(pod)``, which walks the fields egpu reads (``POD`` below, nothing
 else) and returns a ``CheckedPod``:
 

@@ -53,7 +53,7 @@ class PlacementPolicy(Choice):
 
 class AllocationMode(Choice):
     """``egpu.io/allocation-mode``, ``allocationMode``, ``namespaceAllocationModes``: what the
-    webhook makes of a share (``egpu.contract.ALLOCATION_MODES``): the extender and device
+    webhook makes of a share (``egpu.contract.ALLOCATION_MODES``): the scheduler and device
     plugin path, or ResourceClaims (DRA, docs/dra.md)."""
 
     EXTENDER = "extender"

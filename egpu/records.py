@@ -1,7 +1,7 @@
 """Versioned JSON records that egpu's parts exchange through the Kubernetes API and files.
 
 - ``Allocation``: the pod annotation ``egpu.io/allocation``, everything decided at placement
-  (extender -> node agent, exporter, ``kubectl egpu``): each container's cards and kind, and
+  (egpu's scheduler -> node agent, exporter, ``kubectl egpu``): each container's cards and kind, and
   the pod's resolved priority, compute policy and memory oversubscription.
 - ``PodShares``: the pod's allocation file on its node (node agent -> runtime hook).
 - ``ContainerConfig``: the interposer's read-only ``/run/egpu/config.json`` (hook -> C side).
@@ -216,7 +216,7 @@ class ContainerAllocation(_Record):
     """The cards given to one container of a pod.
 
     ``init``: an init container (sidecars included: they are declared among the init
-    containers). ``kind``: ``KIND_APP``, ``KIND_INIT`` or ``KIND_SIDECAR``, as the extender
+    containers). ``kind``: ``KIND_APP``, ``KIND_INIT`` or ``KIND_SIDECAR``, as the scheduler
     read the pod at placement; None in records written before the allocation carried it.
     ``share``: the folder name of the accounting region the container draws on when it is not
     its own (``<pod-uid>_<container>``): a ResourceClaim's requests, shared by every container
@@ -316,7 +316,7 @@ class Allocation(_Record):
     @property
     def policies(self) -> tuple[str, str, bool] | None:
         """``(priority, compute_policy, memory_oversubscription)`` as resolved at placement;
-        None when the record does not carry all three (a record of an older extender)."""
+        None when the record does not carry all three (a record of an older scheduler)."""
         if (self.priority is None or self.compute_policy is None
                 or self.memory_oversubscription is None):
             return None
@@ -325,7 +325,7 @@ class Allocation(_Record):
     @property
     def complete(self) -> bool:
         """Whether the record carries every fact decided at placement: each container's kind
-        and the three policies (a record of an older extender does not)."""
+        and the three policies (a record of an older scheduler does not)."""
         return self.policies is not None and all(c.kind is not None for c in self.containers)
 
     def to_dict(self) -> dict[str, Any]:
@@ -346,7 +346,7 @@ class Allocation(_Record):
     @classmethod
     def decode(cls, text: str | bytes) -> Allocation:
         """Parse the annotation text. Raises RecordError naming the bad field. A record of an
-        older extender (no kinds, no policies) reads with those fields None."""
+        older scheduler (no kinds, no policies) reads with those fields None."""
         return cls.from_dict(_load_object(text, "allocation"))
 
     @classmethod
@@ -487,7 +487,7 @@ class PodShares(_Record):
     Written by the node agent when it sees a pod bound to its node with an ``egpu.io/allocation``
     annotation; read by the runtime hook, which builds each container's ``ContainerConfig``
     from it. The policies are the pod's resolved values: those of the allocation record (for a
-    record of an older extender, the node agent's reading of the pod).
+    record of an older scheduler, the node agent's reading of the pod).
     """
 
     __slots__ = ("allocation", "compute_policy", "low_priority_floor", "memory_oversubscription",

@@ -1,6 +1,6 @@
 """The node annotations ``egpu.io/inventory``, ``egpu.io/inventory-heartbeat``,
 ``egpu.io/usage`` (measured use, node_agent.usage), ``egpu.io/allocation-mode`` (``dra`` on
-a node of the DRA pool, whose agent serves no device plugin: the extender places no share
+a node of the DRA pool, whose agent serves no device plugin: the scheduler places no share
 there) and ``egpu.io/config`` (the config the agent runs: ``<generation> <source>``), sent
 together in one PATCH.
 

@@ -134,10 +134,10 @@ def parser() -> argparse.ArgumentParser:
                         "and serve its kubelet plugin (prepares the claims' shares; needs the "
                         "CDI spec); needs Kubernetes >= 1.34 with DRAConsumableCapacity")
     p.add_argument("--device-plugin", action=argparse.BooleanOptionalAction, default=True,
-                   help="serve the kubelet device plugin egpu.io/gpu (the extender's shares). "
+                   help="serve the kubelet device plugin egpu.io/gpu (the scheduler's shares). "
                         "--no-device-plugin (needs --dra) makes a node of the DRA pool: no "
                         "device plugin, and the node says egpu.io/allocation-mode: dra, so the "
-                        "extender places no share on it and no card is booked twice "
+                        "scheduler places no share on it and no card is booked twice "
                         "(default: serve it)")
     p.add_argument("--dra-kubelet-dir", default=DEFAULT_KUBELET_DIR,
                    help="with --dra: the kubelet's root folder, whose plugins_registry/ the "

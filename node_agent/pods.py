@@ -2,12 +2,12 @@
 
 - ``pod_shares(pod, config)`` (pure): the ``PodShares`` record of a pod (Kubernetes JSON
   object) from its ``egpu.io/allocation`` annotation, or None. The record carries the pod's
-  policies as the extender resolved them at placement; only a record of an older extender
+  policies as the scheduler resolved them at placement; only a record of an older scheduler
   (without them) makes the agent read the pod spec for them (``egpu.requests.read_pod``).
 - ``PodRegistry``: the node's pods as the agent's watch reports them (thread-safe). It writes
   each pod's allocation file ``<NODE_PRIVATE_DIR>/allocations/<pod-uid>.json`` (read by the
   runtime hook) when it first sees the allocation, and never rewrites it: a later different
-  ``egpu.io/allocation`` (an edit after binding; for a record of an older extender, also an
+  ``egpu.io/allocation`` (an edit after binding; for a record of an older scheduler, also an
   edited ``egpu.io/priority`` label, which the agent reads then) is ignored with a warning
   naming the pod, and the first shares are kept (in memory too). It removes the
   files and folders of deleted pods and their shares from the cards' rosters, and answers
@@ -62,7 +62,7 @@ given timeout in seconds; raises on failure."""
 
 def pod_shares(pod: Mapping[str, Any], config: Config) -> PodShares | None:
     """The pod's PodShares, or None when it has no (valid) ``egpu.io/allocation``. The
-    policies are the record's; a record without them (an older extender's) falls back on the
+    policies are the record's; a record without them (an older scheduler's) falls back on the
     pod spec, read as before the record carried them (``legacy_policies``)."""
     view = KubePod(pod)
     text = view.annotation(ANN_ALLOCATION)
@@ -90,7 +90,7 @@ def pod_shares(pod: Mapping[str, Any], config: Config) -> PodShares | None:
 def legacy_policies(pod: Mapping[str, Any],
                     config: Config) -> tuple[Priority, ComputePolicy, bool]:
     """(priority, compute policy, memory oversubscription) of a pod whose allocation record
-    does not carry them (written by an extender older than the record's policies): read from
+    does not carry them (written by a scheduler older than the record's policies): read from
     the pod, the label ``egpu.io/priority`` first, as the agent did before."""
     request = read_pod(pod, config).request
     priority = Priority.of(KubePod(pod).label(LABEL_PRIORITY)) or (
@@ -113,8 +113,8 @@ def started_containers(pod: Mapping[str, Any]) -> set[str]:
 
 def plain_init_containers(allocation: Allocation, pod: Mapping[str, Any]) -> set[str]:
     """Names of the pod's plain init containers with a share: kind ``KIND_INIT`` in its
-    allocation record, as the extender decided at placement (not sidecars: those run on
-    beside the app containers). A record of an older extender carries no kinds: its init
+    allocation record, as the scheduler decided at placement (not sidecars: those run on
+    beside the app containers). A record of an older scheduler carries no kinds: its init
     containers are told from sidecars (``restartPolicy: Always``) by the pod spec, as the
     agent did before."""
     kinds = {c.name: c.kind for c in allocation.containers if c.init}

@@ -283,7 +283,7 @@ def container_diagnosis(cluster: Any, namespace: str, pod: str) -> str:
 
 
 def scheduler_log_tail(cluster: Any, lines: int = 30) -> str:
-    """The last lines of every egpu-scheduler container's log (kube-scheduler and extender)."""
+    """The last lines of every egpu-scheduler container's log (egpu-kube-scheduler)."""
     out = []
     for pod in get_json(cluster, "pods", "-n", NAMESPACE, "-l",
                         "app.kubernetes.io/name=egpu-scheduler")["items"]:

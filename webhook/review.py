@@ -9,7 +9,7 @@ What it decides, for ``CREATE`` of a ``Pod`` outside ``config.ignored_namespaces
 (../shared/CONTRACT.md sections 1 and 2):
 
 - any pod that arrives with an ``egpu.io/allocation`` annotation: denied, code 403 (only the
-  scheduler extender writes it, through the Binding; a hand-written one would book cards);
+  egpu scheduler writes it, through the Binding; a hand-written one would book cards);
 - not an egpu pod (no ``egpu.io/*`` or alias resource in any container): allowed, no patch,
   whatever its other annotations say;
 - an egpu pod with mistakes (every error of ``egpu.requests.read_pod``, wrongly typed fields

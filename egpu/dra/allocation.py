@@ -357,7 +357,7 @@ def pod_use(pod: Mapping[str, Any], claim_name: str, devices: Sequence[ClaimDevi
     meta, spec = _meta(pod), pod.get("spec") or {}
     where = f"pod {meta.get('namespace')}/{meta.get('name')}"
     if (meta.get("annotations") or {}).get(ANN_ALLOCATION):
-        raise ClaimError(f"{where} has both an {ANN_ALLOCATION} (the scheduler extender's "
+        raise ClaimError(f"{where} has both an {ANN_ALLOCATION} (the egpu scheduler's "
                          "share) and an egpu ResourceClaim; use one or the other")
     pod_claims = {c.get("name"): c for c in spec.get("resourceClaims") or []
                   if _claim_name_in_pod(pod, c) == claim_name}

@@ -39,7 +39,7 @@ The template (CONTRACT.md sections 1 and 5)::
   (FC-07); the init container then may use both (its request's owner only its own). Other
   init containers (several cards, a percentage, no partner) get their own request: booked
   beside the app containers for the pod's life (DRA frees nothing between an init container
-  and the app containers), never less than the extender's rule.
+  and the app containers), never less than the scheduler's rule.
 - Type filters become CEL on the ``model`` attribute with the annotations' token rule (a name
   equals the lower-case model or one of its parts split on space, ``-``, ``_``; ASCII case);
   UUID filters compare the ``uuid`` attribute exactly.

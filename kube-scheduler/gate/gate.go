@@ -1,5 +1,5 @@
-// Package gate is egpu's bind gate (scheduler/placement/kubelet.py admission_conflict, and
-// the extender's bind in scheduler/extender.py) as bookkeeping, with no Kubernetes types.
+// Package gate is egpu's bind gate (docs/node.md, "One binding of pod to cards": the rule,
+// and the bookkeeping of pods awaiting admission), with no Kubernetes types.
 //
 // The kubelet's device plugin calls name slots, never the pod. The node agent answers them
 // with the cards of the first pending container of the asked size, which is the container

@@ -155,7 +155,7 @@ func staleReason(n NodeState, now float64, l Limits) string {
 	age := now - heartbeat
 	if heartbeat > newest {
 		return fmt.Sprintf("inventory heartbeat is %.0f s in the future (more than %.0f s "+
-			"ahead of the extender's clock): the node's clock is wrong, so whether its node "+
+			"ahead of the scheduler's clock): the node's clock is wrong, so whether its node "+
 			"agent is reporting cannot be told", -age, heartbeatFutureSkewS)
 	}
 	return fmt.Sprintf("inventory heartbeat is %.0f s old (limit %.0f s): the node agent is "+

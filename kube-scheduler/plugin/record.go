@@ -7,7 +7,7 @@ import (
 )
 
 // allocationRecord is the egpu.io/allocation record the Binding writes
-// (scheduler/extender.py placed_record): the placement's cards, each container's kind, and
+// (egpu/records.py's format): the placement's cards, each container's kind, and
 // the pod's priority, compute policy and memory oversubscription, resolved once for all its
 // readers.
 func allocationRecord(node string, d *demand, placed *placement.Placement) records.Allocation {

@@ -1,7 +1,7 @@
 """Which pod's share a kubelet Allocate call is for (FC-12), as a pure function.
 
 The v1beta1 API gives Allocate and GetPreferredAllocation only device ids, never the pod. The
-scheduler extender has already chosen each container's cards (``egpu.io/allocation``), so:
+egpu scheduler has already chosen each container's cards (``egpu.io/allocation``), so:
 
 - ``match(device_ids, pending)``: the card set of the requested slots is compared with the card
   sets of the *pending* containers on this node (bound here, share not yet handed out).

@@ -154,8 +154,8 @@ class EgpuDevicePlugin(api_pb2_grpc.DevicePluginServicer):
         """The current slots as a ListAndWatchResponse, without NUMA topology: with the
         kubelet's Topology Manager on, a slot's NUMA node makes the kubelet offer only the
         slots of the NUMA node it picked (the lowest of equal ones), which need not hold the
-        card the extender booked, and the pod's Allocate is then refused. Which card a share
-        gets is the extender's decision, made before the kubelet's."""
+        card the scheduler booked, and the pod's Allocate is then refused. Which card a share
+        gets is the scheduler's decision, made before the kubelet's."""
         devices = [api_pb2.Device(ID=slot.id, health=HEALTHY if slot.healthy else UNHEALTHY)
                    for slot in slots(self._cards(), self._shares_per_card)]
         return api_pb2.ListAndWatchResponse(devices=devices)

@@ -253,7 +253,7 @@ class EgpuCollector(Collector):
 
         for pod in shares.values():
             if all(entry.share is None for entry in pod.allocation.containers):
-                # the extender's record: what the pod books per card by the booking rule (an
+                # the scheduler's record: what the pod books per card by the booking rule (an
                 # init container's share reused by the app containers after it)
                 for uuid, booking in record_bookings(pod.allocation).items():
                     add(uuid, booking.memory_mib, booking.cores)

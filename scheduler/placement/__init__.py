@@ -19,7 +19,7 @@ One responsibility per module, each importing only those above it:
 """
 
 from scheduler.placement.fast import check, checker, score, utilization_checker
-from scheduler.placement.kubelet import admission_conflict, reuse_conflict
+from scheduler.placement.kubelet import reuse_conflict
 from scheduler.placement.model import (
     CardState,
     ContainerDemand,
@@ -44,7 +44,6 @@ __all__ = [
     "Placement",
     "PodDemand",
     "Unfit",
-    "admission_conflict",
     "card_allowed",
     "check",
     "checker",

@@ -13,18 +13,16 @@ Two facts decide which card a container's slots land on:
    agent answers GetPreferredAllocation with the cards of the first pending container of the
    asked size (node_agent.deviceplugin.matching); that is the container being admitted
    whenever the pods that await admission on the node agree on the cards of each size, or one
-   pod alone has containers of that size (``admission_conflict``). The extender binds a pod
-   only when that holds (scheduler.extender, the bind gate).
+   pod alone has containers of that size. egpu-kube-scheduler binds a pod only when that holds
+   (its bind gate: kube-scheduler/gate).
 
 Pure functions over card sets: no Kubernetes objects, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import TypeVar
-
-from egpu.records import Allocation
 
 _Card = TypeVar("_Card", bound=Hashable)  # a card: its UUID, or its position in a search
 
@@ -49,33 +47,4 @@ def reuse_conflict(steps: Sequence[tuple[bool, frozenset[_Card]]],
                     "the kubelet, which reuses them for the next container")
         pool = cards if regular_init else frozenset()
         before = name
-    return None
-
-
-def sizes(allocation: Allocation) -> dict[int, frozenset[frozenset[str]]]:
-    """Per slot count (cards of one container): the card sets of the pod's containers of that
-    size. What GetPreferredAllocation and Allocate can tell a pod by."""
-    out: dict[int, set[frozenset[str]]] = {}
-    for c in allocation.containers:
-        out.setdefault(len(c.cards), set()).add(frozenset(c.uuids))
-    return {k: frozenset(v) for k, v in out.items()}
-
-
-def admission_conflict(candidate: Allocation, waiting: Iterable[Allocation]) -> str | None:
-    """Why binding ``candidate`` now could let the kubelet hand some pod of ``waiting`` (bound
-    to the same node, not admitted by its kubelet yet) or ``candidate`` another pod's cards
-    (module doc, 2.), or None when it cannot.
-
-    Safe when, for each slot count, every container of that size among them uses one and the
-    same card set, or a single pod has containers of that size (the kubelet admits one pod at
-    a time and the agent hands out its containers in the kubelet's order)."""
-    mine = sizes(candidate)
-    for other in waiting:
-        theirs = sizes(other)
-        for size, sets in mine.items():
-            seen = theirs.get(size)
-            if seen is not None and (len(sets | seen) > 1):
-                cards = ", ".join(sorted(next(iter(seen - sets), next(iter(seen)))))
-                return (f"a pod awaiting admission on this node holds {size}-card share(s) on "
-                        f"other cards ({cards}); the kubelet cannot tell the two apart")
     return None

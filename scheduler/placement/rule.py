@@ -7,7 +7,7 @@ A card is *allowed* when it is healthy and passes the pod's model filters
 (``use/nouse-gpu-type``, token rule of ``egpu.requests.model_matches``) and UUID filters
 (``use/nouse-gpu-uuid``); a node is usable when its inventory was read and its heartbeat is
 at most ``heartbeat_timeout_s`` old and at most ``HEARTBEAT_FUTURE_SKEW_S`` ahead of the
-extender's clock (``is_stale``, worded by ``stale_reason``).
+scheduler's clock (``is_stale``, worded by ``stale_reason``).
 
 An allowed card takes the pod's booking ``new`` (the pod's whole booking on the card with the
 share added, ``egpu.booking.book_card``) on top of ``held`` (the pod's booking there before)
@@ -149,7 +149,7 @@ def card_allowed(card: CardState, demand: PodDemand) -> bool:
     return card_filter(demand)(card)
 
 
-# How far (s) a node's heartbeat may be ahead of the extender's clock and still count as
+# How far (s) a node's heartbeat may be ahead of the scheduler's clock and still count as
 # fresh: ordinary clock skew between NTP-synced hosts. A heartbeat further ahead is stale, or
 # a node whose clock runs ahead would stay fresh for that long after its node agent died.
 HEARTBEAT_FUTURE_SKEW_S: Final = 60.0
@@ -187,7 +187,7 @@ def stale_reason(node: NodeState, now: float, limits: Limits) -> str:
     age = now - heartbeat
     if heartbeat > newest:
         return (f"inventory heartbeat is {-age:.0f} s in the future (more than "
-                f"{HEARTBEAT_FUTURE_SKEW_S:.0f} s ahead of the extender's clock): the node's "
+                f"{HEARTBEAT_FUTURE_SKEW_S:.0f} s ahead of the scheduler's clock): the node's "
                 "clock is wrong, so whether its node agent is reporting cannot be told")
     return (f"inventory heartbeat is {age:.0f} s old (limit "
             f"{limits.heartbeat_timeout_s:.0f} s): the node agent is not reporting")

@@ -1,9 +1,11 @@
 """F2: an ``egpu.io/allocation`` annotation edited (or hand-written) after binding books nothing
-more and releases nothing (/tmp/break/py/ann_attack.py steps 1-4)."""
+more and releases nothing in the cluster view (``scheduler.state.ClusterState``, what ``kubectl
+egpu advise`` reads a cluster into). The shipped scheduler's own guard is the
+ValidatingAdmissionPolicy that denies such edits (tests/e2e/test_scheduler_e2e.py, F2) and the
+webhook's refusal of a hand-written record (tests/webhook/test_webhook_review.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Any
@@ -11,49 +13,52 @@ from typing import Any
 import pytest
 
 from egpu.config import Config
-from scheduler.extender import Extender
-from scheduler.state import ClusterState
+from egpu.requests import read_pod
+from scheduler.placement import Limits, Placement, PodDemand, Unfit, fit
+from scheduler.state import Booking, ClusterState
 
 from .helpers import NOW, cards, limits, node, pod
 
 CFG = Config()
+LIMITS = Limits(shares_per_card=CFG.shares_per_card, memory_ratio=1.0, cores_ratio=1.0,
+                heartbeat_timeout_s=120)
 
 
-class Api:
-    def __init__(self) -> None:
-        self.bound: dict[str, tuple[str, dict[str, str] | None]] = {}
-
-    async def get_pod(self, namespace: str, name: str) -> None:
-        return None
-
-    async def bind(self, namespace: str, name: str, uid: str, node: str,
-                   annotations: dict[str, str] | None = None, timeout_s: float = 4.0) -> None:
-        self.bound[uid] = (node, annotations)
+def _fit(state: ClusterState, p: dict[str, Any]) -> Placement | Unfit:
+    """``p`` placed on node n1 beside what the view books."""
+    reading = read_pod(p, CFG)
+    assert reading.request is not None, reading.errors
+    view = state.node("n1")
+    assert view is not None
+    return fit(view, PodDemand.from_request(reading.request), LIMITS, NOW)
 
 
-def _bind(memory: int = 20000) -> tuple[ClusterState, Extender, dict[str, Any], str]:
-    """A 24576 MiB card with pod A (``memory`` MiB) bound by the extender, before the watch
-    has seen it bound (``a`` unbound as created; ``text``: the record the Binding wrote)."""
+def _fits(state: ClusterState, p: dict[str, Any]) -> bool:
+    return isinstance(_fit(state, p), Placement)
+
+
+def _bind(memory: int = 20000) -> tuple[ClusterState, dict[str, Any], str]:
+    """A 24576 MiB card with pod A (``memory`` MiB) placed and reserved, as a bind in flight,
+    before the watch has seen it bound (``a`` unbound as created; ``text``: the record the
+    Binding wrote)."""
     state = ClusterState(CFG)
     state.upsert_node(node("n1", cards(1, memory=24576)))
-    api = Api()
-    ext = Extender(state, CFG, api, clock=lambda: NOW)
     a = pod("a", containers=[limits(memory=memory)], uid="uid-A")
     state.observe_pod(a)
-    result = asyncio.run(ext.bind({"PodNamespace": "default", "PodName": "a",
-                                   "PodUID": "uid-A", "Node": "n1"}))
-    assert not result.get("Error")
-    return state, ext, a, api.bound["uid-A"][1]["egpu.io/allocation"]  # type: ignore[index]
+    got = _fit(state, a)
+    assert isinstance(got, Placement), got
+    state.reserve(Booking("uid-A", "default/a", "n1", got.allocation, got.bookings))
+    return state, a, got.allocation.encode()
 
 
-def _bound(memory: int = 20000) -> tuple[ClusterState, Extender, dict[str, Any], str]:
+def _bound(memory: int = 20000) -> tuple[ClusterState, dict[str, Any], str]:
     """``_bind``, then the watch's sight of A bound and Running with its record."""
-    state, ext, a, text = _bind(memory)
+    state, a, text = _bind(memory)
     a["spec"]["nodeName"] = "n1"
     a["metadata"]["annotations"]["egpu.io/allocation"] = text
     a["status"]["phase"] = "Running"
     state.observe_pod(a)
-    return state, ext, a, text
+    return state, a, text
 
 
 def _edited(a: dict[str, Any], text: str | None) -> dict[str, Any]:
@@ -74,7 +79,7 @@ def _shrunk(text: str) -> str:
 @pytest.mark.parametrize("edit", ["shrunk", "removed", "garbage"])
 def test_an_edited_annotation_neither_shrinks_nor_releases_the_booking(
         edit: str, caplog: pytest.LogCaptureFixture) -> None:
-    state, ext, a, text = _bound()
+    state, a, text = _bound()
     before = state.usage("n1")
     new = {"shrunk": _shrunk(text), "removed": None, "garbage": "{not json"}[edit]
     with caplog.at_level(logging.WARNING, logger="egpu.scheduler"):
@@ -86,7 +91,7 @@ def test_an_edited_annotation_neither_shrinks_nor_releases_the_booking(
     assert len(warnings) == 1 and "default/a" in warnings[0] and "ignored" in warnings[0]
     b = pod("b", containers=[limits(memory=20000)], uid="uid-B")
     state.observe_pod(b)
-    assert ext.filter({"Pod": b, "NodeNames": ["n1"]})["NodeNames"] == []  # no overbooking
+    assert not _fits(state, b)  # no overbooking
     # finishing or deleting still releases it
     state.observe_pod({**_edited(a, new), "status": {"phase": "Succeeded"}})
     assert state.booking("uid-A") is None
@@ -94,8 +99,8 @@ def test_an_edited_annotation_neither_shrinks_nor_releases_the_booking(
 
 def test_an_edit_racing_the_watch_after_the_bind_is_ignored_too() -> None:
     """The watch's first sight of the bound pod already shows an edited annotation: the
-    extender's own bind (its reservation) says what the pod books."""
-    state, _, a, text = _bind()
+    bind's own reservation says what the pod books."""
+    state, a, text = _bind()
     a["spec"]["nodeName"] = "n1"
     state.observe_pod(_edited(a, _shrunk(text)))
     assert state.booking("uid-A").allocation.encode() == text  # type: ignore[union-attr]
@@ -118,14 +123,13 @@ def test_a_pod_without_egpu_resources_books_nothing_whatever_it_carries() -> Non
                 "status": {"phase": "Pending"}}
     state.observe_pod(squatter)
     assert state.booking("uid-S") is None and state.bookings() == {}
-    ext = Extender(state, CFG, Api(), clock=lambda: NOW)
     c = pod("c", containers=[limits(memory=1000)], uid="uid-C")
-    assert ext.filter({"Pod": c, "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
+    assert _fits(state, c)
 
 
 # A tenant may still edit the pod-level egpu annotations of its running pod (only
 # egpu.io/allocation is guarded): the pod then no longer reads as a valid request, but it is an
-# egpu pod with the extender's record, which the node agent and kubectl egpu honour.
+# egpu pod with the scheduler's record, which the node agent and kubectl egpu honour.
 INVALID_POLICY_EDITS = [
     ("egpu.io/gpu-policy", "fullest"),
     ("egpu.io/node-policy", "nearest"),
@@ -144,25 +148,23 @@ def _annotated(a: dict[str, Any], key: str, value: str) -> dict[str, Any]:
 @pytest.mark.parametrize(("key", "value"), INVALID_POLICY_EDITS)
 def test_a_fresh_view_still_books_a_running_pod_whose_policy_annotation_became_invalid(
         key: str, value: str) -> None:
-    _, _, a, text = _bound()
+    _, a, text = _bound()
     edited = _annotated(a, key, value)
-    fresh = ClusterState(CFG)  # an extender restart, a rollout, the standby taking over
+    fresh = ClusterState(CFG)  # a view read from the cluster afresh
     fresh.replace_nodes([node("n1", cards(1, memory=24576))])
     fresh.replace_pods([edited])
     booking = fresh.booking("uid-A")
     assert booking is not None and booking.allocation.encode() == text
     assert fresh.usage("n1")["GPU-0"].memory_mib == 20000
-    ext = Extender(fresh, CFG, Api(), clock=lambda: NOW)
     b = pod("b", containers=[limits(memory=20000)], uid="uid-B")
     fresh.observe_pod(b)
-    answer = ext.filter({"Pod": b, "NodeNames": ["n1"]})
-    assert answer["NodeNames"] == [] and "n1" in answer["FailedNodes"]
+    assert not _fits(fresh, b)
 
 
 @pytest.mark.parametrize(("key", "value"), INVALID_POLICY_EDITS)
 def test_a_live_view_keeps_the_booking_of_a_pod_whose_policy_annotation_became_invalid(
         key: str, value: str, caplog: pytest.LogCaptureFixture) -> None:
-    state, ext, a, text = _bound()
+    state, a, text = _bound()
     before = state.usage("n1")
     with caplog.at_level(logging.WARNING, logger="egpu.scheduler"):
         state.observe_pod(_annotated(a, key, value))  # the watch's MODIFIED event
@@ -172,13 +174,13 @@ def test_a_live_view_keeps_the_booking_of_a_pod_whose_policy_annotation_became_i
     assert not [r for r in caplog.records if "unreadable" in r.getMessage()]
     b = pod("b", containers=[limits(memory=20000)], uid="uid-B")
     state.observe_pod(b)
-    assert ext.filter({"Pod": b, "NodeNames": ["n1"]})["NodeNames"] == []
+    assert not _fits(state, b)
 
 
 def test_a_bound_pod_first_seen_with_an_invalid_policy_annotation_confirms_its_bind() -> None:
     """The watch's first sight of the bound pod already carries an invalid annotation: it
     confirms the bind's reservation, so the booking outlives the reservation's expiry."""
-    state, _, a, text = _bind()
+    state, a, text = _bind()
     a["spec"]["nodeName"] = "n1"
     a["metadata"]["annotations"].update({"egpu.io/allocation": text,
                                          "egpu.io/gpu-policy": "fullest"})
@@ -190,7 +192,7 @@ def test_a_bound_pod_first_seen_with_an_invalid_policy_annotation_confirms_its_b
 
 def test_an_older_record_of_a_pod_with_invalid_annotations_books_every_container_summed() -> None:
     """Without a valid request to tell init containers from app containers, an older
-    extender's record (no kinds) books the sum of its containers: never less than the rule."""
+    scheduler's record (no kinds) books the sum of its containers: never less than the rule."""
     record = json.dumps({"version": 1, "node": "n1", "containers": [
         {"name": "init0", "init": True,
          "cards": [{"uuid": "GPU-0", "index": 0, "memory_mib": 6000, "cores": 50}]},
@@ -208,7 +210,7 @@ def test_an_older_record_of_a_pod_with_invalid_annotations_books_every_container
 
 def test_an_unreadable_allocation_edit_is_logged_with_what_is_unreadable(
         caplog: pytest.LogCaptureFixture) -> None:
-    state, _, a, _ = _bound()
+    state, a, _ = _bound()
     with caplog.at_level(logging.WARNING, logger="egpu.scheduler"):
         state.observe_pod(_edited(a, '{"version": 1, "containers": 7}'))
     warnings = [r.getMessage() for r in caplog.records if "uid-A" in r.getMessage()]

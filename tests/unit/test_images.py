@@ -297,8 +297,7 @@ def test_built_archives(tmp_path: Path) -> None:
             p = root / target.lstrip("/") if target.startswith("/") else p.parent / target
         return False
 
-    for cmd in ("egpu", "egpu-webhook", "egpu-extender", "egpu-node-agent", "egpu-hook",
-                "kubectl-egpu"):
+    for cmd in ("egpu", "egpu-webhook", "egpu-node-agent", "egpu-hook", "kubectl-egpu"):
         assert present(f"usr/local/bin/{cmd}"), cmd
         assert (root / "usr/local/bin" / cmd).read_text().startswith("#!/usr/bin/python3")
     for tool in ("usr/bin/python", "usr/bin/python3", "bin/sh"):
@@ -311,12 +310,12 @@ def test_built_archives(tmp_path: Path) -> None:
     # what the node DaemonSet's init container and the Deployments run
     script = (
         "egpu --help >/dev/null && python -m runtime_hook.bundle /tmp/hook && test -s /tmp/hook"
-        " && python3 -c 'import webhook.main, scheduler.main, node_agent.main, cli.main'"
+        " && python3 -c 'import webhook.main, node_agent.main, cli.main'"
     )
     assert shutil.which("unshare")
-    # as root (the init container), and as the scheduler pod's user (the extender)
-    extender = "egpu-extender --help >/dev/null && " + script
-    for user, what in (("", script), ("65532:65532", extender)):
+    # as root (the init container), and as the webhook pod's user
+    webhook = "egpu-webhook --help >/dev/null && " + script
+    for user, what in (("", script), ("65532:65532", webhook)):
         sh = images.chroot_script(str(root), {}, ["sh", "-c", what], user=user)
         proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh",
                                "-c", sh], capture_output=True, text=True)
