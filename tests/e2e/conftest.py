@@ -193,23 +193,26 @@ def _release(state_dir: Path, info: devcluster.ClusterInfo) -> None:
 # fixture's own end).
 _EARLY_STOPS: dict[str, Callable[[], None]] = {}
 _LAST_USER: dict[str, str] = {}  # fixture name -> nodeid of its last test in a serial run
+EARLY_STOPPED = ("cluster", "second_node")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """In a serial run (no xdist workers: a worker does not know which tests it gets next),
-    note the last test that uses ``cluster``: the kwok lane's shared control plane is stopped
-    after it instead of idling beside the real-node lanes until the session ends."""
+    note the last test that uses each of ``EARLY_STOPPED``: the kwok lane's shared control
+    plane is stopped after it instead of idling beside the real-node lanes until the session
+    ends, and the density modules' second real node before the Helm lane installs egpu."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    last_path = None
-    for item in session.items:
-        if "cluster" in getattr(item, "fixturenames", ()):
-            last_path = item.path
-    # the last test of that test's module: the module's own fixtures that use the cluster end
-    # with it, before the cluster stops
-    for item in session.items:
-        if item.path == last_path:
-            _LAST_USER["cluster"] = item.nodeid
+    for name in EARLY_STOPPED:
+        last_path = None
+        for item in session.items:
+            if name in getattr(item, "fixturenames", ()):
+                last_path = item.path
+        # the last test of that test's module: the module's own fixtures that use it end
+        # with it, before it stops
+        for item in session.items:
+            if item.path == last_path:
+                _LAST_USER[name] = item.nodeid
 
 
 @pytest.hookimpl(trylast=True)
@@ -326,3 +329,20 @@ def installed(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactor
                          check=False, timeout=120)
     real_cluster.kubectl("delete", "-k", str(kustomize), "--ignore-not-found",
                          "--wait=true", "--timeout=120s", check=False, timeout=150)
+
+
+@pytest.fixture(scope="session")
+def second_node(installed: RealCluster) -> Iterator[Any]:
+    """The density modules' second real node (tests/e2e/density.py), started once for both
+    (they run in one lane, one after the other) and stopped after the last test that uses it
+    (a serial run), else at the session's end."""
+    from tests.e2e.density import second_node_running
+
+    stack = contextlib.ExitStack()
+    node = stack.enter_context(second_node_running(installed))
+    _EARLY_STOPS["second_node"] = stack.close
+    try:
+        yield node
+    finally:
+        if _EARLY_STOPS.pop("second_node", None) is not None:
+            stack.close()

@@ -1,6 +1,6 @@
 """What the real-node density modules share (test_real_node_density.py,
 test_real_node_density_restarts.py; issue 21): a second real node with 4 cards beside the
-session's (``second_node``, imported by each module: one per module), Deployments of share
+session's (``second_node``, a session fixture both modules use), Deployments of share
 pods and the checks that every replica runs with exactly its share.
 
 Each case ends with every pod Running with exactly its share, as its probe sees it: the
@@ -11,6 +11,7 @@ the scale to 0, no file of a deleted pod left on the node.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
@@ -18,8 +19,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from egpu.records import Allocation
 from testbed import realnode_install as inst
@@ -35,10 +34,11 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 START_S = 480.0  # 80 containers, each a Python probe, on the 2-core machine
 
 
-@pytest.fixture(scope="module", autouse=True)
-def second_node(installed: RealCluster) -> Iterator[Any]:
-    """A second real node with 4 cards for this module; the installed DaemonSet's agent on
-    it offers its 40 slots before the tests start. Removed at the end."""
+@contextlib.contextmanager
+def second_node_running(installed: RealCluster) -> Iterator[Any]:
+    """A second real node with 4 cards; the installed DaemonSet's agent on it offers its 40
+    slots before the block starts. Removed at its end (``second_node`` in
+    tests/e2e/conftest.py: one for both density modules)."""
     from devcluster import realnode
 
     node = realnode.add(installed.info, name=SECOND_NODE, cards=SECOND_CARDS)
@@ -57,6 +57,7 @@ def second_node(installed: RealCluster) -> Iterator[Any]:
                           f"spec.nodeName={SECOND_NODE}", "--wait=true", "--timeout=120s",
                           check=False, timeout=150)
         realnode.remove(installed.info.state_dir, SECOND_NODE)
+
 
 def delete_deployment(cluster: RealCluster, app: str) -> None:
     """Delete Deployment ``app`` and wait until every pod of it is gone (foreground cascade:

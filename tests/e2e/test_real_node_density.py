@@ -1,6 +1,6 @@
 """Every replica starts with its own share (issue 21): Deployments at density on two real
 nodes (kubelet v1.37 + containerd, 4 fake H100 cards each, egpu installed by ``kubectl apply
--k``): the session's real node and a second one this module adds (``second_node``). The
+-k``): the session's real node and a second one (``second_node``, shared with the next module). The
 rolls, drains and restarts in the middle of a burst are in test_real_node_density_restarts.py
 (another lane: tests/lanes.py).
 
@@ -35,15 +35,13 @@ from tests.e2e.density import (
     node_files,
     pods_of,
     scale,
-    second_node,
     share_template,
     wait_running,
     wrong_shares,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("second_node")]
 STUCK_ADMISSION_S = 240.0  # under the kubelet's 5 min before it retries a pod's admission
-__all__ = ["second_node"]  # the module's second real node (autouse)
 
 
 def test_a_deployment_of_eighty_replicas_fills_two_nodes_each_replica_with_its_own_share(
