@@ -247,7 +247,7 @@ def kubeconfig_text(server: str, ca: Path, crt: Path, key: Path,
     )
 
 
-def scheduler_config(kubeconfig: str | Path, egpu_profile: bool = True) -> str:
+def scheduler_config(kubeconfig: str | Path, *, egpu_profile: bool = True) -> str:
     """KubeSchedulerConfiguration (YAML): profiles ``default-scheduler`` and (``egpu_profile``)
     ``egpu-scheduler`` (kube-scheduler's default plugins only: it places pods that need a
     scheduler of that name, not shares on cards; egpu-kube-scheduler does that), leader
@@ -287,7 +287,7 @@ def plugin_profile(scheduler_name: str, egpu_config: str | Path | None = None
     """The KubeSchedulerConfiguration profile manifests/scheduler installs (egpu-kube-scheduler's
     plugin, EgpuShares, at every extension point it implements, DefaultBinder after it, and
     NodeResourcesFit told to ignore the shares' own resources), named ``scheduler_name``.
-    ``egpu_config``: egpu's config file, the one the extender and the webhook read (the
+    ``egpu_config``: egpu's config file, the one the webhook and the node agents read (the
     plugin's arg configFile; None: egpu's defaults); no last good copy is kept (the installed
     one keeps it in its pod's folder)."""
     manifest = yaml.safe_load(PLUGIN_PROFILE_MANIFEST.read_text())
@@ -438,7 +438,7 @@ def up(config: Config | None = None) -> ClusterInfo:
         kubeconfig.chmod(0o600)
         sched_cfg = state_dir / "scheduler-config.yaml"
         sched_cfg.write_text(
-            scheduler_config(kubeconfig, config.egpu_profile)
+            scheduler_config(kubeconfig, egpu_profile=config.egpu_profile)
         )
         kwok_cfg = state_dir / "kwok.yaml"
         kwok_cfg.write_text(kwok_config_text())
@@ -625,7 +625,7 @@ def set_egpu_profile(info: ClusterInfo, egpu_profile: bool, timeout_s: float = 9
     argv = list(old.argv) if config_arg else [*old.argv, f"--config={sched_cfg}"]
     port = info.ports["kube-scheduler"]
     with _locked(state_dir):
-        sched_cfg.write_text(scheduler_config(info.kubeconfig, egpu_profile))
+        sched_cfg.write_text(scheduler_config(info.kubeconfig, egpu_profile=egpu_profile))
         _stop(old)
         starter = _Starter(state_dir, timeout_s)
         new = starter.start("kube-scheduler", argv, env=scheduler_env())

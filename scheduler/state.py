@@ -1,6 +1,7 @@
-"""The extender's view of the cluster: nodes' cards and every pod's bookings (in memory, no I/O).
+"""The cluster view: nodes' cards and every pod's bookings (in memory, no I/O), what ``kubectl
+egpu advise`` reads a cluster into, by the booking rules egpu-kube-scheduler follows.
 
-Built only from API objects (Kubernetes JSON dicts), so a restarted extender rebuilds the same
+Built only from API objects (Kubernetes JSON dicts), so a view read again rebuilds the same
 view from a list of nodes and pods:
 
 - a node's cards come from its ``egpu.io/inventory`` annotation and its freshness from
@@ -14,26 +15,27 @@ view from a list of nodes and pods:
   egpu pod whose request no longer reads as valid (its pod-level egpu annotations, such as
   ``egpu.io/gpu-policy``, stay editable) books its record all the same, as the node agent
   and ``kubectl egpu`` honour it;
-- the annotation is written once (the extender's Binding; the ValidatingAdmissionPolicy of
+- the annotation is written once (the scheduler's Binding; the ValidatingAdmissionPolicy of
   manifests/webhook denies edits): the first allocation seen for a pod UID (or the one its
   own bind wrote) stands, and a later different or removed annotation is ignored with a
   warning, so an edit can neither shrink a booking (overbooking the card) nor release it.
 
-Binds in flight add *reservations*: a booking taken before the Binding (which carries the
-annotation) is written, which counts instead of whatever was observed for that pod, and lasts
-until the watch shows the pod carrying the same allocation, the pod is deleted, or the bind
-rolls back. Filters therefore see bookings of binds in flight, and a watch event older than
-the bind (without the annotation yet) cannot release a booking just made.
+Binds in flight add *reservations* (as the plugin's Reserve does): a booking taken before the
+Binding (which carries the annotation) is written, which counts instead of whatever was
+observed for that pod, and lasts until a pod event shows the pod carrying the same
+allocation, the pod is deleted, or the bind rolls back. A fit therefore sees bookings of binds
+in flight, and a pod event older than the bind (without the annotation yet) cannot release a
+booking just made. ``kubectl egpu advise`` reads a cluster with none; the property tests
+(tests/scheduler/test_properties.py) hold the booking rules with binds in flight.
 
-Not thread-safe: every method runs on the event loop's thread (the watch threads hand their
-events over with ``loop.call_soon_threadsafe``).
+Not thread-safe.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +68,7 @@ def parse_heartbeat(text: Any) -> float | None:
 
 
 # A node of the DRA pool (its agent runs --dra --no-device-plugin, docs/dra.md): its cards are
-# booked by ResourceClaims, which the extender does not see, so it places no share there.
+# booked by ResourceClaims, which this view does not book, so it places no share there.
 DRA_NODE = (f"this node takes egpu shares through DRA ({ANN_ALLOCATION_MODE}: "
             f"{ALLOCATION_MODE_DRA}, its node agent serves no device plugin); extender shares go "
             "to nodes whose agent serves the device plugin")
@@ -114,7 +116,7 @@ class Booking:
 def booking_from_pod(pod: Mapping[str, Any], config: Config,
                      reading: PodReading | None = None) -> Booking | None:
     """The booking a pod object holds, or None (no or unreadable allocation, finished pod,
-    or a pod without egpu resources: only the extender writes the annotation, and only on
+    or a pod without egpu resources: only egpu's scheduler writes the annotation, and only on
     egpu pods).
 
     An egpu pod whose request no longer reads as valid (its pod-level egpu annotations stay
@@ -146,7 +148,7 @@ def pod_booking(pod: Mapping[str, Any], config: Config,
     if not reading.is_egpu_pod:  # a hand-written annotation on a pod without egpu resources
         return None, ("the pod asks for no egpu resource, so its annotation "
                       f"{ANN_ALLOCATION} books nothing")
-    # the kinds the extender decided and wrote; the spec's only for an older extender's
+    # the kinds the scheduler decided and wrote; the spec's only for an older scheduler's
     # record, and with no valid request (annotations edited invalid) every container summed
     bookings = (record_bookings(allocation) if allocation.complete
                 else allocation_bookings(allocation, reading.request))
@@ -173,14 +175,6 @@ class ClusterState:
         self.pods: dict[str, Mapping[str, Any]] = {}  # uid -> pod object, egpu pods only
         self._warned: dict[str, str] = {}  # uid -> the ignored annotation last logged
         self._on_node: dict[str, set[str]] = {}  # node -> uids of the pods booking there
-        # nodes where a pod may await admission by the kubelet (``_note_pending``), until
-        # awaiting_admission finds none there: keeps the question cheap for the thousands of
-        # nodes prioritize scores
-        self._admission_pending: set[str] = set()
-        # called with each node a pod change touched, and each node whose record changed (the
-        # extender's bind gate waits on its node's changes alone: one pod's event must not
-        # wake the binds of every node)
-        self.listeners: list[Callable[[str], None]] = []
 
     # --- nodes ---------------------------------------------------------------------------
     def upsert_node(self, node: Mapping[str, Any]) -> None:
@@ -189,13 +183,11 @@ class ClusterState:
         if self._nodes.get(record.name) != record:
             self._nodes[record.name] = record
             self._views.pop(record.name, None)
-            self._changed({record.name})  # a held bind may no longer fit its cards
 
     def delete_node(self, name: str) -> None:
         """A node is gone."""
         if self._nodes.pop(name, None) is not None:
             self._views.pop(name, None)
-            self._changed({name})
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
         """The full node list (start, or a watch that had to list again)."""
@@ -234,8 +226,8 @@ class ClusterState:
             self._views.pop(booking.node, None)
 
     def _change(self, uid: str, *, observed: Booking | str | None = "keep",
-                reservation: _Reservation | str | None = "keep") -> set[str]:
-        """Set what was observed and reserved for ``uid``; the nodes its booking was or is on."""
+                reservation: _Reservation | str | None = "keep") -> None:
+        """Set what was observed and reserved for ``uid``."""
         before = self._effective(uid)
         if observed != "keep":
             if observed is None:
@@ -251,27 +243,6 @@ class ClusterState:
                 self._reserved[uid] = reservation
         after = self._effective(uid)
         self._apply(before, after)
-        self._note_pending(uid)
-        return {b.node for b in (before, after) if b is not None}
-
-    def _pending(self, uid: str, booking: Booking) -> bool:
-        """Whether the pod ``uid`` of ``booking`` awaits admission by its node's kubelet: its
-        bind is in flight, or the pod is not seen bound to the booking's node with the status
-        only the kubelet writes (``KubePod.admitted``). The one condition of
-        ``awaiting_admission`` and ``_note_pending``."""
-        reservation = self._reserved.get(uid)
-        pod = self.pods.get(uid)
-        return ((reservation is not None and reservation.in_flight) or pod is None
-                or KubePod(pod).node_name != booking.node or not KubePod(pod).admitted)
-
-    def _note_pending(self, uid: str) -> None:
-        """Keep the node of ``uid``'s booking in ``_admission_pending`` when the pod awaits
-        admission: ``_change`` calls it, which every change of a pod's booking, bind or
-        status goes through (admission is never undone, so these are the only ways a pod
-        comes to await it)."""
-        booking = self._effective(uid)
-        if booking is not None and self._pending(uid, booking):
-            self._admission_pending.add(booking.node)
 
     def observe_pod(self, pod: Mapping[str, Any]) -> None:
         """A pod was added or changed: record (or release) the booking its annotation holds."""
@@ -299,14 +270,7 @@ class ClusterState:
             # edited (or removed) annotation books nothing more and releases nothing.
             self._ignored(uid, pod, booking, prior, why_none)
             booking = prior
-        touched = self._change(uid, observed=booking, reservation=None if confirmed else "keep")
-        self._changed(touched | {view.node_name})
-
-    def _changed(self, nodes: set[str]) -> None:
-        for node in nodes:
-            if node:
-                for listener in self.listeners:
-                    listener(node)
+        self._change(uid, observed=booking, reservation=None if confirmed else "keep")
 
     def _ignored(self, uid: str, pod: Mapping[str, Any], seen: Booking | None,
                  kept: Booking, why_none: str = "") -> None:
@@ -322,15 +286,14 @@ class ClusterState:
             what += f" to a value that books nothing ({why_none})"
         log.warning("pod %s (uid %s): annotation %s %s after it was set; ignored, the pod "
                     "keeps booking %s on node %s (the annotation is written once, by the "
-                    "extender at bind time)", pod_key(pod), uid, ANN_ALLOCATION, what,
+                    "scheduler at bind time)", pod_key(pod), uid, ANN_ALLOCATION, what,
                     kept.allocation.encode(), kept.node)
 
     def delete_pod(self, uid: str) -> None:
         """A pod is gone: release everything it held, whatever its last annotations said."""
-        pod = self.pods.pop(uid, None)
+        self.pods.pop(uid, None)
         self._warned.pop(uid, None)
-        touched = self._change(uid, observed=None, reservation=None)
-        self._changed(touched | {KubePod(pod).node_name} if pod is not None else touched)
+        self._change(uid, observed=None, reservation=None)
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """The full pod list: bookings of pods missing from it are released."""
@@ -364,7 +327,7 @@ class ClusterState:
 
     def unreserve(self, uid: str) -> None:
         """The bind failed: drop its reservation (what was observed counts again)."""
-        self._changed(self._change(uid, reservation=None))
+        self._change(uid, reservation=None)
 
     def expire_reservations(self, max_age_s: float = 300.0) -> int:
         """Drop finished binds' reservations that no watch event confirmed within max_age_s."""
@@ -409,32 +372,6 @@ class ClusterState:
                                     c.booked_mib - mine.memory_mib, c.booked_cores - mine.cores,
                                     c.used_slots - mine.slots))
         return NodeState(name, tuple(others), view.heartbeat, view.problem)
-
-    def node_views(self, names: Iterable[str],
-                   excluding: str | None = None) -> list[NodeState | None]:
-        """``node(name, excluding)`` for each name, in order (the filter's hot path)."""
-        views = self._views
-        if excluding and self._effective(excluding) is not None:
-            return [self.node(name, excluding) for name in names]
-        return [views.get(name) or self.node(name) for name in names]
-
-    def awaiting_admission(self, node: str, excluding: str = "") -> list[Booking]:
-        """The bookings on ``node`` of pods its kubelet has not admitted yet (``KubePod
-        .admitted``): binds in flight, and bound pods whose status the kubelet has not
-        written; ``excluding``: a pod UID left out (the pod being bound)."""
-        if node not in self._admission_pending:
-            return []
-        out = []
-        pending = False  # the excluded pod counts for keeping the node in the index
-        for uid in self._on_node.get(node, ()):
-            booking = self._effective(uid)
-            if booking is not None and self._pending(uid, booking):
-                pending = True
-                if uid != excluding:
-                    out.append(booking)
-        if not pending:
-            self._admission_pending.discard(node)
-        return out
 
     def usage(self, node: str) -> dict[str, CardBooking]:
         """Card UUID -> total booked on ``node`` (copies; for tests, metrics and checks)."""

@@ -92,8 +92,9 @@ def inject_ca(cluster: Any, ca: Path) -> None:
              "--name", "egpu-webhook")
 
 
-def wait_installed(cluster: Any, timeout: float = READY_S) -> None:
-    """Every egpu Deployment and the DaemonSet rolled out (their pods Ready)."""
+def wait_installed(cluster: Any, timeout: float = READY_S, nodes: tuple[str, ...] = ()) -> None:
+    """Every egpu Deployment and the DaemonSet rolled out (their pods Ready), and ``nodes``
+    (default: the cluster's real node) offering their slots again (``wait_slots``)."""
     deadline = time.monotonic() + timeout
     for what in ("deployment/egpu-webhook", "deployment/egpu-scheduler",
                  "daemonset/egpu-node-agent"):
@@ -104,7 +105,8 @@ def wait_installed(cluster: Any, timeout: float = READY_S) -> None:
             raise AssertionError(f"{what} not ready after {timeout:.0f}s:\n{out}\n"
                                  + describe_namespace(cluster))
 
-    wait_slots(cluster, timeout=max(10.0, deadline - time.monotonic()))
+    for node in nodes or (cluster.node.name,):
+        wait_slots(cluster, timeout=max(10.0, deadline - time.monotonic()), node=node)
 
 
 def _ready_since(obj: dict[str, Any]) -> str:
@@ -113,23 +115,29 @@ def _ready_since(obj: dict[str, Any]) -> str:
                  if c["type"] == "Ready"), "")
 
 
-def wait_slots(cluster: Any, timeout: float = 90.0) -> None:
-    """Wait until the node reports the device plugin's slots (and the agent's inventory) in a
-    status written after the running node agent became Ready: a status from before (the old
-    agent's slots, about to drop to 0) would let a pod in while the node offers none."""
-    agent = get_json(cluster, "pods", "-n", NAMESPACE, "-l",
-                     "app.kubernetes.io/name=egpu-node-agent")["items"][0]
-    since = _ready_since(agent)
+def wait_slots(cluster: Any, timeout: float = 90.0, node: str = "") -> None:
+    """Wait until ``node`` (default: the cluster's real node) reports the device plugin's
+    slots (and the agent's inventory) in a status written after its running node agent
+    became Ready: a status from before (the old agent's slots, about to drop to 0) would let
+    a pod in while the node offers none."""
+    name = node or cluster.node.name
+    agents = get_json(cluster, "pods", "-n", NAMESPACE, "-l",
+                      "app.kubernetes.io/name=egpu-node-agent", "--field-selector",
+                      f"spec.nodeName={name}")["items"]
+    if not agents:
+        raise AssertionError(f"no egpu node agent pod on node {name}\n"
+                             + describe_namespace(cluster))
+    since = max(_ready_since(a) for a in agents)
 
     def serving() -> bool:
-        node = get_json(cluster, "node", cluster.node.name)
+        node = get_json(cluster, "node", name)
         heartbeat = next((c.get("lastHeartbeatTime", "") for c in node["status"]["conditions"]
                           if c["type"] == "Ready"), "")
         return heartbeat > since \
             and int(node["status"]["allocatable"].get("egpu.io/gpu", "0")) > 0 \
             and "egpu.io/inventory" in node["metadata"].get("annotations", {})
 
-    cluster.wait_for("the node agent's slots and inventory on the real node, reported after "
+    cluster.wait_for(f"the node agent's slots and inventory on {name}, reported after "
                      "the agent became Ready", serving, timeout=timeout, interval=1.0)
 
 

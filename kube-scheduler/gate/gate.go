@@ -35,7 +35,7 @@ func SizesOf(containers [][]string) Sizes {
 	return out
 }
 
-// Conflicts is admission_conflict for two pods on one node: for some slot count, their
+// Conflicts is the gate's rule for two pods on one node: for some slot count, their
 // containers of that size use more than one card set between them.
 func (s Sizes) Conflicts(other Sizes) bool {
 	for size, sets := range s {

@@ -1,4 +1,4 @@
-// Package placement is egpu's card placement, ported from the Python extender's
+// Package placement is egpu's card placement, ported from the Python
 // scheduler/placement (issue 24, docs/scheduler.md "The placement inside kube-scheduler"):
 // fit one pod's shares onto one node's cards, card by card. Pure: plain data in, a decision
 // out, no Kubernetes objects and no I/O. Units: MiB, % of one card's compute, share slots.

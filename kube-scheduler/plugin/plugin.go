@@ -14,7 +14,7 @@
 //   - Permit is the bind gate (package gate): the pod waits, at most gateWait, while a pod on
 //     its node that the kubelet has not admitted yet could be handed its cards;
 //   - Bind posts one Binding whose annotations carry the egpu.io/allocation record (the API
-//     server copies them onto the pod with spec.nodeName), as the extender does.
+//     server copies them onto the pod with spec.nodeName), as the retired extender did.
 package plugin
 
 import (
@@ -43,11 +43,11 @@ const Name = "EgpuShares"
 
 const (
 	stateKey   = fwk.StateKey(Name)
-	gateWait   = 8 * time.Second        // the extender's BIND_GATE_WAIT_S
+	gateWait   = 8 * time.Second        // the bind gate's longest hold
 	sweepEvery = 100 * time.Millisecond // how often held pods get their turn again
 	// bindTimeout bounds the Binding's POST, and apart from it its read-back: under the 15 s
 	// leader lease, so that no Binding of a leader that lost its lease lands after the next
-	// leader placed other pods on the cards (the extender's BIND_POST_MAX_S)
+	// leader placed other pods on the cards
 	bindTimeout = 4 * time.Second
 	// how long a node's last fit answers a pod of the same shape on the same generation: a
 	// node whose heartbeat goes stale meanwhile is refused at most this late

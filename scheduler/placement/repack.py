@@ -1,9 +1,9 @@
 """How many cards a set of pods needs: every pod placed again on emptied nodes with the
-extender's own ``fit`` and ``score`` (pure; ``kubectl egpu advise`` compares the shares as
+placement's own ``fit`` and ``score`` (pure; ``kubectl egpu advise`` compares the shares as
 booked with the shares it recommends, the same way both times).
 
 The pods go largest first (MiB over all their cards), each to the node ``score`` ranks
-highest under the pod's node policy, as the extender's prioritize would pick; a pod that fits
+highest under the pod's node policy, as the scheduler's Score would pick; a pod that fits
 no node is counted, not dropped silently. Units: MiB, %.
 """
 

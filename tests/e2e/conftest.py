@@ -193,35 +193,40 @@ def _release(state_dir: Path, info: devcluster.ClusterInfo) -> None:
 # fixture's own end).
 _EARLY_STOPS: dict[str, Callable[[], None]] = {}
 _LAST_USER: dict[str, str] = {}  # fixture name -> nodeid of its last test in a serial run
-EARLY_STOPPED = ("cluster", "second_node")
+# Session fixtures whose users run one after another (one lane): stopped once the next test
+# does not use them, in a serial run and on an xdist worker alike
+STOPPED_AFTER_THEIR_RUN = ("second_node",)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """In a serial run (no xdist workers: a worker does not know which tests it gets next),
-    note the last test that uses each of ``EARLY_STOPPED``: the kwok lane's shared control
-    plane is stopped after it instead of idling beside the real-node lanes until the session
-    ends, and the density modules' second real node before the Helm lane installs egpu."""
+    note the last test that uses ``cluster``: the kwok lane's shared control plane is stopped
+    after it instead of idling beside the real-node lanes until the session ends."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    for name in EARLY_STOPPED:
-        last_path = None
-        for item in session.items:
-            if name in getattr(item, "fixturenames", ()):
-                last_path = item.path
-        # the last test of that test's module: the module's own fixtures that use it end
-        # with it, before it stops
-        for item in session.items:
-            if item.path == last_path:
-                _LAST_USER[name] = item.nodeid
+    last_path = None
+    for item in session.items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            last_path = item.path
+    # the last test of that test's module: the module's own fixtures that use the cluster end
+    # with it, before the cluster stops
+    for item in session.items:
+        if item.path == last_path:
+            _LAST_USER["cluster"] = item.nodeid
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    for name, last in list(_LAST_USER.items()):
-        if item.nodeid == last and nextitem is not None:
-            stop = _EARLY_STOPS.pop(name, None)
-            if stop is not None:
-                stop()
+    if nextitem is None:  # the session's end: the fixtures stop themselves
+        return
+    done = [name for name, last in _LAST_USER.items() if item.nodeid == last]
+    done += [name for name in STOPPED_AFTER_THEIR_RUN
+             if name in getattr(item, "fixturenames", ())
+             and name not in getattr(nextitem, "fixturenames", ())]
+    for name in done:
+        stop = _EARLY_STOPS.pop(name, None)
+        if stop is not None:
+            stop()
 
 
 @pytest.fixture(scope="session")
@@ -334,8 +339,8 @@ def installed(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture(scope="session")
 def second_node(installed: RealCluster) -> Iterator[Any]:
     """The density modules' second real node (tests/e2e/density.py), started once for both
-    (they run in one lane, one after the other) and stopped after the last test that uses it
-    (a serial run), else at the session's end."""
+    (they run in one lane, one after the other) and stopped once the next test does not use
+    it (``STOPPED_AFTER_THEIR_RUN``), else at the session's end."""
     from tests.e2e.density import second_node_running
 
     stack = contextlib.ExitStack()

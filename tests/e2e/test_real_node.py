@@ -78,7 +78,7 @@ def _assert_exact_share(result: dict, live: dict) -> None:
     assert live["spec"]["schedulerName"] == "egpu-scheduler"  # the installed webhook
     assert live["metadata"]["labels"]["egpu.io/priority"] == "high"
     allocation = json.loads(live["metadata"]["annotations"]["egpu.io/allocation"])
-    assert allocation  # the installed extender's bind
+    assert allocation  # the installed scheduler's bind
     assert result["preload"].endswith("libegpu_interpose.so"), result
     assert result["config"] is True, result
     for call in ("init", "device", "ctx", "meminfo", "alloc_free", "nvml_init", "nvml_handle",

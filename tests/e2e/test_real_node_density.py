@@ -2,12 +2,12 @@
 nodes (kubelet v1.37 + containerd, 4 fake H100 cards each, egpu installed by ``kubectl apply
 -k``): the session's real node and a second one (``second_node``, shared with the next module). The
 rolls, drains and restarts in the middle of a burst are in test_real_node_density_restarts.py
-(another lane: tests/lanes.py).
+(the same lane, after this one: tests/lanes.py).
 
 The bug these catch: the device plugin API gives Allocate no pod, so when pods that wait for
 the kubelet's admission hold same-sized shares on different cards, the kubelet can hand one
 pod the other's slots; the hook then refuses the container at every restart (a Deployment of
-19 replicas on a 2-card node left 2 pods in CrashLoopBackOff for good). The extender's bind
+19 replicas on a 2-card node left 2 pods in CrashLoopBackOff for good). egpu-kube-scheduler's bind
 gate (docs/node.md, "One binding of pod to cards") keeps such pods from waiting together.
 
 Each case ends with every pod Running with exactly its share, as its probe sees it: the

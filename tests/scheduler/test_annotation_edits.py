@@ -47,8 +47,18 @@ def _bind(memory: int = 20000) -> tuple[ClusterState, dict[str, Any], str]:
     state.observe_pod(a)
     got = _fit(state, a)
     assert isinstance(got, Placement), got
-    state.reserve(Booking("uid-A", "default/a", "n1", got.allocation, got.bookings))
-    return state, a, got.allocation.encode()
+    # the whole record the plugin's Binding writes (kube-scheduler/plugin/record.go): each
+    # container's kind and the pod's resolved policies, not the older record without them
+    request = read_pod(a, CFG).request
+    assert request is not None
+    kinds = {c.name: c.kind.value for c in request.containers}
+    record = got.allocation.replace(
+        containers=tuple(c.replace(kind=kinds[c.name]) for c in got.allocation.containers),
+        priority=request.priority, compute_policy=request.compute_policy,
+        memory_oversubscription=request.memory_oversubscription)
+    state.reserve(Booking("uid-A", "default/a", "n1", record, got.bookings))
+    state.bind_done("uid-A")  # the Binding was written; the watch has not shown it yet
+    return state, a, record.encode()
 
 
 def _bound(memory: int = 20000) -> tuple[ClusterState, dict[str, Any], str]:
