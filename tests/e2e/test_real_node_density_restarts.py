@@ -78,15 +78,18 @@ def test_a_rolling_update_then_a_drain_and_uncordon_restart_every_replica_with_i
 # The parts restarted, one a wave, in this order; 80 replicas in three waves of these sizes
 PARTS = ("agent", "kubelet", "containerd")
 WAVES = (27, 27, 26)
-RUNNING_BEFORE_RESTART = 5  # of a wave's replicas: the restart comes once its burst is under way
+# of a wave's replicas bound to a node: the restart comes once its burst is under way (a wave
+# of 27 can go from 5 replicas Running to all of them within the poll: too late a cue)
+BOUND_BEFORE_RESTART = 3
 
 
 def test_the_agents_a_kubelet_and_a_containerd_restarted_mid_burst_leave_no_replica_stuck_or_with_a_wrong_share(  # noqa: E501
         installed: RealCluster) -> None:
-    """80 replicas in three waves, each a burst of its own that meets one restart while it
-    starts: the node agents (rolled, as a config change or an upgrade does: the new agent
-    serves beside the old one), then a kubelet, then a containerd, each on the node where
-    the most of the wave's replicas are still starting. A wave
+    """80 replicas in three waves, each a burst of its own that meets one restart once its
+    first replicas are bound to their node: the node agents (rolled, as a config change or
+    an upgrade does: the new agent serves beside the old one), then a kubelet, then a
+    containerd, each on the node where the wave's replicas are starting
+    (``_node_of_the_burst``). A wave
     settles before the next starts, so a failure names its part, and each restart also meets
     the replicas the earlier waves left running, as it would on a busy node. After each wave
     every replica runs (none refused by egpu), and the wave's replicas, and any earlier one
@@ -106,16 +109,17 @@ def test_the_agents_a_kubelet_and_a_containerd_restarted_mid_burst_leave_no_repl
         for part, wave in zip(PARTS, WAVES, strict=True):
             count += wave
             scale(installed, app, count)
-            installed.wait_for(f"the first replicas of the {part} wave Running",
-                               _running_at_least(installed, app,
-                                                 count - wave + RUNNING_BEFORE_RESTART),
+            installed.wait_for(f"the first replicas of the {part} wave on their node",
+                               _bound_at_least(installed, app, count - wave + BOUND_BEFORE_RESTART),
                                timeout=START_S, interval=0.5)
             if part == "agent":  # every node's agent
                 installed.kubectl("-n", inst.NAMESPACE, "rollout", "restart",
                                   "daemonset/egpu-node-agent")
                 nodes: tuple[str, ...] = (installed.node.name, SECOND_NODE)
             else:  # on the node where the most of the wave's replicas are still starting
-                nodes = (_node_of_the_burst(pods_of(installed, app), part),)
+                nodes = (_node_of_the_burst(pods_of(installed, app),
+                                            lambda p: p["metadata"]["uid"] not in checked,
+                                            part),)
                 restarted = realnode.restart_part(installed.info.state_dir, nodes[0], part)
                 if nodes[0] == installed.node.name:
                     installed.node = restarted
@@ -138,19 +142,25 @@ def _starts(pod: dict[str, Any]) -> int:
     return 1 + sum(c.get("restartCount", 0) for c in pod["status"]["containerStatuses"])
 
 
-def _node_of_the_burst(pods: list[dict[str, Any]], part: str) -> str:
-    """The node with the most replicas bound but not Running yet: where a restart of its
-    ``part`` meets the burst. Fails when none is left starting (the wave ended before the
-    restart, which then would test nothing)."""
-    starting = Counter(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")
-                       and p.get("status", {}).get("phase") != "Running")
-    assert starting, f"no replica left starting when the {part} was to restart"
-    return starting.most_common(1)[0][0]
+def _node_of_the_burst(pods: list[dict[str, Any]], wave_of: Callable[[dict[str, Any]], bool],
+                       part: str) -> str:
+    """Where a restart of ``part`` meets the wave's burst: the node with the most of the
+    wave's replicas bound but not Running yet, else (the rest still wait for a node: held by
+    the bind gate, or queued) the node where most of the wave's replicas went. Fails when
+    every replica of the wave already runs (the restart would then test nothing)."""
+    wave = [p for p in pods if wave_of(p)]
+    waiting = [p for p in wave if p.get("status", {}).get("phase") != "Running"]
+    assert waiting, f"every replica of the wave ran before the {part} restart"
+    bound = Counter(p["spec"]["nodeName"] for p in waiting if p["spec"].get("nodeName"))
+    placed = bound or Counter(p["spec"]["nodeName"] for p in wave if p["spec"].get("nodeName"))
+    node = placed.most_common(1)[0][0]
+    print(f"{part} restarted on {node}: {len(waiting)} of the wave's {len(wave)} replicas not "
+          f"Running, {sum(bound.values())} of them bound")
+    return node
 
 
-def _running_at_least(installed: RealCluster, app: str, n: int) -> Callable[[], bool]:
-    return lambda: sum(p.get("status", {}).get("phase") == "Running"
-                       for p in pods_of(installed, app)) >= n
+def _bound_at_least(installed: RealCluster, app: str, n: int) -> Callable[[], bool]:
+    return lambda: sum(bool(p["spec"].get("nodeName")) for p in pods_of(installed, app)) >= n
 
 
 def _settled(installed: RealCluster, app: str, count: int, part: str) -> list[dict[str, Any]]:
