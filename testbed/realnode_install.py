@@ -105,7 +105,7 @@ def wait_installed(cluster: Any, timeout: float = READY_S, nodes: tuple[str, ...
             raise AssertionError(f"{what} not ready after {timeout:.0f}s:\n{out}\n"
                                  + describe_namespace(cluster))
 
-    for node in nodes or (cluster.node.name,):
+    for node in nodes or ("",):
         wait_slots(cluster, timeout=max(10.0, deadline - time.monotonic()), node=node)
 
 
@@ -121,13 +121,16 @@ def wait_slots(cluster: Any, timeout: float = 90.0, node: str = "") -> None:
     became Ready: a status from before (the old agent's slots, about to drop to 0) would let
     a pod in while the node offers none."""
     name = node or cluster.node.name
+    # a named node: its own agent; else the first agent listed, as before the density waves
+    # named nodes (the fresh-clone run of 0a2d923 failed four real-node tests after the
+    # default path changed too; the cause is not found, so the default path is kept as it was)
+    selector = ["--field-selector", f"spec.nodeName={name}"] if node else []
     agents = get_json(cluster, "pods", "-n", NAMESPACE, "-l",
-                      "app.kubernetes.io/name=egpu-node-agent", "--field-selector",
-                      f"spec.nodeName={name}")["items"]
+                      "app.kubernetes.io/name=egpu-node-agent", *selector)["items"]
     if not agents:
         raise AssertionError(f"no egpu node agent pod on node {name}\n"
                              + describe_namespace(cluster))
-    since = max(_ready_since(a) for a in agents)
+    since = max(_ready_since(a) for a in agents) if node else _ready_since(agents[0])
 
     def serving() -> bool:
         node = get_json(cluster, "node", name)
