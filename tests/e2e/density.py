@@ -27,7 +27,8 @@ from tests.e2e.conftest import RealCluster
 SECOND_NODE = "egpu-real-1"
 SECOND_CARDS = tuple((f"GPU-7e1e0001-0000-4000-8000-00000000000{i}", "NVIDIA H100 80GB HBM3",
                       81559, 0) for i in range(4))
-SLOTS_PER_NODE = 40  # 4 cards x 10 shares per card (manifests/base/config.yaml)
+SHARES_PER_CARD = 10  # manifests/base/config.yaml
+SLOTS_PER_NODE = len(SECOND_CARDS) * SHARES_PER_CARD  # 40: the first node has 4 cards too
 REPLICAS = 2 * SLOTS_PER_NODE  # every slot of both nodes
 SHARE_MIB = 1000
 CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -155,6 +156,23 @@ def wrong_shares(cluster: RealCluster, pods: list[dict[str, Any]], mib: int) -> 
             wrong.append(f"{name}: total/one-more/cards {seen}, placed {mib} MiB on {cards}; "
                          f"the probe: {json.dumps(result)}; the region's holders: "
                          f"{region_holders(cluster, pod, probe)}")
+    return wrong
+
+
+def every_card_full_and_every_share_exact(cluster: RealCluster, pods: list[dict[str, Any]]
+                                          ) -> list[str]:
+    """What is wrong with ``REPLICAS`` replicas of ``SHARE_MIB`` filling both nodes: each
+    pod whose probe does not see exactly its share (``wrong_shares``), and the replicas per
+    card when binpack did not put 10 on each of the 8 cards (every slot)."""
+    per_card: dict[str, int] = {}
+    for p in pods:
+        for c in Allocation.decode(p["metadata"]["annotations"]["egpu.io/allocation"]).containers:
+            for uuid in c.uuids:
+                per_card[uuid] = per_card.get(uuid, 0) + 1
+    wrong = wrong_shares(cluster, pods, SHARE_MIB)
+    if sorted(per_card.values()) != [SHARES_PER_CARD] * (REPLICAS // SHARES_PER_CARD):
+        wrong.append(f"replicas per card, {SHARES_PER_CARD} on each of the "
+                     f"{REPLICAS // SHARES_PER_CARD} cards expected: {per_card}")
     return wrong
 
 

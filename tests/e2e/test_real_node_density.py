@@ -32,6 +32,7 @@ from tests.e2e.density import (
     SHARE_MIB,
     delete_deployment,
     deployment,
+    every_card_full_and_every_share_exact,
     node_files,
     pods_of,
     scale,
@@ -47,31 +48,22 @@ STUCK_ADMISSION_S = 240.0  # under the kubelet's 5 min before it retries a pod's
 def test_a_deployment_of_eighty_replicas_fills_two_nodes_each_replica_with_its_own_share(
         installed: RealCluster) -> None:
     """80 identical replicas, created at once: binpack fills card 0, then 1, 2, 3 of each
-    node, so every card change meets pods of the previous card still waiting for admission.
-    Then scale 0 -> 80 again: the same on nodes whose slots were all just freed."""
+    node, so every card change meets pods of the previous card still waiting for admission;
+    then scaled to 0, which leaves no file of a replica on the nodes. (The same burst on
+    nodes whose slots were all just freed is the first start of the rolling update in
+    test_real_node_density_restarts.py: one Deployment of 80 fewer.)"""
     app = "density"
     inst.apply_json(installed, deployment(app, REPLICAS, share_template(installed, SHARE_MIB)))
     try:
-        for round_ in ("first start", "after scale 0 -> 80"):
-            pods = wait_running(installed, app, REPLICAS)
-            wrong = wrong_shares(installed, pods, SHARE_MIB)
-            assert not wrong, f"{round_}: " + "\n".join(wrong)
-            per_card: dict[str, int] = {}
-            for p in pods:
-                for c in Allocation.decode(
-                        p["metadata"]["annotations"]["egpu.io/allocation"]).containers:
-                    for uuid in c.uuids:
-                        per_card[uuid] = per_card.get(uuid, 0) + 1
-            assert sorted(per_card.values()) == [10] * 8, per_card
-            uids = {p["metadata"]["uid"] for p in pods}
-            scale(installed, app, 0)
-            installed.wait_for("every replica gone", lambda: not pods_of(installed, app),
-                               timeout=180, interval=2.0)
-            installed.wait_for("no file of a deleted replica on the node",
-                               lambda uids=uids: not (node_files(installed) & uids),
-                               timeout=60)
-            if round_ == "first start":
-                scale(installed, app, REPLICAS)
+        pods = wait_running(installed, app, REPLICAS)
+        wrong = every_card_full_and_every_share_exact(installed, pods)
+        assert not wrong, "\n".join(wrong)
+        uids = {p["metadata"]["uid"] for p in pods}
+        scale(installed, app, 0)
+        installed.wait_for("every replica gone", lambda: not pods_of(installed, app),
+                           timeout=180, interval=2.0)
+        installed.wait_for("no file of a deleted replica on the node",
+                           lambda: not (node_files(installed) & uids), timeout=60)
     finally:
         delete_deployment(installed, app)
 

@@ -23,6 +23,7 @@ from tests.e2e.density import (
     START_S,
     delete_deployment,
     deployment,
+    every_card_full_and_every_share_exact,
     node_files,
     pods_of,
     scale,
@@ -36,9 +37,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("second_node")]
 
 def test_a_rolling_update_then_a_drain_and_uncordon_restart_every_replica_with_its_share(
         installed: RealCluster) -> None:
-    """80 replicas (every slot), rolled to a new template 20 at a time (maxSurge 0: the
-    nodes have no slot for a surge pod), then the replicas drained off the first node and it
-    uncordoned: each time every replacement starts with its own share."""
+    """80 replicas (every slot) created on nodes whose slots were all just freed (in the
+    lane's order, by test_real_node_density.py's last Deployment), rolled to a new template
+    20 at a time (maxSurge 0: the nodes have no slot for a surge pod), then the replicas
+    drained off the first node and it uncordoned: each time every replica starts with its
+    own share, and the first start fills every card (binpack)."""
     app = "rolling"
     dep = deployment(app, REPLICAS, share_template(installed, SHARE_MIB))
     dep["spec"]["strategy"] = {"type": "RollingUpdate",
@@ -46,7 +49,10 @@ def test_a_rolling_update_then_a_drain_and_uncordon_restart_every_replica_with_i
     inst.apply_json(installed, dep)
     node = installed.node.name
     try:
-        before = {p["metadata"]["uid"] for p in wait_running(installed, app, REPLICAS)}
+        pods = wait_running(installed, app, REPLICAS)
+        wrong = every_card_full_and_every_share_exact(installed, pods)
+        assert not wrong, "the first start: " + "\n".join(wrong)
+        before = {p["metadata"]["uid"] for p in pods}
         installed.kubectl("-n", inst.SHARE_NS, "patch", f"deployment/{app}", "--type=merge",
                           "-p", json.dumps({"spec": {"template": {"metadata": {
                               "annotations": {"egpu-e2e/revision": "2"}}}}}))
