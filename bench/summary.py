@@ -31,7 +31,8 @@ OPS: dict[str, Callable[[float, float], bool]] = {
 # benchmark -> its targets: (figure, operator, bound); the issue or case that set each
 TARGETS: dict[str, tuple[tuple[str, str, float], ...]] = {
     "interposer": (("launch_added_ns", "<=", 20), ("alloc_free_added_ns", "<=", 1000)),
-    "webhook": (("reviews_per_s", ">=", 1500), ("p99_ms", "<=", 10),
+    # the p99 with the target's 1500/s offered (bench/webhook.py: at saturation it is queueing)
+    "webhook": (("reviews_per_s", ">=", 1500), ("p99_ms_at_1500_per_s", "<=", 10),
                 ("create_latency_ratio", "<=", 1.2)),
     "admission_fuzz": (("http_5xx", "==", 0), ("internal_errors", "==", 0),
                        ("crashes", "==", 0), ("hangs", "==", 0), ("unnamed_denials", "==", 0)),
