@@ -27,21 +27,28 @@ LANES = {
                   "test_node_restarts_bench"),
     # one lane: two 80-pod bursts at once overload two cores (timing checks failed, 19 min)
     "real-node-density": ("test_real_node_density", "test_real_node_density_restarts"),
-    # one lane: the uninstall module's 5 min wait would take a real node of its own
-    "real-node-helm": ("test_real_node_helm", "test_real_node_helm_uninstall"),
+    # one lane: the uninstall's 5 min wait would take a real node of its own
+    "real-node-helm": ("test_real_node_helm", "test_real_node_helm_uninstall",
+                       "test_real_node_helm_uninstalled"),
     "demo": ("test_demo", "test_demo_dra"),
 }
 LANE_OF = {module: lane for lane, modules in LANES.items() for module in modules}
-# The lanes in the order a serial run (no workers) takes them: the demos (a control plane and
-# real node each, stopped with their module) first; then the kwok lane, whose shared cluster
-# is stopped after its last test (tests/e2e/conftest.py); then the real-node lanes, which share
-# one real node, the helm lane last as it replaces the kustomize install.
-SERIAL_ORDER = ("demo", "kwok", "real-node", "real-node-density", "real-node-helm")
+# The lanes in the order a serial run (no workers) takes them: the real-node lanes, which
+# share one real node, the helm lane last of them as it replaces the kustomize install; then
+# the kwok lane, whose shared cluster is stopped after its last test (tests/e2e/conftest.py),
+# and the demos (a control plane and real node each, stopped with their module), which the
+# helm lane's uninstall overlaps.
+SERIAL_ORDER = ("real-node", "real-node-density", "real-node-helm", "kwok", "demo")
+# Modules a serial run takes after every other test: each checks what a background task of
+# an earlier module of its lane did meanwhile (on a worker they follow their lane's others).
+SERIAL_LAST = ("test_real_node_helm_uninstalled",)
 
 
 def serial_rank(nodeid: str) -> int:
     """Where a test of tests/e2e runs in a serial run: its lane's place in ``SERIAL_ORDER``
-    (a test in no lane after them)."""
+    (a test in no lane after them), a module of ``SERIAL_LAST`` after all of them."""
+    if PurePosixPath(nodeid.split("::", 1)[0]).stem in SERIAL_LAST:
+        return len(SERIAL_ORDER) + 1
     lane = lane_of(nodeid)
     return SERIAL_ORDER.index(lane) if lane in SERIAL_ORDER else len(SERIAL_ORDER)
 

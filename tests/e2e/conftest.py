@@ -337,6 +337,18 @@ def installed(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture(scope="session")
+def helm_uninstall(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[Any]:
+    """The ``helm uninstall`` that test_real_node_helm_uninstall.py begins and
+    test_real_node_helm_uninstalled.py checks (tests/e2e/helm.py, ``UninstallUnderWay``)."""
+    from tests.e2e.helm import UninstallUnderWay
+
+    under_way = UninstallUnderWay(real_cluster, tmp_path_factory.mktemp("helm-uninstall"))
+    yield under_way
+    under_way.end()
+
+
+@pytest.fixture(scope="session")
 def second_node(installed: RealCluster) -> Iterator[Any]:
     """The density modules' second real node (tests/e2e/density.py), started once for both
     (they run in one lane, one after the other) and stopped once the next test does not use

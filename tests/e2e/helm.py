@@ -1,7 +1,8 @@
 """What the Helm modules on the real node share (test_real_node_helm.py,
-test_real_node_helm_uninstall.py, one after the other in one lane with its own real node:
-tests/lanes.py): ``helm`` with a private home, and ``install``/``uninstall`` of charts/egpu
-with the local egpu image and the webhook's caBundle (nothing else unless asked).
+test_real_node_helm_uninstall.py and test_real_node_helm_uninstalled.py, in one lane with its
+own real node: tests/lanes.py): ``helm`` with a private home, ``install``/``uninstall`` of
+charts/egpu with the local egpu image and the webhook's caBundle (nothing else unless asked),
+and ``UninstallUnderWay``: a ``helm uninstall --wait`` that runs while other tests do.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from devcluster import build as devbuild
 from testbed import realnode_install as inst
@@ -22,14 +25,20 @@ UNINSTALL_TIMEOUT = "10m"  # docs/operating.md: the kubelet keeps a stopped plug
 UNINSTALL_TIMEOUT_S = 630
 
 
+def _helm_argv_env(cluster: RealCluster, home: Path, *args: str
+                   ) -> tuple[list[str], dict[str, str]]:
+    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig, "HELM_CACHE_HOME": str(home / "c"),
+           "HELM_CONFIG_HOME": str(home / "f"), "HELM_DATA_HOME": str(home / "d")}
+    return [str(devbuild.binary_path("helm")), *args], env
+
+
 def helm(cluster: RealCluster, home: Path, *args: str) -> str:
     """``helm ARGS`` against the cluster (HELM_*_HOME under ``home``); its stdout. Raises
     AssertionError with helm's output when it fails."""
-    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig, "HELM_CACHE_HOME": str(home / "c"),
-           "HELM_CONFIG_HOME": str(home / "f"), "HELM_DATA_HOME": str(home / "d")}
-    proc = subprocess.run([str(devbuild.binary_path("helm")), *args], capture_output=True,
-                          text=True, env=env, timeout=UNINSTALL_TIMEOUT_S
-                          if args[:1] == ("uninstall",) else HELM_TIMEOUT_S)
+    argv, env = _helm_argv_env(cluster, home, *args)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env,
+                          timeout=UNINSTALL_TIMEOUT_S if args[:1] == ("uninstall",)
+                          else HELM_TIMEOUT_S)
     if proc.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed: {proc.stdout}{proc.stderr}")
     return proc.stdout
@@ -61,3 +70,48 @@ def uninstall_if_installed(cluster: RealCluster, work: Path) -> None:
     if RELEASE in helm(cluster, work, "list", "--namespace", inst.NAMESPACE, "-q").split():
         helm(cluster, work, "uninstall", RELEASE, "--namespace", inst.NAMESPACE, "--wait",
              "--timeout", UNINSTALL_TIMEOUT)
+
+
+UNINSTALL_ARGS = ("uninstall", RELEASE, "--namespace", inst.NAMESPACE, "--wait", "--timeout",
+                  UNINSTALL_TIMEOUT)
+
+
+@dataclass
+class UninstallUnderWay:
+    """docs/operating.md's ``helm uninstall --wait``, begun by one test and checked by a later
+    one, so that the 5 min its hook Job waits for the kubelet (to drop the stopped device
+    plugin's capacity) overlap other tests: test_real_node_helm_uninstall.py begins it,
+    test_real_node_helm_uninstalled.py checks what it left (tests/lanes.py runs that module
+    last in a serial run). ``facts`` holds what the first test saw before it began."""
+
+    cluster: RealCluster
+    work: Path
+    facts: dict[str, Any] = field(default_factory=dict)
+    process: subprocess.Popen[str] | None = None
+
+    def begin(self) -> None:
+        """Start ``helm uninstall`` in the background (its output in ``work/uninstall.log``)."""
+        argv, env = _helm_argv_env(self.cluster, self.work, *UNINSTALL_ARGS)
+        with (self.work / "uninstall.log").open("w") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                            text=True, env=env)
+
+    def outcome(self) -> tuple[int, str]:
+        """Wait for the uninstall (at most UNINSTALL_TIMEOUT_S in all: helm's own timeout is
+        shorter); its exit status and output. Raises AssertionError when it never began."""
+        if self.process is None:
+            raise AssertionError("helm uninstall never began: test_real_node_helm_uninstall.py "
+                                 "failed or did not run before it")
+        try:
+            self.process.wait(timeout=UNINSTALL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        return self.process.returncode, (self.work / "uninstall.log").read_text()
+
+    def end(self) -> None:
+        """At the session's end: wait for an uninstall under way, or remove what a failed
+        test left (``uninstall_if_installed``)."""
+        if self.process is not None:
+            self.outcome()
+        uninstall_if_installed(self.cluster, self.work)

@@ -1,7 +1,8 @@
 """The Helm path on the real node: ``helm install`` of charts/egpu (values: the local egpu
 image and the webhook's caBundle, nothing else) reaches the same Ready state as the kustomize
 install and runs the same share pod; upgrades and bad values. Its own lane and real node
-(tests/lanes.py); ``helm uninstall`` is test_real_node_helm_uninstall.py's, next in the lane.
+(tests/lanes.py); ``helm uninstall`` is begun by test_real_node_helm_uninstall.py, next in the
+lane, and checked by test_real_node_helm_uninstalled.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests.e2e.helm import helm as _helm
 pytestmark = pytest.mark.e2e
 
 # Not waiting for the kubelets at uninstall (the module's teardown): that wait and what it
-# removes are test_real_node_helm_uninstall.py's; it would add 5 min here. The teardown's
+# removes are test_real_node_helm_uninstalled.py's; it would add 5 min here. The teardown's
 # uninstall checks that 0 means no wait: the Job used to fail with it (exit 1 after one look),
 # and helm uninstall with the Job.
 NO_CAPACITY_WAIT = "uninstall.capacityWaitSeconds=0"
