@@ -15,7 +15,8 @@
    apart from the call.
 
 Targets (issue 4): >= 1500 reviews/s with p99 <= 10 ms on 2 cores, read as the throughput at
-saturation and the p99 with 1500 reviews/s offered (``TARGET_RATE_PER_S``; at saturation the
+saturation and the median p99 of ``TARGET_WINDOWS`` windows with 1500 reviews/s offered
+(``TARGET_RATE_PER_S``, counted from when each request was due; at saturation the
 latency is queueing: 64 clients always waiting give 64 / throughput on average); creation
 latency ratio <= 1.2. The last line is exactly ``reviews_per_s=N p50_ms_at_1500_per_s=N
 p99_ms_at_1500_per_s=N create_latency_ratio=N floor_create_latency_ratio=N`` (the 1-container
@@ -63,6 +64,7 @@ FLOOR_LABEL = "egpu-bench/floor"  # the label bench/webhook_floor.py's patch add
 TARGET_RATE_PER_S = 1500.0  # reviews/s at which the p99 target holds (issue 4)
 # a paced case counts only when the clients sent this much of the offered rate
 OFFERED_RATE_MET = 0.95
+TARGET_WINDOWS = 3  # windows at the target's rate: the median p99 of them is judged
 
 
 def gpu_pod(containers: int, name: str = "bench") -> dict[str, Any]:
@@ -112,11 +114,14 @@ def start_webhook(certs: Path) -> WebhookProcess:
 
 
 async def load(url: str, body: bytes, cafile: str, concurrency: int, duration_s: float,
-               interval_s: float = 0.0, warmup_s: float = 1.0) -> list[float]:
+               interval_s: float = 0.0, offsets: tuple[float, ...] = (),
+               warmup_s: float = 1.0) -> list[float]:
     """Latencies (seconds) of ``concurrency`` keep-alive clients posting ``body`` for
     ``duration_s`` seconds, after ``warmup_s`` seconds that are not counted. Each client
     sends back to back (``interval_s`` 0: closed loop, the server's saturation) or one
-    request every ``interval_s`` seconds (paced: latency at a given offered load)."""
+    request every ``interval_s`` seconds from its offset in ``offsets`` (paced: latency at a
+    given offered load, counted from when the request was due, so that a client running late
+    counts its lateness)."""
     context = ssl.create_default_context(cafile=cafile)
     connector = aiohttp.TCPConnector(ssl=context, limit=concurrency)
     latencies: list[float] = []
@@ -132,7 +137,7 @@ async def load(url: str, body: bytes, cafile: str, concurrency: int, duration_s:
                 if interval_s:
                     due += interval_s
                     await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                t0 = time.perf_counter()
+                t0 = due if interval_s else time.perf_counter()
                 if t0 >= stop:
                     return
                 async with session.post(url, data=body, headers=headers) as resp:
@@ -143,12 +148,13 @@ async def load(url: str, body: bytes, cafile: str, concurrency: int, duration_s:
                 if t0 >= measure_from:
                     latencies.append(t1 - t0)
 
-        await asyncio.gather(*(worker(interval_s * i / concurrency)
+        await asyncio.gather(*(worker(offsets[i] if offsets else 0.0)
                                for i in range(concurrency)))
     return latencies
 
 
-def _load_process(job: tuple[str, bytes, str, int, float, float]) -> list[float]:
+def _load_process(job: tuple[str, bytes, str, int, float, float, tuple[float, ...]]
+                  ) -> list[float]:
     return asyncio.run(load(*job))
 
 
@@ -160,7 +166,11 @@ def measure(url: str, body: bytes, cafile: str, concurrency: int, duration_s: fl
     shares = [concurrency // processes + (i < concurrency % processes)
               for i in range(processes)]
     interval = concurrency / offered_per_s if offered_per_s else 0.0
-    jobs = [(url, body, cafile, share, duration_s, interval) for share in shares if share]
+    # every client its own phase of the interval, across the processes
+    offsets = [interval * i / concurrency for i in range(concurrency)]
+    jobs = [(url, body, cafile, share, duration_s, interval,
+             tuple(offsets[sum(shares[:p]):sum(shares[:p + 1])]))
+            for p, share in enumerate(shares) if share]
     with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
         latencies = sorted(x for part in pool.map(_load_process, jobs) for x in part)
     return (len(latencies) / duration_s, percentile(latencies, 0.5) * 1000,
@@ -190,13 +200,15 @@ def create_latency_ratio(url: str, ca_pem: bytes, certs: Path, pods: int
             started = True
         except Exception as exc:
             return math.nan, math.nan, f"dev cluster did not start: {exc}"
-    floor, floor_url = start_floor(certs)
+    floor = None
     try:
+        floor, floor_url = start_floor(certs)
         ratio, floor_ratio = _measure(devcluster.ClusterInfo.load(state_dir), url,
                                       floor_url, ca_pem, pods)
         return ratio, floor_ratio, ""
     finally:
-        floor.stop()
+        if floor is not None:
+            floor.stop()
         if started:
             devcluster.down(state_dir)
 
@@ -359,24 +371,31 @@ def main(argv: list[str] | None = None) -> int:
                       f"{cpu / wall * 100:.0f}% of one core, ~{cpu / served * 1e6:.0f} us CPU "
                       f"per review (~{served / cpu:.0f} reviews/s per fully used core)")
             body = json.dumps(admission_review(gpu_pod(1))).encode()
-            at_target = (math.nan, math.nan)
+            windows: list[tuple[float, float, float]] = []  # at the target's rate
             for offered in sorted({*args.paced, TARGET_RATE_PER_S}):
-                rate, p50, p99 = measure(url, body, str(certs / "ca.crt"), args.concurrency,
-                                         args.duration, args.client_processes, offered)
-                print(f"1-container pod, paced at {offered:g}/s offered by {args.concurrency} "
-                      f"clients: reviews_per_s={rate:.0f} p50_ms={p50:.2f} p99_ms={p99:.2f}")
-                if offered == TARGET_RATE_PER_S:
-                    if rate >= OFFERED_RATE_MET * offered:
-                        at_target = (p50, p99)
-                    else:
-                        print(f"latencies at {offered:g}/s=nan: the clients sent {rate:.0f}/s")
+                for _ in range(TARGET_WINDOWS if offered == TARGET_RATE_PER_S else 1):
+                    rate, p50, p99 = measure(url, body, str(certs / "ca.crt"),
+                                             args.concurrency, args.duration,
+                                             args.client_processes, offered)
+                    print(f"1-container pod, paced at {offered:g}/s offered by "
+                          f"{args.concurrency} clients: reviews_per_s={rate:.0f} "
+                          f"p50_ms={p50:.2f} p99_ms={p99:.2f}")
+                    if offered == TARGET_RATE_PER_S:
+                        windows.append((rate, p50, p99))
+            at_target = (statistics.median(p50 for _, p50, _ in windows),
+                         statistics.median(p99 for *_, p99 in windows))
+            slow = [rate for rate, *_ in windows if rate < OFFERED_RATE_MET * TARGET_RATE_PER_S]
+            if slow:
+                at_target = (math.nan, math.nan)
+                print(f"no latency at the target's rate: the clients sent only {slow} "
+                      f"reviews a second of {TARGET_RATE_PER_S:g} in some windows")
             if args.no_cluster:
                 ratio, floor_ratio, why = math.nan, math.nan, "--no-cluster given"
             else:
                 ratio, floor_ratio, why = create_latency_ratio(url, ca.cert_pem, certs,
                                                                args.pods)
             if why:
-                print(f"create_latency_ratio=nan: {why}")
+                print(f"no creation latency ratio: {why}")
         finally:
             proc.stop()
     rate = results[1][0]

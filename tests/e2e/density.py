@@ -163,7 +163,8 @@ def every_card_full_and_every_share_exact(cluster: RealCluster, pods: list[dict[
                                           ) -> list[str]:
     """What is wrong with ``REPLICAS`` replicas of ``SHARE_MIB`` filling both nodes: each
     pod whose probe does not see exactly its share (``wrong_shares``), and the replicas per
-    card when binpack did not put 10 on each of the 8 cards (every slot)."""
+    card unless each of the 8 cards has 10 (every slot: with 80 replicas on 80 slots, any
+    other count means a card overbooked past its shares)."""
     per_card: dict[str, int] = {}
     for p in pods:
         for c in Allocation.decode(p["metadata"]["annotations"]["egpu.io/allocation"]).containers:

@@ -72,6 +72,7 @@ def uninstall_if_installed(cluster: RealCluster, work: Path) -> None:
              "--timeout", UNINSTALL_TIMEOUT)
 
 
+EGPU_NODE_FOLDERS = ("/var/run/egpu", "/var/run/egpu-node", "/usr/local/egpu")
 UNINSTALL_ARGS = ("uninstall", RELEASE, "--namespace", inst.NAMESPACE, "--wait", "--timeout",
                   UNINSTALL_TIMEOUT)
 
@@ -88,6 +89,7 @@ class UninstallUnderWay:
     work: Path
     facts: dict[str, Any] = field(default_factory=dict)
     process: subprocess.Popen[str] | None = None
+    checked: bool = False  # a test read ``outcome()``
 
     def begin(self) -> None:
         """Start ``helm uninstall`` in the background (its output in ``work/uninstall.log``)."""
@@ -97,11 +99,13 @@ class UninstallUnderWay:
                                             text=True, env=env)
 
     def outcome(self) -> tuple[int, str]:
-        """Wait for the uninstall (at most UNINSTALL_TIMEOUT_S in all: helm's own timeout is
-        shorter); its exit status and output. Raises AssertionError when it never began."""
+        """Wait for the uninstall (UNINSTALL_TIMEOUT_S from this call at most, then it is
+        killed: helm's own timeout is shorter); its exit status and output. Raises
+        AssertionError when it never began."""
         if self.process is None:
             raise AssertionError("helm uninstall never began: test_real_node_helm_uninstall.py "
                                  "failed or did not run before it")
+        self.checked = True
         try:
             self.process.wait(timeout=UNINSTALL_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -110,8 +114,13 @@ class UninstallUnderWay:
         return self.process.returncode, (self.work / "uninstall.log").read_text()
 
     def end(self) -> None:
-        """At the session's end: wait for an uninstall under way, or remove what a failed
-        test left (``uninstall_if_installed``)."""
-        if self.process is not None:
-            self.outcome()
-        uninstall_if_installed(self.cluster, self.work)
+        """At the session's end: an uninstall that no test checked (the begin module run
+        without the checker) is waited for and fails the teardown when it failed; what a
+        failed test left is removed (``uninstall_if_installed``)."""
+        try:
+            if self.process is not None and not self.checked:
+                status, output = self.outcome()
+                if status != 0:
+                    raise AssertionError(f"helm uninstall failed ({status}): {output}")
+        finally:
+            uninstall_if_installed(self.cluster, self.work)

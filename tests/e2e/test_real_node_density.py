@@ -45,29 +45,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("second_node")]
 STUCK_ADMISSION_S = 240.0  # under the kubelet's 5 min before it retries a pod's admission
 
 
-def test_a_deployment_of_eighty_replicas_fills_two_nodes_each_replica_with_its_own_share(
-        installed: RealCluster) -> None:
-    """80 identical replicas, created at once: binpack fills card 0, then 1, 2, 3 of each
-    node, so every card change meets pods of the previous card still waiting for admission;
-    then scaled to 0, which leaves no file of a replica on the nodes. (The same burst on
-    nodes whose slots were all just freed is the first start of the rolling update in
-    test_real_node_density_restarts.py: one Deployment of 80 fewer.)"""
-    app = "density"
-    inst.apply_json(installed, deployment(app, REPLICAS, share_template(installed, SHARE_MIB)))
-    try:
-        pods = wait_running(installed, app, REPLICAS)
-        wrong = every_card_full_and_every_share_exact(installed, pods)
-        assert not wrong, "\n".join(wrong)
-        uids = {p["metadata"]["uid"] for p in pods}
-        scale(installed, app, 0)
-        installed.wait_for("every replica gone", lambda: not pods_of(installed, app),
-                           timeout=180, interval=2.0)
-        installed.wait_for("no file of a deleted replica on the node",
-                           lambda: not (node_files(installed) & uids), timeout=60)
-    finally:
-        delete_deployment(installed, app)
-
-
 def test_deployments_of_one_two_and_four_card_shares_all_start_with_their_cards(
         installed: RealCluster) -> None:
     """Mixed shapes: 4-card replicas bound first (binpack fills card 0's slots with 1-card
@@ -143,5 +120,29 @@ def test_share_pods_created_during_a_node_agent_roll_all_start(installed: RealCl
         # figure (p99 <= 30 s) is a benchmark's, not this test's (a loaded host took 33 s)
         assert took < STUCK_ADMISSION_S, f"{count} pods Running {took:.0f} s after the roll"
         print(f"{count} share pods Running {took:.1f} s after the node agents' roll began")
+    finally:
+        delete_deployment(installed, app)
+
+
+def test_a_deployment_of_eighty_replicas_fills_two_nodes_each_replica_with_its_own_share(
+        installed: RealCluster) -> None:
+    """80 identical replicas, created at once: binpack fills card 0, then 1, 2, 3 of each
+    node, so every card change meets pods of the previous card still waiting for admission;
+    then scaled to 0, which leaves no file of a replica on the nodes. Last of its module: the
+    same burst again, on nodes whose 80 slots the same agents have just freed, is the first
+    start of the rolling update that follows (test_real_node_density_restarts.py; this test
+    scaled 0 -> 80 itself before)."""
+    app = "density"
+    inst.apply_json(installed, deployment(app, REPLICAS, share_template(installed, SHARE_MIB)))
+    try:
+        pods = wait_running(installed, app, REPLICAS)
+        wrong = every_card_full_and_every_share_exact(installed, pods)
+        assert not wrong, "\n".join(wrong)
+        uids = {p["metadata"]["uid"] for p in pods}
+        scale(installed, app, 0)
+        installed.wait_for("every replica gone", lambda: not pods_of(installed, app),
+                           timeout=180, interval=2.0)
+        installed.wait_for("no file of a deleted replica on the node",
+                           lambda: not (node_files(installed) & uids), timeout=60)
     finally:
         delete_deployment(installed, app)

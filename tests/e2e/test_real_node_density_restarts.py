@@ -37,11 +37,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("second_node")]
 
 def test_a_rolling_update_then_a_drain_and_uncordon_restart_every_replica_with_its_share(
         installed: RealCluster) -> None:
-    """80 replicas (every slot) created on nodes whose slots were all just freed (in the
-    lane's order, by test_real_node_density.py's last Deployment), rolled to a new template
-    20 at a time (maxSurge 0: the nodes have no slot for a surge pod), then the replicas
-    drained off the first node and it uncordoned: each time every replica starts with its
-    own share, and the first start fills every card (binpack)."""
+    """80 replicas (every slot) created on nodes whose 80 slots were all just freed (in the
+    lane's order, by test_real_node_density.py's last test, the 80-replica fill scaled to 0),
+    rolled to a new template 20 at a time (maxSurge 0: the nodes have no slot for a surge
+    pod), then the replicas drained off the first node and it uncordoned: each time every
+    replica starts with its own share, and the first start puts 10 on every card (none
+    overbooked)."""
     app = "rolling"
     dep = deployment(app, REPLICAS, share_template(installed, SHARE_MIB))
     dep["spec"]["strategy"] = {"type": "RollingUpdate",

@@ -11,11 +11,9 @@ from __future__ import annotations
 import pytest
 
 from testbed import realnode_install as inst
-from tests.e2e.helm import UninstallUnderWay, install
+from tests.e2e.helm import EGPU_NODE_FOLDERS, UninstallUnderWay, install
 
 pytestmark = pytest.mark.e2e
-
-EGPU_NODE_FOLDERS = ("/var/run/egpu", "/var/run/egpu-node", "/usr/local/egpu")
 
 
 def test_helm_uninstall_begins_with_egpu_on_the_node_and_a_share_pod_running(
@@ -29,7 +27,8 @@ def test_helm_uninstall_begins_with_egpu_on_the_node_and_a_share_pod_running(
     install(cluster, work)  # the chart's default values: the uninstall waits for the kubelets
     pod = inst.share_pod("survivor", inst.SHARE_NS,
                          cluster.inputs / "pods" / "01-vllm-online.yaml", inst.REAL_LABEL)
-    pod["spec"]["containers"][0]["command"] = ["sleep", "3600"]
+    # checked after the kwok lane and the demos: no exit (and restart) however long they take
+    pod["spec"]["containers"][0]["command"] = ["sleep", "infinity"]
     inst.apply_json(cluster, pod)
     cluster.kubectl("-n", inst.SHARE_NS, "wait", "pod/survivor", "--for=condition=Ready",
                     "--timeout=120s", timeout=130)

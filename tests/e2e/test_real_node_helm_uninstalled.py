@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 
 from testbed import realnode_install as inst
-from tests.e2e.helm import UninstallUnderWay
-from tests.e2e.test_real_node_helm_uninstall import EGPU_NODE_FOLDERS
+from tests.e2e.helm import EGPU_NODE_FOLDERS, UninstallUnderWay, uninstall_if_installed
 
 pytestmark = pytest.mark.e2e
 
@@ -23,28 +22,32 @@ def test_helm_uninstall_takes_egpu_off_the_node_and_leaves_share_pods_running(
     /var/run/egpu-node/* and /usr/local/egpu after uninstall; an uninstall that killed the
     user's running pods."""
     cluster = helm_uninstall.cluster
-    status, output = helm_uninstall.outcome()
-    if status != 0:  # say why: the Job's log and what is left
-        raise AssertionError(
-            f"helm uninstall failed ({status}): {output}\nthe hook Job's log:\n" +
-            cluster.kubectl("-n", inst.NAMESPACE, "logs", "job/egpu-uninstall", "--tail=40",
-                            check=False) +
-            cluster.kubectl("-n", inst.NAMESPACE, "get", "pods,daemonsets,jobs", "-o", "wide",
-                            check=False))
+    try:
+        status, output = helm_uninstall.outcome()
+        if status != 0:  # say why: the Job's log and what is left
+            raise AssertionError(
+                f"helm uninstall failed ({status}): {output}\nthe hook Job's log:\n"
+                + cluster.kubectl("-n", inst.NAMESPACE, "logs", "job/egpu-uninstall",
+                                  "--tail=40", check=False)
+                + cluster.kubectl("-n", inst.NAMESPACE, "get", "pods,daemonsets,jobs", "-o",
+                                  "wide", check=False))
 
-    node = inst.get_json(cluster, "node", cluster.node.name)
-    left = sorted(k for k in node["metadata"].get("annotations") or {} if k.startswith("egpu.io/"))
-    assert left == [], f"egpu annotations left on the node: {left}"
-    for part in ("capacity", "allocatable"):
-        assert "egpu.io/gpu" not in node["status"][part], node["status"][part]
-    listing = cluster.node.run("sh", "-c", "ls -A " + " ".join(EGPU_NODE_FOLDERS) +
-                               " 2>/dev/null; ls /var/run/cdi 2>/dev/null", check=False)
-    assert not [line for line in listing.split() if line and not line.endswith(":")
-                and not line.startswith("nvidia")], f"left on the node:\n{listing}"
-    jobs = cluster.kubectl("-n", inst.NAMESPACE, "get", "jobs,serviceaccounts", "-o", "name",
-                           check=False)
-    assert "egpu-uninstall" not in jobs, jobs
-    after = inst.get_json(cluster, "pod", "-n", inst.SHARE_NS, "survivor")
-    assert after["metadata"]["uid"] == helm_uninstall.facts["survivor_uid"]
-    assert after["status"]["phase"] == "Running"
-    assert after["status"]["containerStatuses"][0]["restartCount"] == 0
+        node = inst.get_json(cluster, "node", cluster.node.name)
+        left = sorted(k for k in node["metadata"].get("annotations") or {}
+                      if k.startswith("egpu.io/"))
+        assert left == [], f"egpu annotations left on the node: {left}"
+        for part in ("capacity", "allocatable"):
+            assert "egpu.io/gpu" not in node["status"][part], node["status"][part]
+        listing = cluster.node.run("sh", "-c", "ls -A " + " ".join(EGPU_NODE_FOLDERS) +
+                                   " 2>/dev/null; ls /var/run/cdi 2>/dev/null", check=False)
+        assert not [line for line in listing.split() if line and not line.endswith(":")
+                    and not line.startswith("nvidia")], f"left on the node:\n{listing}"
+        jobs = cluster.kubectl("-n", inst.NAMESPACE, "get", "jobs,serviceaccounts", "-o", "name",
+                               check=False)
+        assert "egpu-uninstall" not in jobs, jobs
+        after = inst.get_json(cluster, "pod", "-n", inst.SHARE_NS, "survivor")
+        assert after["metadata"]["uid"] == helm_uninstall.facts["survivor_uid"]
+        assert after["status"]["phase"] == "Running"
+        assert after["status"]["containerStatuses"][0]["restartCount"] == 0
+    finally:  # the lane's last module: its real node clean for whatever runs next there
+        uninstall_if_installed(cluster, helm_uninstall.work)
