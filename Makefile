@@ -72,7 +72,7 @@ unit: venv native system-deps k8s clients
 e2e: venv native system-deps k8s image
 	$(BIN)/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope) -m e2e tests
 
-# `make test`: every test, one after another (31 to 34 min on 2 cores). `make test TEST_WORKERS=6`:
+# `make test`: every test, one after another (28 min on 2 cores, 41 on a slower hour of the host). `make test TEST_WORKERS=6`:
 # the real-time suites (compute caps and hostile tenants against the fake GPU's timeline)
 # first, on a machine nothing else loads; then the rest on TEST_WORKERS parallel workers, each
 # e2e lane (tests/lanes.py) on one worker, so that one lane's waits overlap the others' work
