@@ -10,9 +10,8 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from devcluster import build as devbuild
 from testbed import realnode_install as inst
@@ -83,11 +82,12 @@ class UninstallUnderWay:
     one, so that the 5 min its hook Job waits for the kubelet (to drop the stopped device
     plugin's capacity) overlap other tests: test_real_node_helm_uninstall.py begins it,
     test_real_node_helm_uninstalled.py checks what it left (tests/lanes.py runs that module
-    last in a serial run). ``facts`` holds what the first test saw before it began."""
+    last in a serial run). ``survivor_uid``: the share pod the first test started, which the
+    uninstall must leave running."""
 
     cluster: RealCluster
     work: Path
-    facts: dict[str, Any] = field(default_factory=dict)
+    survivor_uid: str = ""
     process: subprocess.Popen[str] | None = None
     checked: bool = False  # a test read ``outcome()``
 

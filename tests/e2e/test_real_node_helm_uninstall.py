@@ -37,5 +37,5 @@ def test_helm_uninstall_begins_with_egpu_on_the_node_and_a_share_pod_running(
     assert "egpu.io/inventory" in node_before["metadata"]["annotations"]
     assert int(node_before["status"]["capacity"]["egpu.io/gpu"]) > 0
     assert cluster.node.run("ls", "-A", *EGPU_NODE_FOLDERS).split()  # something to remove
-    helm_uninstall.facts["survivor_uid"] = before["metadata"]["uid"]
+    helm_uninstall.survivor_uid = before["metadata"]["uid"]
     helm_uninstall.begin()

@@ -46,7 +46,7 @@ def test_helm_uninstall_takes_egpu_off_the_node_and_leaves_share_pods_running(
                                check=False)
         assert "egpu-uninstall" not in jobs, jobs
         after = inst.get_json(cluster, "pod", "-n", inst.SHARE_NS, "survivor")
-        assert after["metadata"]["uid"] == helm_uninstall.facts["survivor_uid"]
+        assert after["metadata"]["uid"] == helm_uninstall.survivor_uid
         assert after["status"]["phase"] == "Running"
         assert after["status"]["containerStatuses"][0]["restartCount"] == 0
     finally:  # the lane's last module: its real node clean for whatever runs next there
